@@ -1,0 +1,3 @@
+from critbatch.train import main
+
+main()

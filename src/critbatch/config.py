@@ -1,0 +1,269 @@
+"""The config schema: typed dataclasses registered in Hydra's ConfigStore.
+
+Every field is declared once, here, with its unit and meaning. YAML files in
+`conf/` state only what differs. Units: batch sizes in sequences, budgets in
+tokens, warmup in optimizer steps, losses in nats per token.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from critbatch.errors import ConfigError
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+OPTIMIZERS = ("adamw", "muon")
+LR_SCALINGS = ("none", "sqrt", "linear")
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
+DATA_NAMES = ("stdlib", "text_files", "tinystories", "fineweb_edu", "hub")
+LOGGER_MODES = ("offline", "online", "disabled")
+MAX_VOCAB = 65535  # token ids are cached as uint16
+
+
+@dataclass
+class ModelConfig:
+    width: int = 128  # d_model, channels of the residual stream
+    depth: int = 4  # number of transformer blocks
+    heads: int = 4  # attention heads; must divide width
+    seq_len: int = 128  # context length in tokens
+    init_std: float = 0.02  # std of the normal init of linear and embedding weights
+
+
+@dataclass
+class DataConfig:
+    name: str = "stdlib"  # stdlib | text_files | tinystories | fineweb_edu | hub
+    vocab_size: int = 2048  # byte-level BPE vocabulary, including <|endoftext|>
+    cache_dir: str = "~/.cache/critbatch"  # tokenizer and token-id cache, shared by runs
+    paths: list[str] = field(default_factory=list)  # text_files: glob patterns of UTF-8 files
+    hf_path: str | None = None  # hub corpora: dataset id for datasets.load_dataset
+    hf_name: str | None = None  # hub corpora: dataset config name (subset)
+    hf_split: str = "train"  # hub corpora: split to stream
+    hf_data_files: list[str] = field(default_factory=list)  # hub corpora: explicit data files
+    text_field: str = "text"  # hub corpora: column that holds the document text
+    max_documents: int | None = None  # hub corpora: stream at most this many documents
+    val_fraction: float = 0.02  # share of documents (chosen by hash) held out for validation
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw | muon
+    lr: float = 3e-3  # peak lr at base_batch_size (Muon: lr of the hidden matrices)
+    weight_decay: float = 0.1  # decoupled decay on 2D hidden matrices only
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.95  # AdamW second-moment decay
+    eps: float = 1e-8  # AdamW epsilon
+    momentum: float = 0.95  # Muon momentum (Nesterov)
+    aux_lr: float = 3e-3  # Muon only: AdamW lr for embeddings and gains
+    lr_scaling: str = "none"  # none | sqrt | linear: lr used = lr * f(batch_size / base_batch_size)
+    base_batch_size: int = 32  # sequences; batch size at which `lr` is the lr used
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 32  # sequences per optimizer step
+    micro_batch_size: int | None = None  # sequences per forward/backward; null = batch_size
+    tokens: int = 4_000_000  # token budget; steps = tokens // (batch_size * seq_len)
+    warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
+    schedule: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
+    min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
+    wsd_decay_fraction: float = 0.2  # wsd only: share of the steps spent decaying
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    seed: int = 0  # seeds the init and the batch sequence
+    eval_points: int = 8  # evaluations, log-spaced in tokens, always including the end
+    eval_tokens: int = 65_536  # validation tokens per evaluation (fixed windows)
+    log_every: int = 10  # optimizer steps between flushes of metrics.jsonl
+    device: str = "auto"  # auto | cpu | cuda | cuda:N; auto picks CUDA when present
+    dtype: str = "auto"  # auto | float32 | bfloat16 (autocast); auto = bf16 on CUDA
+    compile: bool | None = None  # torch.compile; null = on for CUDA, off on CPU
+    diverge_factor: float = 2.0  # a train loss above factor x its first value ...
+    diverge_window: int = 20  # ... for this many consecutive steps means diverged
+
+
+@dataclass
+class LoggerConfig:
+    mode: str = "offline"  # offline | online | disabled (W&B)
+    project: str = "critbatch"  # W&B project
+    group: str | None = None  # W&B group; null = the sweep name, else "single"
+    name: str | None = None  # W&B run name; null = built from the overrides
+    job_type: str = "train"  # W&B job type
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    scale: str = "cpu"  # name of the size preset in use (set by the preset file)
+    sweep: str | None = None  # name of the sweep this run belongs to, or null
+
+
+def register_configs() -> None:
+    """Register the schema so `conf/config.yaml` can name it in its defaults list."""
+    ConfigStore.instance().store(name="critbatch_schema", node=Config)
+
+
+def micro_batch_size(cfg: Config) -> int:
+    return cfg.train.micro_batch_size or cfg.train.batch_size
+
+
+def total_steps(cfg: Config) -> int:
+    """Optimizer steps the token budget pays for (whole steps only)."""
+    return cfg.train.tokens // (cfg.train.batch_size * cfg.model.seq_len)
+
+
+def lr_multiplier(rule: str, batch_size: int, base_batch_size: int) -> float:
+    """f(B / B_base) of `optim.lr_scaling`: 1, sqrt(B / B_base) or B / B_base."""
+    ratio = batch_size / base_batch_size
+    return {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]
+
+
+def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(f"{key}={value} is not one of {', '.join(options)}; pick one of those")
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{key}={value} must be positive")
+
+
+def validate(cfg: Config) -> None:
+    """Check the relations between fields that types alone cannot; raise ConfigError."""
+    m, t, o, d = cfg.model, cfg.train, cfg.optim, cfg.data
+    for key, value in [
+        ("model.width", m.width), ("model.depth", m.depth), ("model.heads", m.heads),
+        ("model.seq_len", m.seq_len), ("train.batch_size", t.batch_size),
+        ("optim.lr", o.lr), ("optim.base_batch_size", o.base_batch_size),
+        ("train.eval_points", t.eval_points), ("train.eval_tokens", t.eval_tokens),
+        ("data.vocab_size", d.vocab_size), ("train.log_every", t.log_every),
+    ]:
+        _positive(key, value)
+    if t.tokens <= 0:
+        raise ConfigError(f"train.tokens={t.tokens} must be a positive token budget")
+    if m.width % m.heads:
+        raise ConfigError(
+            f"model.heads={m.heads} does not divide model.width={m.width}; "
+            f"choose heads among {[h for h in range(1, m.width + 1) if m.width % h == 0][:8]}"
+        )
+    micro = micro_batch_size(cfg)
+    if micro <= 0 or t.batch_size % micro:
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} is not a multiple of "
+            f"train.micro_batch_size={micro}; set a micro-batch size that divides it"
+        )
+    tokens_per_step = t.batch_size * m.seq_len
+    if t.tokens < tokens_per_step:
+        raise ConfigError(
+            f"train.tokens={t.tokens} is less than one step "
+            f"(batch_size x seq_len = {tokens_per_step} tokens); raise train.tokens"
+        )
+    if d.vocab_size > MAX_VOCAB:
+        raise ConfigError(
+            f"data.vocab_size={d.vocab_size} exceeds {MAX_VOCAB} (token ids are stored as "
+            "uint16); choose a smaller vocabulary"
+        )
+    if d.vocab_size < 260:
+        raise ConfigError(
+            f"data.vocab_size={d.vocab_size} is below the 256 byte tokens plus specials; "
+            "use at least 260"
+        )
+    if t.warmup_steps < 0:
+        raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
+    if not 0 <= t.min_lr_ratio <= 1:
+        raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must lie in [0, 1]")
+    if not 0 < t.wsd_decay_fraction <= 1:
+        raise ConfigError(f"train.wsd_decay_fraction={t.wsd_decay_fraction} must lie in (0, 1]")
+    if not 0 < d.val_fraction < 0.5:
+        raise ConfigError(f"data.val_fraction={d.val_fraction} must lie in (0, 0.5)")
+    _choice("optim.name", o.name, OPTIMIZERS)
+    _choice("optim.lr_scaling", o.lr_scaling, LR_SCALINGS)
+    _choice("train.schedule", t.schedule, SCHEDULES)
+    _choice("data.name", d.name, DATA_NAMES)
+    _choice("logger.mode", cfg.logger.mode, LOGGER_MODES)
+    _choice("train.dtype", t.dtype, ("auto", "float32", "bfloat16"))
+    if not (t.device in ("auto", "cpu") or t.device.startswith("cuda")):
+        raise ConfigError(f"train.device={t.device} is not auto, cpu, cuda or cuda:N")
+    if d.name == "text_files" and not d.paths:
+        raise ConfigError("data=text_files needs data.paths, e.g. data.paths='[corpus/*.txt]'")
+
+
+def to_config(cfg: DictConfig) -> Config:
+    """Resolve a composed DictConfig into the typed `Config` and validate it."""
+    obj = OmegaConf.to_object(cfg)
+    if not isinstance(obj, Config):  # composed without the schema (should not happen)
+        raise ConfigError("config is missing the critbatch schema; keep `critbatch_schema` "
+                          "first in conf/config.yaml's defaults")
+    validate(obj)
+    return obj
+
+
+# ---------------------------------------------------------------------------
+# Turning Hydra/OmegaConf exceptions into one-line messages.
+
+
+def _valid_keys(node: Any) -> list[str]:
+    if node is None:
+        return []
+    return [k for k in OmegaConf.to_container(OmegaConf.structured(node)).keys()]
+
+
+def _unknown_key_message(full_key: str) -> str:
+    parts = full_key.split(".")
+    node: Any = Config()
+    for part in parts[:-1]:
+        node = getattr(node, part, None)
+    keys = _valid_keys(node)
+    hint = difflib.get_close_matches(parts[-1], keys, n=1)
+    prefix = ".".join(parts[:-1])
+    if hint:
+        return f"unknown config key '{full_key}'; did you mean '{prefix + '.' if prefix else ''}{hint[0]}'?"
+    where = f" in '{prefix}'" if prefix else ""
+    return f"unknown config key '{full_key}'; valid keys{where}: {', '.join(keys)}"
+
+
+def explain_compose_error(err: BaseException) -> str:
+    """A one-line explanation of why Hydra could not compose the config."""
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    chain: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and cur not in chain:
+        chain.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    for exc in chain:
+        if isinstance(exc, ConfigKeyError) or "not in struct" in str(exc):
+            key = getattr(exc, "full_key", None)
+            if not key:
+                key = _key_from_message(str(err))
+            if key:
+                return _unknown_key_message(key)
+        if isinstance(exc, ValidationError):
+            key = getattr(exc, "full_key", "") or _key_from_message(str(err)) or "?"
+            value = getattr(exc, "value", None) if hasattr(exc, "value") else None
+            first = str(exc).splitlines()[0]
+            msg = first if value is None else first
+            return f"bad value for '{key}': {msg}; give a value of the declared type"
+        if isinstance(exc, OmegaConfBaseException):
+            return str(exc).splitlines()[0]
+    text = str(err).splitlines()
+    head = text[0] if text else type(err).__name__
+    if "Could not find" in head or "In 'config'" in head:
+        return f"{head} (see `ls conf/` for the available config groups and options)"
+    return head
+
+
+def _key_from_message(text: str) -> str | None:
+    import re
+
+    match = re.search(r"override '([^']+)'", text) or re.search(r"full_key: (\S+)", text)
+    return match.group(1) if match else None

@@ -1,0 +1,405 @@
+"""Corpora, the byte-level BPE tokenizer, the token-id cache, and batches.
+
+Data flows: documents (local files or the hub) -> train/val split by a hash of
+each document's id -> BPE trained on the train split -> uint16 token ids with
+<|endoftext|> after every document -> memmaps under `data.cache_dir`, reused by
+every run whose corpus and vocabulary match. Batches are random windows drawn
+from a generator seeded by (seed, step), so a step's batch is a pure function of
+the step and micro-batches are exact slices of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from critbatch.config import DataConfig
+from critbatch.errors import DataError
+from critbatch.runs import write_json_atomic
+
+CACHE_VERSION = 1
+EOT = "<|endoftext|>"
+HUB_CORPORA = ("tinystories", "fineweb_edu", "hub")
+
+
+@dataclass
+class Corpus:
+    """Documents split into train and val, with a fingerprint of their content."""
+
+    train: list[str]
+    val: list[str]
+    fingerprint: str  # sha256 over (document id, content) of every document
+    skipped: int = 0  # stdlib files that are not valid UTF-8 (left out)
+
+
+@dataclass
+class TokenData:
+    """Cached token ids (uint16 memmaps) and what describes them."""
+
+    train: np.ndarray  # (n_train_tokens,) uint16
+    val: np.ndarray  # (n_val_tokens,) uint16
+    manifest: dict
+    directory: Path
+
+    @property
+    def bytes_per_token(self) -> float:
+        return float(self.manifest["bytes_per_token"])
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.manifest["corpus_sha256"])
+
+    def tokenizer(self):  # -> tokenizers.Tokenizer
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+
+
+# ---------------------------------------------------------------------------
+# Documents
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"]).resolve()
+
+
+def is_val_document(doc_id: str, val_fraction: float) -> bool:
+    """A fixed, reproducible share of documents, chosen by a hash of their id."""
+    h = int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:8], "big")
+    return h / 2**64 < val_fraction
+
+
+def _read_local(files: list[tuple[str, Path]], strict_utf8: bool) -> tuple[list, int]:
+    docs, skipped = [], 0
+    for doc_id, path in files:
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            if strict_utf8:
+                raise DataError(
+                    f"corpus file {path} is not UTF-8 (byte {err.start}); convert it "
+                    "(e.g. iconv -t UTF-8) or drop it from data.paths"
+                ) from None
+            skipped += 1
+            continue
+        if text:
+            docs.append((doc_id, text))
+    return docs, skipped
+
+
+def _stdlib_files() -> list[tuple[str, Path]]:
+    root = stdlib_dir()
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if "site-packages" in rel or "dist-packages" in rel:
+            continue
+        files.append((rel, path))
+    if not files:
+        raise DataError(f"no *.py files under the stdlib directory {root}; use data=text_files")
+    return files
+
+
+def _text_files(patterns: list[str]) -> list[tuple[str, Path]]:
+    paths: set[Path] = set()
+    for pattern in patterns:
+        matched = glob.glob(os.path.expanduser(pattern), recursive=True)
+        paths.update(Path(p).resolve() for p in matched if Path(p).is_file())
+    if not paths:
+        raise DataError(
+            f"data.paths={list(patterns)} matched no files; check the glob patterns "
+            "(quote them: data.paths='[corpus/**/*.txt]')"
+        )
+    ordered = sorted(paths)
+    root = Path(os.path.commonpath([str(p.parent) for p in ordered]))
+    return [(p.relative_to(root).as_posix(), p) for p in ordered]
+
+
+def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
+    """Stream the first `data.max_documents` documents of a `datasets` corpus.
+
+    Works for hub ids (`HuggingFaceFW/fineweb-edu`) and for local builders such as
+    `hf_path=parquet` with `hf_data_files`, which is how it is tested offline.
+    """
+    import datasets
+    from tqdm import tqdm
+
+    if not data.hf_path:
+        raise DataError(f"data={data.name} needs data.hf_path (a datasets id or 'parquet')")
+    try:
+        stream = datasets.load_dataset(
+            data.hf_path,
+            data.hf_name,
+            split=data.hf_split,
+            streaming=True,
+            data_files=list(data.hf_data_files) or None,
+        )
+        docs = []
+        rows = tqdm(stream, desc=f"streaming {data.hf_path}", unit=" docs", disable=None)
+        for i, row in enumerate(rows):
+            if data.max_documents is not None and i >= data.max_documents:
+                break
+            if data.text_field not in row:
+                raise DataError(
+                    f"{data.hf_path} has no column '{data.text_field}' (columns: "
+                    f"{', '.join(row)}); set data.text_field"
+                )
+            text = row[data.text_field]
+            if text:
+                docs.append((f"{i}", text))
+    except DataError:
+        raise
+    except Exception as err:  # network, missing dataset, bad files: all one message
+        reason = " ".join(str(err).split())[:200]
+        raise DataError(
+            f"could not load '{data.hf_path}' through datasets ({type(err).__name__}: "
+            f"{reason}); without network use data=stdlib (embedded corpus) or data=text_files"
+        ) from None
+    if not docs:
+        raise DataError(f"'{data.hf_path}' gave no documents; check data.hf_split and filters")
+    return docs
+
+
+def split_documents(docs: list[tuple[str, str]], val_fraction: float) -> tuple[list, list]:
+    """Split (id, text) documents into train and val texts by a hash of the id."""
+    if not docs:
+        raise DataError("the corpus is empty (no non-empty documents); point data at real text")
+    train = [text for doc_id, text in docs if not is_val_document(doc_id, val_fraction)]
+    val = [text for doc_id, text in docs if is_val_document(doc_id, val_fraction)]
+    if not val or not train:  # tiny corpora: hold out the tail of the text instead
+        text = "\n".join(t for _, t in docs)
+        cut = int(len(text) * (1 - val_fraction))
+        train, val = [text[:cut]], [text[cut:]]
+    return train, val
+
+
+def corpus_fingerprint(docs: list[tuple[str, str]]) -> str:
+    h = hashlib.sha256()
+    for doc_id, text in docs:
+        h.update(doc_id.encode())
+        h.update(b"\0")
+        h.update(hashlib.sha256(text.encode()).digest())
+    return h.hexdigest()
+
+
+def load_local_documents(data: DataConfig) -> tuple[list[tuple[str, str]], int]:
+    """(id, text) documents of a local corpus, and how many non-UTF-8 files were skipped."""
+    if data.name == "stdlib":
+        return _read_local(_stdlib_files(), strict_utf8=False)
+    return _read_local(_text_files(list(data.paths)), strict_utf8=True)
+
+
+# ---------------------------------------------------------------------------
+# Tokenizer
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokenizer
+    """Byte-level BPE (GPT-2 style pre-tokenisation) with one special token, <|endoftext|>."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return tok
+
+
+def encode_documents(tok, texts: list[str]) -> np.ndarray:
+    """Token ids of the documents, each followed by <|endoftext|>, as one uint16 array."""
+    eot = tok.token_to_id(EOT)
+    parts = []
+    batch = 256
+    for i in range(0, len(texts), batch):
+        for enc in tok.encode_batch(texts[i : i + batch]):
+            parts.append(np.asarray(enc.ids, dtype=np.uint16))
+            parts.append(np.asarray([eot], dtype=np.uint16))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+
+
+# ---------------------------------------------------------------------------
+# Cache
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock; the kernel drops it if the holder dies, so no lock goes stale."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _hub_spec(data: DataConfig) -> dict:
+    return {
+        "hf_path": data.hf_path, "hf_name": data.hf_name, "hf_split": data.hf_split,
+        "hf_data_files": list(data.hf_data_files), "text_field": data.text_field,
+        "max_documents": data.max_documents,
+    }
+
+
+def cache_key(data: DataConfig, content_sha: str | None) -> str:
+    """Identity of a cache entry: corpus content (local) or its spec (hub), vocab, split."""
+    source = content_sha if content_sha is not None else json.dumps(_hub_spec(data), sort_keys=True)
+    ident = json.dumps([CACHE_VERSION, data.name, source, data.vocab_size, data.val_fraction])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _manifest_ok(directory: Path, key: str) -> dict | None:
+    """The manifest if the cache entry is complete and consistent, else None."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text())
+        if manifest.get("key") != key or manifest.get("version") != CACHE_VERSION:
+            return None
+        for split in ("train", "val"):
+            size = (directory / f"{split}.bin").stat().st_size
+            if size != 2 * int(manifest[f"{split}_tokens"]):
+                return None
+        if _sha256_file(directory / "tokenizer.json") != manifest["tokenizer_sha256"]:
+            return None
+        return manifest
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _write_array_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(array.tobytes())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def _build_cache(directory: Path, key: str, data: DataConfig, docs, skipped: int) -> dict:
+    from tqdm import tqdm
+
+    directory.mkdir(parents=True, exist_ok=True)
+    train_texts, val_texts = split_documents(docs, data.val_fraction)
+    steps = tqdm(total=3, desc=f"building token cache for data={data.name}", disable=None)
+    tok = train_tokenizer(train_texts, data.vocab_size)
+    steps.update()
+    tmp_tok = directory / f".tokenizer.{os.getpid()}.tmp"
+    tok.save(str(tmp_tok))
+    os.replace(tmp_tok, directory / "tokenizer.json")
+    train_ids = encode_documents(tok, train_texts)
+    steps.update()
+    val_ids = encode_documents(tok, val_texts)
+    steps.update()
+    steps.close()
+    val_bytes = sum(len(t.encode()) for t in val_texts)
+    _write_array_atomic(directory / "train.bin", train_ids)
+    _write_array_atomic(directory / "val.bin", val_ids)
+    manifest = {
+        "version": CACHE_VERSION,
+        "key": key,
+        "data_name": data.name,
+        "corpus_sha256": corpus_fingerprint(docs),
+        "documents": len(docs),
+        "skipped_non_utf8": skipped,
+        "vocab_size": data.vocab_size,
+        "tokenizer_vocab_size": tok.get_vocab_size(),
+        "tokenizer_sha256": _sha256_file(directory / "tokenizer.json"),
+        "train_documents": len(train_texts),
+        "val_documents": len(val_texts),
+        "train_tokens": int(train_ids.size),
+        "val_tokens": int(val_ids.size),
+        "train_bytes": sum(len(t.encode()) for t in train_texts),
+        "val_bytes": val_bytes,
+        # bytes_per_token is measured on the validation split, EOT tokens included
+        "bytes_per_token": val_bytes / max(1, int(val_ids.size)),
+    }
+    write_json_atomic(directory / "manifest.json", manifest)  # written last: marks complete
+    return manifest
+
+
+def prepare_data(data: DataConfig) -> TokenData:
+    """Return the cached token ids for `data`, building the cache under a lock if needed.
+
+    Several processes may call this at once: one builds, the others wait on the
+    lock and then reuse the result. A truncated or mismatched entry is rebuilt.
+    """
+    cache_root = Path(os.path.expanduser(data.cache_dir))
+    if data.name in HUB_CORPORA:
+        docs, skipped, content_sha = None, 0, None
+    else:
+        docs, skipped = load_local_documents(data)
+        if not docs:
+            raise DataError(f"the {data.name} corpus is empty; point data at non-empty files")
+        content_sha = corpus_fingerprint(docs)
+    key = cache_key(data, content_sha)
+    directory = cache_root / f"{data.name}-v{data.vocab_size}-{key}"
+    manifest = _manifest_ok(directory, key)
+    if manifest is None:
+        try:
+            with file_lock(cache_root / f"{directory.name}.lock"):
+                manifest = _manifest_ok(directory, key)  # another process may have built it
+                if manifest is None:
+                    if docs is None:
+                        docs = load_hub_documents(data)
+                    manifest = _build_cache(directory, key, data, docs, skipped)
+        except PermissionError as err:
+            raise DataError(
+                f"cannot write the token cache in {cache_root} ({err.strerror}); "
+                "set data.cache_dir to a writable folder"
+            ) from None
+    train = np.memmap(directory / "train.bin", dtype=np.uint16, mode="r")
+    val = np.memmap(directory / "val.bin", dtype=np.uint16, mode="r")
+    return TokenData(train=train, val=val, manifest=manifest, directory=directory)
+
+
+# ---------------------------------------------------------------------------
+# Batches
+
+
+def check_seq_len(tokens: TokenData, seq_len: int) -> None:
+    for split, ids in (("train", tokens.train), ("val", tokens.val)):
+        if ids.size < seq_len + 1:
+            raise DataError(
+                f"model.seq_len={seq_len} needs at least {seq_len + 1} {split} tokens but the "
+                f"corpus has {ids.size}; lower model.seq_len or use a larger corpus"
+            )
+
+
+def sample_batch(ids: np.ndarray, seq_len: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
+    """Random windows of seq_len + 1 tokens for optimizer step `step`: (batch_size, seq_len + 1) int64.
+
+    The generator is seeded from (seed, step), so the batch does not depend on
+    who computes it or on what was drawn before (resume and accumulation safe).
+    """
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, ids.size - seq_len, size=batch_size)  # last start: size - seq_len - 1
+    window = starts[:, None] + np.arange(seq_len + 1)  # (B, T+1)
+    return torch.from_numpy(ids[window].astype(np.int64))
+
+
+def val_windows(ids: np.ndarray, seq_len: int, eval_tokens: int) -> torch.Tensor:
+    """The fixed validation set: evenly spaced windows, (n_windows, seq_len + 1) int64."""
+    n_windows = max(1, eval_tokens // seq_len)
+    starts = np.linspace(0, ids.size - seq_len - 1, n_windows).astype(np.int64)
+    window = starts[:, None] + np.arange(seq_len + 1)
+    return torch.from_numpy(ids[window].astype(np.int64))

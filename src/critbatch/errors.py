@@ -1,0 +1,41 @@
+"""User-facing errors: one sentence, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+EXIT_USER_ERROR = 2
+
+
+class CritbatchError(Exception):
+    """An error caused by the user's input (config, data, results), with a fix in its message."""
+
+
+class ConfigError(CritbatchError):
+    """A config value is unknown, mistyped or inconsistent."""
+
+
+class DataError(CritbatchError):
+    """A corpus or token cache cannot be read or built."""
+
+
+class ResultsError(CritbatchError):
+    """A run directory or results file is missing or malformed."""
+
+
+def fail(message: str) -> None:
+    """Print `critbatch: error: <message>` as one line on stderr and exit with status 2."""
+    one_line = " ".join(str(message).split())
+    print(f"critbatch: error: {one_line}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USER_ERROR)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a `CritbatchError` raised inside the block into a one-line message and exit 2."""
+    try:
+        yield
+    except CritbatchError as err:
+        fail(str(err))

@@ -1,0 +1,95 @@
+"""Optimizers (AdamW, Muon) and the learning-rate schedule as a pure function of the step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from critbatch.config import OptimConfig, TrainConfig, lr_multiplier
+from critbatch.model import GPT
+
+
+def used_lr(optim: OptimConfig, batch_size: int) -> float:
+    """The peak lr actually used: `optim.lr * f(batch_size / optim.base_batch_size)`."""
+    return optim.lr * lr_multiplier(optim.lr_scaling, batch_size, optim.base_batch_size)
+
+
+def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_type: str) -> list:
+    """The optimizers of a run; every param group carries its `peak_lr` for the schedule.
+
+    adamw: one AdamW over everything; weight decay only on the 2D hidden matrices
+    (never on gains or embeddings).
+
+    muon: `torch.optim.Muon` (Jordan et al. 2024) on the 2D hidden matrices of the
+    blocks -- Nesterov momentum whose update is orthogonalised by five Newton-Schulz
+    iterations, scaled by sqrt(max(1, rows/cols)) ("original" adjustment), with
+    decoupled weight decay. Muon assumes 2D parameters and is not meant for
+    embeddings or the (tied) output layer, whose rows are per-token vectors, nor
+    for gains; those go to an AdamW with its own lr (`optim.aux_lr`) and no decay.
+    The attention's fused qkv matrix is orthogonalised as one (3d x d) matrix.
+    Both lrs follow the same lr-scaling rule and schedule.
+    """
+    scale = used_lr(optim, batch_size) / optim.lr
+    hidden = model.hidden_matrices()
+    hidden_ids = {id(p) for p in hidden}
+    rest = [p for p in model.parameters() if id(p) not in hidden_ids]
+    adam_kw = dict(betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    if device_type == "cuda":
+        adam_kw["fused"] = True
+    if optim.name == "adamw":
+        lr = optim.lr * scale
+        groups = [
+            {"params": hidden, "weight_decay": optim.weight_decay, "lr": lr, "peak_lr": lr},
+            {"params": rest, "weight_decay": 0.0, "lr": lr, "peak_lr": lr},
+        ]
+        return [torch.optim.AdamW(groups, **adam_kw)]
+    muon_lr, aux_lr = optim.lr * scale, optim.aux_lr * scale
+    muon = torch.optim.Muon(
+        [{"params": hidden, "lr": muon_lr, "peak_lr": muon_lr}],
+        lr=muon_lr,
+        weight_decay=optim.weight_decay,
+        momentum=optim.momentum,
+        nesterov=True,
+        adjust_lr_fn="original",
+    )
+    aux = torch.optim.AdamW(
+        [{"params": rest, "weight_decay": 0.0, "lr": aux_lr, "peak_lr": aux_lr}], **adam_kw
+    )
+    return [muon, aux]
+
+
+def lr_factor(step: int, total_steps: int, train: TrainConfig) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based), a pure function.
+
+    Linear warmup over `warmup_steps` optimizer steps (counted in steps, never
+    rescaled with the batch size), then:
+      cosine   -- half cosine from 1 to min_lr_ratio at the last step;
+      linear   -- straight line from 1 to min_lr_ratio;
+      constant -- 1;
+      wsd      -- 1 until the last `wsd_decay_fraction` of the steps, then linear to min_lr_ratio.
+    """
+    warmup = train.warmup_steps
+    if step < warmup:
+        return (step + 1) / warmup
+    floor = train.min_lr_ratio
+    if train.schedule == "constant":
+        return 1.0
+    if train.schedule == "wsd":
+        decay_steps = max(1, round(train.wsd_decay_fraction * total_steps))
+        start = max(warmup, total_steps - decay_steps)
+        if step < start:
+            return 1.0
+        progress = (step - start + 1) / max(1, total_steps - start)
+        return 1.0 - (1.0 - floor) * min(1.0, progress)
+    span = max(1, total_steps - 1 - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    if train.schedule == "linear":
+        return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def set_lr(optimizers: list, factor: float) -> None:
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["peak_lr"] * factor

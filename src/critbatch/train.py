@@ -1,0 +1,374 @@
+"""One training run: `python -m critbatch.train [hydra overrides]`.
+
+The whole step sequence -- lr, micro-steps, clipping, optimizer step, eval, log --
+is in `train()`, top to bottom. Everything it calls is a small pure helper or a
+module of the package (data, model, optim, runs).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from critbatch import runs
+from critbatch.config import (
+    CONF_DIR,
+    Config,
+    explain_compose_error,
+    micro_batch_size,
+    register_configs,
+    to_config,
+    total_steps,
+)
+from critbatch.data import check_seq_len, prepare_data, sample_batch, val_windows
+from critbatch.errors import ConfigError, CritbatchError, fail, user_errors
+from critbatch.model import GPT, param_count
+from critbatch.optim import build_optimizers, lr_factor, set_lr, used_lr
+
+log = logging.getLogger("critbatch")
+
+
+def resolve_device(cfg: Config) -> tuple[torch.device, torch.dtype, bool]:
+    """(device, autocast dtype, compile) from the `auto` settings."""
+    name = cfg.train.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but CUDA is not available; use train.device=cpu")
+    device = torch.device(name)
+    dtype_name = cfg.train.dtype
+    if dtype_name == "auto":
+        dtype_name = "bfloat16" if device.type == "cuda" else "float32"
+    compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
+    return device, getattr(torch, dtype_name), compile_model
+
+
+def eval_steps(steps: int, points: int) -> list[int]:
+    """Optimizer-step counts after which to evaluate: log-spaced, always ending at `steps`."""
+    spaced = np.round(np.geomspace(1, steps, num=max(1, points))).astype(int)
+    return sorted(set(spaced.tolist()) | {steps})
+
+
+@torch.no_grad()
+def evaluate(model, windows: torch.Tensor, chunk: int, device, autocast) -> float:
+    """Mean cross-entropy (nats/token) over the fixed validation windows."""
+    model.eval()
+    total = torch.zeros((), device=device, dtype=torch.float64)
+    for i in range(0, len(windows), chunk):
+        batch = windows[i : i + chunk].to(device, non_blocking=True)
+        with autocast:
+            loss = model(batch[:, :-1], batch[:, 1:])
+        total += loss.double() * len(batch)
+    model.train()
+    return float(total.item() / len(windows))
+
+
+def is_diverged(losses: list[float], first: float, factor: float, window: int) -> str | None:
+    """A reason if the run diverged: a non-finite loss, or `window` steps above factor x first."""
+    if any(not math.isfinite(x) for x in losses[-window:]):
+        return "non-finite train loss"
+    tail = losses[-window:]
+    if len(tail) == window and all(x > factor * first for x in tail):
+        return f"train loss above {factor} x its first value ({first:.3f}) for {window} steps"
+    return None
+
+
+def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
+    """Train one model as `cfg` says, write the run directory, and return summary.json's dict."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    overrides = list(overrides or [])
+    t, m = cfg.train, cfg.model
+    device, amp_dtype, compile_model = resolve_device(cfg)
+    autocast = (
+        torch.autocast(device.type, dtype=amp_dtype) if amp_dtype != torch.float32 else nullcontext()
+    )
+    data = prepare_data(cfg.data)
+    check_seq_len(data, m.seq_len)
+
+    torch.manual_seed(t.seed)
+    model = GPT(m, cfg.data.vocab_size).to(device)
+    params, params_nonembedding = param_count(m.width, m.depth, m.seq_len, cfg.data.vocab_size)
+    assert params == sum(p.numel() for p in model.parameters())
+    step_model = torch.compile(model) if compile_model else model
+    optimizers = build_optimizers(model, cfg.optim, t.batch_size, device.type)
+    lr = used_lr(cfg.optim, t.batch_size)
+
+    steps = total_steps(cfg)
+    micro = micro_batch_size(cfg)
+    accum = t.batch_size // micro
+    tokens_per_step = t.batch_size * m.seq_len
+    evals = set(eval_steps(steps, t.eval_points))
+    val = val_windows(data.val, m.seq_len, t.eval_tokens)
+
+    log.info(
+        f"data={cfg.data.name}: {data.train.size / 1e6:.2f}M train tokens, "
+        f"{data.val.size / 1e6:.3f}M val tokens, {data.bytes_per_token:.3f} bytes/token"
+    )
+    log.info(
+        f"model: width {m.width}, depth {m.depth}, heads {m.heads}, seq_len {m.seq_len} -> "
+        f"{params / 1e6:.3f}M params ({params_nonembedding / 1e6:.3f}M non-embedding)"
+    )
+    log.info(
+        f"optim: {cfg.optim.name}, lr {lr:.3g} (optim.lr {cfg.optim.lr:g}, scaling "
+        f"{cfg.optim.lr_scaling}), {t.schedule} schedule, warmup {t.warmup_steps} steps"
+    )
+    log.info(
+        f"train: {steps} steps x {t.batch_size} sequences x {m.seq_len} tokens = "
+        f"{steps * tokens_per_step / 1e6:.3f}M tokens; {accum} micro-batch(es) of {micro}; "
+        f"device {device}, {str(amp_dtype).removeprefix('torch.')}, compile {compile_model}"
+    )
+
+    resolved = asdict(cfg)
+    runs.write_json_atomic(run_dir / "config.json", {"config": resolved, "overrides": overrides})
+    metrics_path = run_dir / "metrics.jsonl"
+    metrics_path.write_text("")
+
+    import wandb
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    name = cfg.logger.name or (",".join(o for o in overrides if not o.startswith("hydra")) or
+                               "defaults")
+    wandb_run = wandb.init(
+        mode=cfg.logger.mode,
+        project=cfg.logger.project,
+        group=cfg.logger.group or cfg.sweep or "single",
+        job_type=cfg.logger.job_type,
+        name=name,
+        dir=str(run_dir),
+        config=resolved,
+        tags=[cfg.optim.name, f"width{m.width}", cfg.scale],
+        settings=wandb.Settings(console="off", silent=True),
+    )
+    curve: list[dict] = []
+    pending: list[tuple] = []  # per-step (step, lr, loss tensor, grad-norm tensor, time)
+    losses: list[float] = []
+    status, reason, diverged_step = "completed", None, None
+    t0 = time.perf_counter()
+    with wandb_run, logging_redirect_tqdm():
+        bar = tqdm(total=steps, desc="train", unit="step", disable=None)
+        for step in range(steps):
+            factor = lr_factor(step, steps, t)
+            set_lr(optimizers, factor)
+            batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)  # (B, T+1)
+            batch = batch.to(device, non_blocking=True)
+            loss_sum = torch.zeros((), device=device)
+            for i in range(accum):
+                x = batch[i * micro : (i + 1) * micro, :-1]  # (micro, T)
+                y = batch[i * micro : (i + 1) * micro, 1:]
+                with autocast:
+                    loss = step_model(x, y)
+                (loss / accum).backward()
+                loss_sum += loss.detach()
+            max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            pending.append((step + 1, factor * lr, loss_sum / accum, grad_norm,
+                            time.perf_counter() - t0))
+            bar.update()
+
+            done = step + 1
+            if done in evals or done % t.log_every == 0 or done == steps:
+                rows = _flush(pending, tokens_per_step)
+                pending.clear()
+                runs.append_jsonl(metrics_path, rows)
+                for row in rows:
+                    wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+                losses.extend(row["train_loss"] for row in rows)
+                bar.set_postfix(train_loss=f"{losses[-1]:.3f}")
+                reason = is_diverged(losses, losses[0], t.diverge_factor, t.diverge_window)
+                if reason:
+                    status, diverged_step = "diverged", done
+                    log.warning(f"step:{done}/{steps} diverged: {reason}; stopping")
+            if done in evals and status == "completed":
+                t_eval = time.perf_counter()
+                val_loss = evaluate(step_model, val, micro, device, autocast)
+                point = {
+                    "step": done,
+                    "tokens": done * tokens_per_step,
+                    "val_loss": val_loss,
+                    "val_loss_per_byte": val_loss / data.bytes_per_token,
+                    "eval_time_s": time.perf_counter() - t_eval,
+                }
+                curve.append(point)
+                wandb_run.log({k: point[k] for k in ("tokens", "val_loss", "val_loss_per_byte")},
+                              step=done)
+                log.info(
+                    f"step:{done}/{steps} tokens:{point['tokens'] / 1e6:.3f}M "
+                    f"val_loss:{val_loss:.4f} val_loss_per_byte:{point['val_loss_per_byte']:.4f} "
+                    f"train_loss:{losses[-1]:.4f} lr:{factor * lr:.3g}"
+                )
+            if status == "diverged":
+                break
+        bar.close()
+
+        wall_time = time.perf_counter() - t0
+        done_steps = diverged_step or steps
+        train_seconds = max(1e-9, wall_time - _eval_time(curve))
+        final = curve[-1] if curve and status == "completed" else None
+        summary = {
+            "schema_version": runs.SCHEMA_VERSION,
+            "status": status,
+            "sweep": cfg.sweep,
+            "seed": t.seed,
+            "optimizer": cfg.optim.name,
+            "lr": lr,
+            "width": m.width,
+            "depth": m.depth,
+            "heads": m.heads,
+            "seq_len": m.seq_len,
+            "vocab_size": cfg.data.vocab_size,
+            "params": params,
+            "params_nonembedding": params_nonembedding,
+            "batch_size": t.batch_size,
+            "micro_batch_size": micro,
+            "steps": done_steps,
+            "tokens": done_steps * tokens_per_step,
+            "warmup_steps": t.warmup_steps,
+            "schedule": t.schedule,
+            "bytes_per_token": data.bytes_per_token,
+            "val_loss": final["val_loss"] if final else float("nan"),
+            "val_loss_per_byte": final["val_loss_per_byte"] if final else float("nan"),
+            "curve": [{k: p[k] for k in runs.CURVE_KEYS} for p in curve],
+            "wall_time_s": wall_time,
+            "tokens_per_s": done_steps * tokens_per_step / train_seconds,
+            "data_name": cfg.data.name,
+            "data_fingerprint": data.fingerprint,
+            "git_revision": runs.git_revision(),
+            "critbatch_version": runs.package_versions()["critbatch"],
+            # beyond the required keys
+            "scale": cfg.scale,
+            "status_reason": reason,
+            "diverged_step": diverged_step,
+            "lr_scaling": cfg.optim.lr_scaling,
+            "min_lr_ratio": t.min_lr_ratio,
+            "device": str(device),
+            "dtype": str(amp_dtype).removeprefix("torch."),
+            "compile": compile_model,
+            "overrides": overrides,
+            "versions": runs.package_versions(),
+            "wandb_run_id": wandb_run.id if cfg.logger.mode != "disabled" else None,
+        }
+        _save_checkpoint(run_dir / "checkpoint.pt", model, cfg, done_steps)
+        runs.write_json_atomic(run_dir / "summary.json", summary)
+        wandb_run.summary.update(
+            {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
+        )
+    log.info(
+        f"{status}: val_loss {summary['val_loss']:.4f} nats/token "
+        f"({summary['val_loss_per_byte']:.4f} nats/byte) after {summary['tokens'] / 1e6:.3f}M "
+        f"tokens in {wall_time:.1f}s ({summary['tokens_per_s']:,.0f} tokens/s); {run_dir}"
+    )
+    return summary
+
+
+def _eval_time(curve: list[dict]) -> float:
+    return sum(p["eval_time_s"] for p in curve)
+
+
+def _flush(pending: list[tuple], tokens_per_step: int) -> list[dict]:
+    """Turn buffered per-step tensors into metrics rows with one host sync."""
+    if not pending:
+        return []
+    values = torch.stack([torch.stack([p[2].float(), p[3].float()]) for p in pending]).tolist()
+    return [
+        {
+            "step": step,
+            "tokens": step * tokens_per_step,
+            "lr": lr,
+            "train_loss": loss,
+            "grad_norm": gnorm,
+            "time_s": elapsed,
+        }
+        for (step, lr, _, _, elapsed), (loss, gnorm) in zip(pending, values, strict=True)
+    ]
+
+
+def _save_checkpoint(path: Path, model: GPT, cfg: Config, step: int) -> None:
+    """Final weights plus the config that built them, written atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save({"model": model.state_dict(), "config": asdict(cfg), "step": step}, tmp)
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------
+# Entry point
+
+
+HYDRA_CREATED = (".hydra", "train.log")
+
+
+def check_overrides(overrides: list[str]) -> Config:
+    """Compose the config with the command-line overrides and validate it, before any work."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+            composed = compose("config", overrides=overrides)
+            return to_config(composed)
+    except CritbatchError:
+        raise
+    except Exception as err:
+        raise ConfigError(explain_compose_error(err)) from None
+
+
+def _cleanup_failed_run(run_dir: Path) -> None:
+    """Remove what Hydra created for a run that failed before training started."""
+    if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
+        return
+    for name in HYDRA_CREATED:
+        target = run_dir / name
+        if target.is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+        elif target.exists():
+            target.unlink()
+    try:
+        run_dir.rmdir()
+    except OSError:
+        pass
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+def _hydra_main(composed: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    overrides = list(HydraConfig.get().overrides.task)
+    try:
+        with user_errors():
+            cfg = to_config(composed)
+            train(cfg, run_dir, overrides)
+    except SystemExit:
+        _cleanup_failed_run(run_dir)
+        raise
+
+
+def main() -> None:
+    """Validate the overrides (one-line errors, nothing created), then hand over to Hydra."""
+    register_configs()
+    args = sys.argv[1:]
+    plain = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
+    if not any(a.startswith("-") for a in args):  # flags (--multirun, --cfg, ...): Hydra's job
+        with user_errors():
+            check_overrides(plain)
+    try:
+        _hydra_main()
+    except KeyboardInterrupt:
+        fail("interrupted")
+
+
+if __name__ == "__main__":
+    main()
