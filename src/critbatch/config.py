@@ -8,8 +8,9 @@ tokens, warmup in optimizer steps, losses in nats per token.
 from __future__ import annotations
 
 import difflib
+import re
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,12 +200,26 @@ def validate(cfg: Config) -> None:
 
 def to_config(cfg: DictConfig) -> Config:
     """Resolve a composed DictConfig into the typed `Config` and validate it."""
+    extra = _extra_keys(OmegaConf.to_container(cfg), Config())
+    if extra:
+        raise ConfigError(_unknown_key_message(extra[0]))
     obj = OmegaConf.to_object(cfg)
     if not isinstance(obj, Config):  # composed without the schema (should not happen)
         raise ConfigError("config is missing the critbatch schema; keep `critbatch_schema` "
                           "first in conf/config.yaml's defaults")
     validate(obj)
     return obj
+
+
+def _extra_keys(values: dict, schema: Any, prefix: str = "") -> list[str]:
+    """Keys present in `values` but not declared in the dataclass `schema` (e.g. from `+key=`)."""
+    extra = []
+    for key, value in values.items():
+        if not hasattr(schema, key):
+            extra.append(prefix + key)
+        elif isinstance(value, dict) and is_dataclass(getattr(schema, key)):
+            extra += _extra_keys(value, getattr(schema, key), f"{prefix}{key}.")
+    return extra
 
 
 # ---------------------------------------------------------------------------
@@ -233,7 +248,12 @@ def _unknown_key_message(full_key: str) -> str:
 
 def explain_compose_error(err: BaseException) -> str:
     """A one-line explanation of why Hydra could not compose the config."""
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
 
     chain: list[BaseException] = []
     cur: BaseException | None = err
@@ -241,29 +261,18 @@ def explain_compose_error(err: BaseException) -> str:
         chain.append(cur)
         cur = cur.__cause__ or cur.__context__
     for exc in chain:
-        if isinstance(exc, ConfigKeyError) or "not in struct" in str(exc):
-            key = getattr(exc, "full_key", None)
-            if not key:
-                key = _key_from_message(str(err))
-            if key:
-                return _unknown_key_message(key)
+        key = getattr(exc, "full_key", None)
+        if isinstance(exc, ConfigAttributeError | ConfigKeyError) and key:
+            return _unknown_key_message(key)
         if isinstance(exc, ValidationError):
-            key = getattr(exc, "full_key", "") or _key_from_message(str(err)) or "?"
-            value = getattr(exc, "value", None) if hasattr(exc, "value") else None
             first = str(exc).splitlines()[0]
-            msg = first if value is None else first
-            return f"bad value for '{key}': {msg}; give a value of the declared type"
+            return f"bad value for '{key}': {first}; give a value of the declared type"
         if isinstance(exc, OmegaConfBaseException):
             return str(exc).splitlines()[0]
-    text = str(err).splitlines()
-    head = text[0] if text else type(err).__name__
-    if "Could not find" in head or "In 'config'" in head:
-        return f"{head} (see `ls conf/` for the available config groups and options)"
+    head = (str(err).splitlines() or [type(err).__name__])[0]
+    missing = re.search(r"Could not find '([^/']+)/([^']+)'", head)
+    if missing:
+        group, option = missing.groups()
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+        return f"{group}={option} is not a config option; choose one of {', '.join(options)}"
     return head
-
-
-def _key_from_message(text: str) -> str | None:
-    import re
-
-    match = re.search(r"override '([^']+)'", text) or re.search(r"full_key: (\S+)", text)
-    return match.group(1) if match else None

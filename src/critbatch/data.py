@@ -16,7 +16,9 @@ import glob
 import hashlib
 import json
 import os
+import socket
 import sysconfig
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +129,30 @@ def _text_files(patterns: list[str]) -> list[tuple[str, Path]]:
     return [(p.relative_to(root).as_posix(), p) for p in ordered]
 
 
+LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
+
+
+def check_hub_reachable(timeout_s: float = 5.0) -> None:
+    """Fail fast, in one line, when the Hugging Face hub cannot be reached.
+
+    Without this, `datasets` retries for about 30 seconds and prints a warning per try.
+    Skipped when HF_HUB_OFFLINE=1, which makes `datasets` use its local cache.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return
+    from huggingface_hub import constants
+
+    url = urllib.parse.urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except OSError as err:
+        raise DataError(
+            f"the Hugging Face hub ({constants.ENDPOINT}) is unreachable ({err}); use data=stdlib "
+            "(the embedded corpus), data=text_files, or HF_HUB_OFFLINE=1 for a local datasets cache"
+        ) from None
+
+
 def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
     """Stream the first `data.max_documents` documents of a `datasets` corpus.
 
@@ -138,6 +164,8 @@ def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
 
     if not data.hf_path:
         raise DataError(f"data={data.name} needs data.hf_path (a datasets id or 'parquet')")
+    if data.hf_path not in LOCAL_BUILDERS and not os.path.exists(data.hf_path):
+        check_hub_reachable()
     try:
         stream = datasets.load_dataset(
             data.hf_path,

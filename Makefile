@@ -1,0 +1,39 @@
+# critbatch: the verbs a user types. `make help` lists them.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install test test-fast lint format train clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+install: $(STAMP) ## create .venv/ with torch (CPU build) and critbatch[dev]; fast when done
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+test: install ## run every test (slow end-to-end ones included)
+	$(PY) -m pytest -q
+
+test-fast: install ## run the fast tests only
+	$(PY) -m pytest -q -m "not slow"
+
+lint: install ## ruff check
+	$(VENV)/bin/ruff check src tests analysis sweeps
+
+format: install ## ruff format and fix imports
+	$(VENV)/bin/ruff check --fix src tests analysis
+	$(VENV)/bin/ruff format src tests analysis
+
+train: install ## one training run; Hydra overrides via ARGS="scale=smoke optim=muon"
+	$(PY) -m critbatch.train $(ARGS)
+
+clean: ## remove the venv and caches (keeps runs/)
+	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info
