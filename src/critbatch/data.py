@@ -177,7 +177,7 @@ def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
         docs = []
         rows = tqdm(stream, desc=f"streaming {data.hf_path}", unit=" docs", disable=None)
         for i, row in enumerate(rows):
-            if data.max_documents is not None and i >= data.max_documents:
+            if data.max_documents is not None and len(docs) >= data.max_documents:
                 break
             if data.text_field not in row:
                 raise DataError(

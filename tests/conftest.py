@@ -1,0 +1,53 @@
+"""Shared fixtures: a small real corpus, configs composed like the CLI does, a shared cache."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from critbatch.config import Config
+from critbatch.data import stdlib_dir
+from critbatch.train import check_overrides
+
+SAMPLE_PACKAGES = ("json", "email", "logging")  # real Python text, about 0.5 MB
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A small corpus of real UTF-8 text files (copied from the stdlib)."""
+    root = tmp_path_factory.mktemp("corpus")
+    for package in SAMPLE_PACKAGES:
+        for path in sorted((stdlib_dir() / package).glob("*.py")):
+            shutil.copy(path, root / f"{package}_{path.stem}.txt")
+    return root
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One token cache for the whole session (building it is the slow part)."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def tiny_cfg(corpus_dir, cache_dir):
+    """Build a Config from overrides on a tiny model trained on the small corpus."""
+
+    def make(*overrides: str) -> Config:
+        base = [
+            "scale=smoke",
+            "data=text_files",
+            f"data.paths=[{corpus_dir}/*.txt]",
+            f"data.cache_dir={cache_dir}",
+            "data.vocab_size=512",
+            "model.width=32",
+            "model.heads=2",
+            "model.depth=2",
+            "model.seq_len=32",
+            "logger.mode=disabled",
+            "train.eval_tokens=2048",
+        ]
+        return check_overrides(base + list(overrides))
+
+    return make

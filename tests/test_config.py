@@ -1,0 +1,110 @@
+"""Config composition and the one-line errors for bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from critbatch import train as train_module
+from critbatch.config import CONF_DIR, lr_multiplier, total_steps
+from critbatch.errors import ConfigError
+from critbatch.train import check_overrides
+
+GROUP_OPTIONS = sorted(
+    (group.name, path.stem) for group in CONF_DIR.iterdir() if group.is_dir()
+    for path in group.glob("*.yaml")
+)
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
+def test_every_config_file_composes(group, option):
+    extra = ["data.paths=[corpus/*.txt]"] if (group, option) == ("data", "text_files") else []
+    if group == "data" and option in ("hub",):
+        extra = ["data.hf_path=parquet"]
+    cfg = check_overrides([f"{group}={option}", *extra])
+    assert cfg.model.width > 0
+
+
+def test_defaults_are_the_cpu_preset():
+    cfg = check_overrides([])
+    assert cfg.scale == "cpu"
+    assert cfg.data.name == "stdlib"
+    assert cfg.optim.name == "adamw"
+    assert total_steps(cfg) == cfg.train.tokens // (cfg.train.batch_size * cfg.model.seq_len)
+
+
+def test_presets_set_their_name_and_yaml_overrides_schema():
+    smoke = check_overrides(["scale=smoke"])
+    assert smoke.scale == "smoke"
+    assert smoke.model.width == 64
+    muon = check_overrides(["optim=muon"])
+    assert muon.optim.name == "muon" and muon.optim.lr == 0.02
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        (["optim.lr=abc"], "optim.lr"),
+        (["train.batch_sise=8"], "did you mean 'train.batch_size'"),
+        (["train.batch_size=10", "train.micro_batch_size=4"], "train.micro_batch_size=4"),
+        (["model.heads=3"], "model.heads=3 does not divide model.width"),
+        (["data.vocab_size=70000"], "65535"),
+        (["train.tokens=0"], "train.tokens=0"),
+        (["train.tokens=-5"], "train.tokens=-5"),
+        (["train.tokens=100"], "less than one step"),
+        (["optim.name=sgd"], "optim.name=sgd"),
+        (["optim.lr_scaling=cubic"], "optim.lr_scaling"),
+        (["train.schedule=exp"], "train.schedule"),
+        (["+train.foo=1"], "unknown config key 'train.foo'"),
+        (["scale=huge"], "scale=huge is not a config option"),
+        (["data=text_files"], "data.paths"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_creates_nothing(
+    override, fragment, monkeypatch, capsys, tmp_path
+):
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["critbatch.train", *override, f"hydra.run.dir={run_dir}"])
+    with pytest.raises(SystemExit) as exc:
+        train_module.main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("critbatch: error: ")
+    assert fragment in err
+    assert not run_dir.exists()
+
+
+def test_cli_error_has_no_traceback(tmp_path):
+    """The real command line, as a user types it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "critbatch.train", "train.batch_sise=8",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "critbatch: error: unknown config key 'train.batch_sise'; "
+        "did you mean 'train.batch_size'?"
+    )
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_validate_raises_config_error_in_process():
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        check_overrides(["train.batch_size=12", "train.micro_batch_size=5"])
+
+
+def test_lr_scaling_rules():
+    assert lr_multiplier("none", 256, 64) == 1.0
+    assert lr_multiplier("sqrt", 256, 64) == pytest.approx(2.0)
+    assert lr_multiplier("linear", 256, 64) == pytest.approx(4.0)
+    assert lr_multiplier("sqrt", 16, 64) == pytest.approx(0.5)
+
+
+def test_conf_dir_is_the_repository_conf():
+    assert CONF_DIR == Path(__file__).resolve().parents[1] / "conf"
