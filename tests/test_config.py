@@ -107,4 +107,4 @@ def test_lr_scaling_rules():
 
 
 def test_conf_dir_is_the_repository_conf():
-    assert CONF_DIR == Path(__file__).resolve().parents[1] / "conf"
+    assert Path(__file__).resolve().parents[1] / "conf" == CONF_DIR

@@ -8,8 +8,8 @@ tokens, warmup in optimizer steps, losses in nats per token.
 from __future__ import annotations
 
 import difflib
-import re
 import math
+import re
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -229,7 +229,7 @@ def _extra_keys(values: dict, schema: Any, prefix: str = "") -> list[str]:
 def _valid_keys(node: Any) -> list[str]:
     if node is None:
         return []
-    return [k for k in OmegaConf.to_container(OmegaConf.structured(node)).keys()]
+    return [k for k in OmegaConf.to_container(OmegaConf.structured(node))]
 
 
 def _unknown_key_message(full_key: str) -> str:
@@ -241,7 +241,8 @@ def _unknown_key_message(full_key: str) -> str:
     hint = difflib.get_close_matches(parts[-1], keys, n=1)
     prefix = ".".join(parts[:-1])
     if hint:
-        return f"unknown config key '{full_key}'; did you mean '{prefix + '.' if prefix else ''}{hint[0]}'?"
+        suggestion = f"{prefix}.{hint[0]}" if prefix else hint[0]
+        return f"unknown config key '{full_key}'; did you mean '{suggestion}'?"
     where = f" in '{prefix}'" if prefix else ""
     return f"unknown config key '{full_key}'; valid keys{where}: {', '.join(keys)}"
 

@@ -413,8 +413,10 @@ def check_seq_len(tokens: TokenData, seq_len: int) -> None:
             )
 
 
-def sample_batch(ids: np.ndarray, seq_len: int, batch_size: int, seed: int, step: int) -> torch.Tensor:
-    """Random windows of seq_len + 1 tokens for optimizer step `step`: (batch_size, seq_len + 1) int64.
+def sample_batch(
+    ids: np.ndarray, seq_len: int, batch_size: int, seed: int, step: int
+) -> torch.Tensor:
+    """Random windows of seq_len + 1 tokens for optimizer step `step`: (B, T + 1) int64.
 
     The generator is seeded from (seed, step), so the batch does not depend on
     who computes it or on what was drawn before (resume and accumulation safe).

@@ -12,7 +12,7 @@ import math
 import shutil
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from critbatch import runs
 from critbatch.config import (
@@ -57,7 +57,9 @@ def resolve_device(cfg: Config) -> tuple[torch.device, torch.dtype, bool]:
 
 def eval_steps(steps: int, points: int) -> list[int]:
     """Optimizer-step counts after which to evaluate: log-spaced, always ending at `steps`."""
-    spaced = np.round(np.geomspace(1, steps, num=max(1, points))).astype(int)
+    if points <= 1:
+        return [steps]
+    spaced = np.round(np.geomspace(1, steps, num=points)).astype(int)
     return sorted(set(spaced.tolist()) | {steps})
 
 
@@ -91,9 +93,8 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     overrides = list(overrides or [])
     t, m = cfg.train, cfg.model
     device, amp_dtype, compile_model = resolve_device(cfg)
-    autocast = (
-        torch.autocast(device.type, dtype=amp_dtype) if amp_dtype != torch.float32 else nullcontext()
-    )
+    use_amp = amp_dtype != torch.float32
+    autocast = torch.autocast(device.type, dtype=amp_dtype) if use_amp else nullcontext()
     data = prepare_data(cfg.data)
     check_seq_len(data, m.seq_len)
 
@@ -337,10 +338,8 @@ def _cleanup_failed_run(run_dir: Path) -> None:
             shutil.rmtree(target, ignore_errors=True)
         elif target.exists():
             target.unlink()
-    try:
+    with suppress(OSError):
         run_dir.rmdir()
-    except OSError:
-        pass
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")

@@ -1,0 +1,120 @@
+"""The GPT's parameter count and causality; optimizer groups; the lr schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from critbatch.config import ModelConfig, OptimConfig, TrainConfig
+from critbatch.model import GPT, param_count
+from critbatch.optim import build_optimizers, lr_factor, used_lr
+
+WIDTHS = (128, 192, 256, 320, 384)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("depth", (1, 4))
+def test_param_count_matches_closed_form(width, depth):
+    model = GPT(ModelConfig(width=width, depth=depth, heads=4, seq_len=64), vocab_size=1000)
+    params, nonemb = param_count(width, depth, 64, 1000)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert nonemb == depth * 12 * width**2 + (2 * depth + 1) * width
+    assert params - nonemb == (1000 + 64) * width
+
+
+def test_model_is_causal_and_output_is_tied():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(width=32, depth=2, heads=2, seq_len=16), vocab_size=50)
+    idx = torch.randint(0, 50, (2, 16))
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 50
+    a, b = model(idx), model(changed)
+    assert a.shape == (2, 16, 50)
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-6)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+    assert "lm_head" not in dict(model.named_parameters())
+
+
+def test_initial_loss_is_near_uniform():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(width=64, depth=2, heads=2, seq_len=32), vocab_size=2048)
+    idx = torch.randint(0, 2048, (4, 33))
+    loss = model(idx[:, :-1], idx[:, 1:])
+    assert abs(loss.item() - torch.log(torch.tensor(2048.0)).item()) < 0.1
+
+
+def _model():
+    return GPT(ModelConfig(width=32, depth=3, heads=2, seq_len=16), vocab_size=64)
+
+
+def test_muon_gets_exactly_the_2d_hidden_matrices():
+    model = _model()
+    muon, aux = build_optimizers(model, OptimConfig(name="muon"), 32, "cpu")
+    assert isinstance(muon, torch.optim.Muon) and isinstance(aux, torch.optim.AdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon_names = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    aux_names = {names[id(p)] for g in aux.param_groups for p in g["params"]}
+    expected = {
+        f"blocks.{i}.{m}.weight" for i in range(3)
+        for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")
+    }
+    assert muon_names == expected
+    assert aux_names == set(names.values()) - expected
+    assert {"wte.weight", "wpe.weight", "ln_f.weight"} <= aux_names
+    assert all(g["weight_decay"] == 0.0 for g in aux.param_groups)
+
+
+def test_adamw_decays_only_hidden_matrices():
+    model = _model()
+    (adamw,) = build_optimizers(model, OptimConfig(name="adamw", weight_decay=0.1), 32, "cpu")
+    decayed = [p for g in adamw.param_groups if g["weight_decay"] > 0 for p in g["params"]]
+    assert {id(p) for p in decayed} == {id(p) for p in model.hidden_matrices()}
+    total = sum(len(g["params"]) for g in adamw.param_groups)
+    assert total == len(list(model.parameters()))
+
+
+def test_lr_scaling_sets_the_lr_used():
+    cfg = OptimConfig(name="muon", lr=0.02, aux_lr=0.004, lr_scaling="sqrt", base_batch_size=16)
+    assert used_lr(cfg, 64) == pytest.approx(0.04)
+    muon, aux = build_optimizers(_model(), cfg, 64, "cpu")
+    assert muon.param_groups[0]["peak_lr"] == pytest.approx(0.04)
+    assert aux.param_groups[0]["peak_lr"] == pytest.approx(0.008)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "step", "expected"),
+    [
+        ("cosine", 0, 0.1),  # warmup: (step + 1) / warmup_steps
+        ("cosine", 9, 1.0),
+        ("cosine", 10, 1.0),
+        ("cosine", 55, 0.1 + 0.9 * 0.5),  # half way through the decay
+        ("cosine", 100, 0.1),
+        ("linear", 55, 1 - 0.9 * 0.5),
+        ("linear", 100, 0.1),
+        ("constant", 4, 0.5),
+        ("constant", 100, 1.0),
+        ("wsd", 79, 1.0),  # stable until the last 20% of 101 steps
+        ("wsd", 100, 0.1),
+    ],
+)
+def test_schedule_values(schedule, step, expected):
+    train = TrainConfig(schedule=schedule, warmup_steps=10, min_lr_ratio=0.1,
+                        wsd_decay_fraction=0.2)
+    assert lr_factor(step, 101, train) == pytest.approx(expected)
+
+
+def test_warmup_is_counted_in_steps_whatever_the_batch():
+    small, large = TrainConfig(batch_size=16, warmup_steps=20), TrainConfig(batch_size=256,
+                                                                             warmup_steps=20)
+    # a run of 50 steps and one of 4000 warm up over the same 20 steps
+    assert [lr_factor(s, 50, small) for s in range(20)] == [
+        lr_factor(s, 4000, large) for s in range(20)]
+    assert lr_factor(19, 50, small) == 1.0
+
+
+def test_wsd_decays_monotonically_to_the_floor():
+    train = TrainConfig(schedule="wsd", warmup_steps=5, min_lr_ratio=0.0, wsd_decay_fraction=0.3)
+    values = [lr_factor(s, 200, train) for s in range(200)]
+    assert values[-1] == pytest.approx(0.0)
+    tail = values[140:]
+    assert all(a >= b for a, b in zip(tail, tail[1:], strict=False))
