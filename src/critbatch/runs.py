@@ -6,7 +6,8 @@ A run directory holds:
 - `metrics.jsonl` one line per optimizer step (`step, tokens, lr, train_loss, grad_norm, time_s`);
 - `config.json`   the resolved config, and Hydra's `.hydra/` (composed config, overrides);
 - `checkpoint.pt` the final model weights and the config that built them;
-- `wandb/`        the W&B run (offline unless logger.mode=online).
+- `wandb/`        the W&B run (offline unless logger.mode=online);
+- `noise.json`    optional: the gradient noise scale measured by `python -m critbatch.noise`.
 
 Units: losses in nats/token unless the name ends in `_per_byte`; batch sizes in
 sequences; `tokens` counts training tokens seen.
@@ -35,6 +36,14 @@ SUMMARY_KEYS = (
     "data_fingerprint", "git_revision", "critbatch_version",
 )
 CURVE_KEYS = ("step", "tokens", "val_loss", "val_loss_per_byte")
+
+# noise.json (python -m critbatch.noise). B_noise in sequences unless `_tokens`; when the
+# |G|^2 estimate is not positive, `resolved` is false and the b_noise fields are null.
+NOISE_KEYS = (
+    "schema_version", "step", "tokens", "seq_len", "micro_batches", "micro_batch_size",
+    "val_loss", "val_loss_per_byte", "g2", "trace", "b_noise", "b_noise_tokens",
+    "b_noise_low", "b_noise_high", "resolved",
+)
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
@@ -106,6 +115,23 @@ def read_summary(run_dir: str | Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ResultsError(f"{path} is not valid JSON ({err}); delete it and rerun") from None
     return validate_summary(summary, str(path))
+
+
+def read_noise(run_dir: str | Path) -> dict | None:
+    """Load and validate `<run_dir>/noise.json`; None when the run has none."""
+    path = Path(run_dir) / "noise.json"
+    if not path.exists():
+        return None
+    try:
+        noise = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ResultsError(f"{path} is not valid JSON ({err}); rerun make noise") from None
+    if not isinstance(noise, dict):
+        raise ResultsError(f"{path} is not a JSON object; rerun `make noise RUN=...`")
+    missing = [k for k in NOISE_KEYS if k not in noise]
+    if missing:
+        raise ResultsError(f"{path} lacks {', '.join(missing)}; rerun `make noise RUN=...`")
+    return noise
 
 
 def is_finite(x: float) -> bool:
