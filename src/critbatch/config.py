@@ -98,12 +98,34 @@ class LoggerConfig:
 
 
 @dataclass
+class GridConfig:
+    """What the sweeps in `sweeps/` vary at this scale, in Hydra's sweep syntax ("8,32,128").
+
+    The baseline sweep trains the smallest batch at 1/8, 1/4 and 1/2 of `train.tokens`;
+    its full-budget point is the batch sweep's smallest-batch run, trained once.
+    """
+
+    batch_sizes: str = "8,32,128"  # sequences; the first is the baseline batch b
+    base_batch_size: int = 8  # sequences; batch at which the lr grid values apply
+    baseline_tokens: str = "500000,1000000,2000000"  # baseline budgets below the main one
+    lrs: dict[str, str] = field(  # lr grid per optimizer, values at base_batch_size
+        default_factory=lambda: {"adamw": "1.5e-3,3e-3,6e-3", "muon": "0.01,0.02,0.04"}
+    )
+    lr_scaling: dict[str, str] = field(  # how each optimizer's lr follows the batch size
+        default_factory=lambda: {"adamw": "sqrt", "muon": "none"}
+    )
+    widths: str = "32,48,64,80,96"  # model widths of the widths sweep
+    width_tokens: str = "500000,1000000,2000000,4000000"  # budgets of the widths sweep
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    grid: GridConfig = field(default_factory=GridConfig)  # used by sweeps/ only
     scale: str = "cpu"  # name of the size preset in use (set by the preset file)
     sweep: str | None = None  # name of the sweep this run belongs to, or null
 
