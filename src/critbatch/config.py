@@ -68,6 +68,18 @@ class OptimConfig:
 
 
 @dataclass
+class GNSConfig:
+    """Online gradient noise scale (science.md section 2; estimator in critbatch/noise.py)."""
+
+    enabled: bool = True  # track B_noise from the micro-batches; needs >= 2 micro-batches a step
+    # EMA decay per optimizer step of |G|^2, tr(Sigma) and the train loss. 0.99 = a horizon of
+    # ~100 steps (variance of one step's estimate / ~200): long enough to tame per-step |G|^2
+    # estimates that are often negative, short against a run (hundreds to thousands of steps)
+    # so the value follows B_noise as it grows with training.
+    ema: float = 0.99
+
+
+@dataclass
 class TrainConfig:
     batch_size: int = 32  # sequences per optimizer step
     micro_batch_size: int | None = None  # sequences per forward/backward; null = batch_size
@@ -86,6 +98,7 @@ class TrainConfig:
     compile: bool | None = None  # torch.compile; null = on for CUDA, off on CPU
     diverge_factor: float = 2.0  # a train loss above factor x its first value ...
     diverge_window: int = 20  # ... for this many consecutive steps means diverged
+    gns: GNSConfig = field(default_factory=GNSConfig)  # online gradient noise scale
 
 
 @dataclass
@@ -114,8 +127,7 @@ class GridConfig:
     lr_scaling: dict[str, str] = field(  # how each optimizer's lr follows the batch size
         default_factory=lambda: {"adamw": "sqrt", "muon": "none"}
     )
-    widths: str = "32,48,64,80,96"  # model widths of the widths sweep
-    width_tokens: str = "500000,1000000,2000000,4000000"  # budgets of the widths sweep
+    widths: str = "32,48,64,80,96"  # model widths of the widths sweep (heads must divide them)
 
 
 @dataclass
@@ -137,6 +149,11 @@ def register_configs() -> None:
 
 def micro_batch_size(cfg: Config) -> int:
     return cfg.train.micro_batch_size or cfg.train.batch_size
+
+
+def wandb_group(cfg: Config) -> str:
+    """The W&B group of a run and of every job about it (noise measurement, ...)."""
+    return cfg.logger.group or cfg.sweep or "single"
 
 
 def total_steps(cfg: Config) -> int:
@@ -206,6 +223,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must lie in [0, 1]")
     if not 0 < t.wsd_decay_fraction <= 1:
         raise ConfigError(f"train.wsd_decay_fraction={t.wsd_decay_fraction} must lie in (0, 1]")
+    if not 0 <= t.gns.ema < 1:
+        raise ConfigError(f"train.gns.ema={t.gns.ema} must lie in [0, 1) (e.g. 0.99)")
     if not 0 < d.val_fraction < 0.5:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must lie in (0, 0.5)")
     _choice("optim.name", o.name, OPTIMIZERS)

@@ -1,8 +1,8 @@
 """One training run: `python -m critbatch.train [hydra overrides]`.
 
-The whole step sequence -- lr, micro-steps, clipping, optimizer step, eval, log --
-is in `train()`, top to bottom. Everything it calls is a small pure helper or a
-module of the package (data, model, optim, runs).
+The whole step sequence -- lr, micro-steps, noise measurement, clipping, optimizer
+step, eval, log -- is in `train()`, top to bottom. Everything it calls is a small pure
+helper or a module of the package (data, model, optim, noise, runs).
 """
 
 from __future__ import annotations
@@ -31,10 +31,12 @@ from critbatch.config import (
     register_configs,
     to_config,
     total_steps,
+    wandb_group,
 )
 from critbatch.data import check_seq_len, prepare_data, sample_batch, val_windows
 from critbatch.errors import ConfigError, CritbatchError, fail, user_errors
 from critbatch.model import GPT, param_count
+from critbatch.noise import MicroGradNorms, NoiseEMA
 from critbatch.optim import build_optimizers, lr_factor, set_lr, used_lr
 
 log = logging.getLogger("critbatch")
@@ -112,6 +114,10 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     tokens_per_step = t.batch_size * m.seq_len
     evals = set(eval_steps(steps, t.eval_points))
     val = val_windows(data.val, m.seq_len, t.eval_tokens)
+    # gradient noise scale: micro-batches are the small batch, the step's batch the big one
+    gns_on = t.gns.enabled and accum >= 2
+    micro_norms = MicroGradNorms(model.parameters(), accum) if gns_on else None
+    gns = NoiseEMA(t.gns.ema, b=micro, big=t.batch_size)
 
     log.info(
         f"data={cfg.data.name}: {data.train.size / 1e6:.2f}M train tokens, "
@@ -130,6 +136,8 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         f"{steps * tokens_per_step / 1e6:.3f}M tokens; {accum} micro-batch(es) of {micro}; "
         f"device {device}, {str(amp_dtype).removeprefix('torch.')}, compile {compile_model}"
     )
+    log.info(f"gns: B_noise tracked from {accum} micro-batches of {micro} (ema {t.gns.ema})"
+             if gns_on else "gns: off (needs train.gns.enabled and >= 2 micro-batches a step)")
 
     resolved = asdict(cfg)
     runs.write_json_atomic(run_dir / "config.json", {"config": resolved, "overrides": overrides})
@@ -145,7 +153,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     wandb_run = wandb.init(
         mode=cfg.logger.mode,
         project=cfg.logger.project,
-        group=cfg.logger.group or cfg.sweep or "single",
+        group=wandb_group(cfg),
         job_type=cfg.logger.job_type,
         name=name,
         dir=str(run_dir),
@@ -154,7 +162,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         settings=wandb.Settings(console="off", silent=True),
     )
     curve: list[dict] = []
-    pending: list[tuple] = []  # per-step (step, lr, loss tensor, grad-norm tensor, time)
+    pending: list[tuple] = []  # per step: step, lr, loss, grad norm, mean |g_b|^2 (tensors), time
     losses: list[float] = []
     status, reason, diverged_step = "completed", None, None
     t0 = time.perf_counter()
@@ -166,6 +174,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)  # (B, T+1)
             batch = batch.to(device, non_blocking=True)
             loss_sum = torch.zeros((), device=device)
+            micro_sq = torch.zeros((), device=device)  # sum over micro-batches of |g_b|^2
             for i in range(accum):
                 x = batch[i * micro : (i + 1) * micro, :-1]  # (micro, T)
                 y = batch[i * micro : (i + 1) * micro, 1:]
@@ -173,22 +182,29 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                     loss = step_model(x, y)
                 (loss / accum).backward()
                 loss_sum += loss.detach()
+                if gns_on:
+                    micro_sq += micro_norms.observe(i)
             max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             pending.append((step + 1, factor * lr, loss_sum / accum, grad_norm,
-                            time.perf_counter() - t0))
+                            micro_sq / accum, time.perf_counter() - t0))
             bar.update()
 
             done = step + 1
             if done in evals or done % t.log_every == 0 or done == steps:
                 rows = _flush(pending, tokens_per_step)
                 pending.clear()
+                for row in rows:
+                    g2_small = row.pop("micro_grad_sq")
+                    if gns_on:  # |g_B|^2 is the pre-clipping norm of the accumulated gradient
+                        row.update(gns.update(g2_small, row["grad_norm"] ** 2, row["train_loss"]))
                 runs.append_jsonl(metrics_path, rows)
                 for row in rows:
-                    wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+                    wandb_run.log({k: v for k, v in row.items() if k != "step" and v is not None},
+                                  step=row["step"])
                 losses.extend(row["train_loss"] for row in rows)
                 bar.set_postfix(train_loss=f"{losses[-1]:.3f}")
                 reason = is_diverged(losses, losses[0], t.diverge_factor, t.diverge_window)
@@ -263,6 +279,16 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "overrides": overrides,
             "versions": runs.package_versions(),
             "wandb_run_id": wandb_run.id if cfg.logger.mode != "disabled" else None,
+            # online gradient noise scale (EMA at the end; None when off or not resolved)
+            "b_noise": gns.b_noise,  # sequences
+            "b_noise_tokens": gns.b_noise * m.seq_len if gns.b_noise is not None else None,
+            "b_noise_loss": gns.loss,  # train loss (nats/token, same EMA) it was measured at
+            "b_noise_loss_per_byte": (gns.loss / data.bytes_per_token
+                                      if gns.loss is not None else None),
+            "gns_g2": gns.g2,
+            "gns_trace": gns.trace,
+            "gns_steps": gns.steps,
+            "gns_ema": t.gns.ema if gns_on else None,
         }
         _save_checkpoint(run_dir / "checkpoint.pt", model, cfg, done_steps)
         runs.write_json_atomic(run_dir / "summary.json", summary)
@@ -285,7 +311,8 @@ def _flush(pending: list[tuple], tokens_per_step: int) -> list[dict]:
     """Turn buffered per-step tensors into metrics rows with one host sync."""
     if not pending:
         return []
-    values = torch.stack([torch.stack([p[2].float(), p[3].float()]) for p in pending]).tolist()
+    values = torch.stack([torch.stack([p[2].float(), p[3].float(), p[4].float()])
+                          for p in pending]).tolist()
     return [
         {
             "step": step,
@@ -294,8 +321,9 @@ def _flush(pending: list[tuple], tokens_per_step: int) -> list[dict]:
             "train_loss": loss,
             "grad_norm": gnorm,
             "time_s": elapsed,
+            "micro_grad_sq": micro_sq,  # mean |g_b|^2 over the micro-batches (0 when gns off)
         }
-        for (step, lr, _, _, elapsed), (loss, gnorm) in zip(pending, values, strict=True)
+        for (step, lr, *_, elapsed), (loss, gnorm, micro_sq) in zip(pending, values, strict=True)
     ]
 
 
