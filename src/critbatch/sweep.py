@@ -1,0 +1,269 @@
+"""Run a whole experiment: its Hydra multiruns, the noise measurement, and the report.
+
+`python -m critbatch.sweep batch --scale cpu --jobs 1 --opt adamw,muon` (what
+`make sweep-batch` calls) runs, in order:
+
+1. the multiruns of the experiment (`sweeps/<stage>.yaml`, one per optimizer),
+   skipping every run whose directory already holds a valid summary.json;
+2. `python -m critbatch.noise` on the baseline's largest-budget run, per optimizer;
+3. `python analysis/fit_bcrit.py` over the experiment's run directories;
+
+and prints where the report is. Run directories are `runs/<stage>/<scale>/<overrides>`,
+named by their override values, so a second call trains nothing and an interrupted
+call trains only what is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import itertools
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from critbatch import runs
+from critbatch.config import CONF_DIR, Config, register_configs, to_config
+from critbatch.errors import ConfigError, ResultsError, user_errors
+
+REPO = CONF_DIR.parent
+SWEEPS_DIR = REPO / "sweeps"
+ANALYSIS_SCRIPT = REPO / "analysis" / "fit_bcrit.py"
+EXPERIMENTS = {  # experiment -> (stages in order, stage whose largest budget gets B_noise)
+    "batch": (("baseline", "batch"), "baseline"),
+    "widths": (("widths", "widths_batch"), "widths"),
+}
+RUN_OVERHEAD_S = 2.0  # per-run start-up, eval and checkpoint time, for the estimate
+
+
+@dataclass
+class Job:
+    stage: str
+    optimizer: str
+    overrides: list[str]  # the job's full override list, as Hydra launches it
+    run_dir: Path
+    cfg: Config
+
+    @property
+    def done(self) -> bool:
+        try:
+            runs.read_summary(self.run_dir)
+            return True
+        except ResultsError:
+            return False
+
+    @property
+    def tokens(self) -> int:
+        c = self.cfg
+        steps = c.train.tokens // (c.train.batch_size * c.model.seq_len)
+        return steps * c.train.batch_size * c.model.seq_len
+
+
+def resolve_scale(scale: str) -> str:
+    """`auto` is `gpu` when CUDA is available, else `cpu`."""
+    if scale != "auto":
+        return scale
+    import torch
+
+    chosen = "gpu" if torch.cuda.is_available() else "cpu"
+    print(f"SCALE=auto -> {chosen} ({'CUDA found' if chosen == 'gpu' else 'no CUDA device'})")
+    return chosen
+
+
+def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list[Job]:
+    """Expand one multirun exactly as Hydra's basic sweeper will, with each job's run dir."""
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from critbatch.config import explain_compose_error
+
+    register_configs()
+    cli = [f"scale={scale}", f"optim={optimizer}", *extra]
+    search = [f"hydra.searchpath=[file://{CONF_DIR}]"]  # as `--config-dir sweeps` does
+    try:
+        with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
+            root = compose(stage, overrides=search + cli, return_hydra_config=True)
+            params = [f"{k}={v}" for k, v in root.hydra.sweeper.params.items()]
+            parsed = OverridesParser.create().parse_overrides(params + cli)
+            jobs = []
+            for overrides in BasicSweeper.split_arguments(parsed, None)[0]:
+                cfg = compose(stage, overrides=search + overrides, return_hydra_config=True)
+                run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
+                del cfg.hydra
+                jobs.append(Job(stage, optimizer, overrides, run_dir, to_config(cfg)))
+    except ConfigError:
+        raise
+    except Exception as err:
+        raise ConfigError(explain_compose_error(err)) from None
+    return jobs
+
+
+def measure_tokens_per_s(cfg: Config, batch_size: int, seconds: float = 1.0) -> float:
+    """Training tokens/s of `cfg`'s model at `batch_size`, timed on random tokens."""
+    import torch
+
+    from critbatch.model import GPT
+    from critbatch.optim import build_optimizers
+
+    m = cfg.model
+    model = GPT(m, cfg.data.vocab_size)
+    (opt, *rest) = build_optimizers(model, cfg.optim, batch_size, "cpu")
+    micro = min(batch_size, cfg.train.micro_batch_size or batch_size)
+    x = torch.randint(0, cfg.data.vocab_size, (micro, m.seq_len + 1))
+    steps, start = 0, None
+    while start is None or time.perf_counter() - start < seconds:
+        if steps == 1:
+            start = time.perf_counter()  # the first step warms up
+        for _ in range(batch_size // micro):
+            model(x[:, :-1], x[:, 1:]).backward()
+        for o in (opt, *rest):
+            o.step()
+            o.zero_grad(set_to_none=True)
+        steps += 1
+    return (steps - 1) * batch_size * m.seq_len / (time.perf_counter() - start)
+
+
+def estimate_seconds(jobs: list[Job]) -> float:
+    """Wall time of the jobs from tokens/s measured on this machine (per model shape and batch)."""
+    rates: dict[tuple, float] = {}
+    total = 0.0
+    for job in jobs:
+        m, t = job.cfg.model, job.cfg.train
+        key = (m.width, m.depth, m.heads, m.seq_len, t.batch_size, job.cfg.data.vocab_size)
+        if key not in rates:
+            rates[key] = measure_tokens_per_s(job.cfg, t.batch_size, seconds=0.5)
+        total += job.tokens / rates[key] + RUN_OVERHEAD_S
+    return total
+
+
+def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int) -> None:
+    todo = [j for j in jobs if not j.done]
+    print(f"sweep-{experiment} at scale={scale}: {len(jobs)} runs, {len(jobs) - len(todo)} "
+          f"already complete, {len(todo)} to train")
+    for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in jobs):
+        part = [j for j in jobs if (j.stage, j.optimizer) == (stage, optimizer)]
+        left = sum(not j.done for j in part)
+        print(f"  {stage:<13} optim={optimizer:<6} {len(part):>3} runs ({left} to train) "
+              f"-> {part[0].run_dir.parent}")
+    if todo:
+        tokens = sum(j.tokens for j in todo)
+        seconds = estimate_seconds(todo) / min(jobs_at_once, len(todo))
+        print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {seconds / 60:.1f} min "
+              f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
+              flush=True)
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU"
+
+
+def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,
+                 device: str) -> int:
+    """Run one Hydra multirun in a child process; its jobs skip runs already complete."""
+    cmd = [sys.executable, "-m", "critbatch.train", "--config-dir", str(SWEEPS_DIR),
+           "--config-name", stage, f"scale={scale}", f"optim={optimizer}", *extra]
+    env = dict(os.environ)
+    if jobs_at_once > 1:
+        cmd += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs_at_once}"]
+        if device == "cpu":  # split the cores between the jobs
+            threads = max(1, (os.cpu_count() or 1) // jobs_at_once)
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    print(f"\n== {stage} (optim={optimizer}): python {' '.join(cmd[1:])}", flush=True)
+    return subprocess.call(cmd, env=env)
+
+
+def noise_target(jobs: list[Job], stage: str, optimizer: str) -> Job | None:
+    """The baseline's largest-budget run (best lr among those completed) for B_noise."""
+    done = [j for j in jobs if j.stage == stage and j.optimizer == optimizer and j.done]
+    if not done:
+        return None
+    top = max(j.tokens for j in done)
+
+    def final_loss(job: Job) -> float:
+        loss = runs.read_summary(job.run_dir)["val_loss"]
+        return loss if math.isfinite(loss) else math.inf
+
+    return min((j for j in done if j.tokens == top), key=final_loss)
+
+
+def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: list[str],
+                   extra: list[str]) -> int:
+    """Every stage of an experiment; returns the number of runs that did not complete."""
+    stages, noise_stage = EXPERIMENTS[experiment]
+    scale = resolve_scale(scale)
+    plan = [j for stage, opt in itertools.product(stages, optimizers)
+            for j in plan_stage(stage, scale, opt, extra)]
+    print_plan(experiment, scale, plan, jobs_at_once)
+    device = "cuda" if scale == "gpu" else "cpu"
+    t0 = time.perf_counter()
+    for stage, optimizer in itertools.product(stages, optimizers):
+        part = [j for j in plan if (j.stage, j.optimizer) == (stage, optimizer)]
+        if all(j.done for j in part):
+            print(f"== {stage} (optim={optimizer}): all {len(part)} runs complete, skipped")
+            continue
+        launch_stage(stage, scale, optimizer, extra, jobs_at_once, device)
+
+    failed = [j for j in plan if not j.done]
+    for job in failed:
+        print(f"run did not complete (see its train.log): {job.run_dir}")
+
+    if importlib.util.find_spec("critbatch.noise") is not None:
+        for optimizer in optimizers:
+            target = noise_target(plan, noise_stage, optimizer)
+            if target is None:
+                continue
+            if (target.run_dir / "noise.json").exists():
+                print(f"== noise (optim={optimizer}): {target.run_dir}/noise.json exists, skipped")
+                continue
+            print(f"\n== noise (optim={optimizer}) on {target.run_dir}", flush=True)
+            subprocess.call([sys.executable, "-m", "critbatch.noise", str(target.run_dir)])
+
+    report_dir = Path("runs") / stages[-1] / scale / "report"
+    if ANALYSIS_SCRIPT.exists():
+        sweep_dirs = sorted({str(j.run_dir.parent) for j in plan})
+        print(f"\n== analysis: python {ANALYSIS_SCRIPT.relative_to(REPO)} "
+              f"{' '.join(sweep_dirs)} --out {report_dir}", flush=True)
+        subprocess.call([sys.executable, str(ANALYSIS_SCRIPT), *sweep_dirs,
+                         "--out", str(report_dir)])
+    minutes = (time.perf_counter() - t0) / 60
+    print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
+          f"complete in {minutes:.1f} min")
+    if (report_dir / "report.md").exists():
+        print(f"report: {report_dir / 'report.md'}")
+    return len(failed)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m critbatch.sweep",
+        description="Run an experiment's sweeps, the noise measurement and the report.",
+    )
+    parser.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    parser.add_argument("--scale", default="auto", help="auto | smoke | cpu | gpu (default auto)")
+    parser.add_argument("--jobs", type=int, default=1, help="training jobs at once (default 1)")
+    parser.add_argument("--opt", default="adamw,muon", help="optimizers, comma-separated")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = parser.parse_args(argv)
+    with user_errors():
+        optimizers = [o for o in args.opt.split(",") if o]
+        for name in optimizers:
+            if name not in ("adamw", "muon"):
+                raise ConfigError(f"OPT={args.opt}: '{name}' is not adamw or muon")
+        if args.jobs < 1:
+            raise ConfigError(f"JOBS={args.jobs} must be at least 1")
+        if args.scale not in ("auto", "smoke", "cpu", "gpu"):
+            raise ConfigError(f"SCALE={args.scale} is not one of auto, smoke, cpu, gpu")
+        failed = run_experiment(args.experiment, args.scale, args.jobs, optimizers,
+                                args.overrides)
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
