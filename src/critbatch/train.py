@@ -7,6 +7,7 @@ helper or a module of the package (data, model, optim, noise, runs).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
@@ -20,6 +21,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from critbatch import runs
@@ -370,17 +372,74 @@ def _cleanup_failed_run(run_dir: Path) -> None:
         run_dir.rmdir()
 
 
+IDENTITY_EXEMPT = ("logger", "train.device", "train.compile", "train.log_every", "data.cache_dir")
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved configs (logging/device aside)."""
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        dotted = f"{prefix}{key}"
+        if dotted in IDENTITY_EXEMPT:
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += config_differences(a, b, f"{dotted}.")
+        elif a != b:
+            keys.append(dotted)
+    return keys
+
+
+def finished_run(run_dir: Path, cfg: Config) -> bool:
+    """True when `run_dir` already holds this config's results (completed or diverged).
+
+    A directory holding a finished run of a *different* config is refused with the
+    differing keys named, rather than silently reused or overwritten.
+    """
+    try:
+        runs.read_summary(run_dir)
+    except CritbatchError:
+        return False
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())["config"]
+    except (OSError, ValueError, KeyError):
+        return False  # results without their config: train again
+    differing = config_differences(
+        {k: v for k, v in saved.items() if k != "grid"},
+        {k: v for k, v in asdict(cfg).items() if k != "grid"},
+    )
+    if differing:
+        raise ConfigError(
+            f"{run_dir} holds a finished run of a different config ({', '.join(differing)}); "
+            "move it away or choose another hydra.run.dir / hydra.sweep.dir"
+        )
+    return True
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(composed: DictConfig) -> None:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    overrides = list(HydraConfig.get().overrides.task)
+    """One Hydra job. In a multirun, a finished run is skipped and a failed one is
+    recorded in its train.log without stopping the sweep."""
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         with user_errors():
             cfg = to_config(composed)
+            if finished_run(run_dir, cfg):
+                log.info(f"{run_dir}: already finished, skipped")
+                return
             train(cfg, run_dir, overrides)
     except SystemExit:
-        _cleanup_failed_run(run_dir)
-        raise
+        if not multirun:
+            _cleanup_failed_run(run_dir)
+            raise
+        log.error(f"{run_dir}: failed; the sweep goes on")
+    except Exception:
+        if not multirun:
+            raise
+        log.exception(f"{run_dir}: failed with an exception; the sweep goes on")
 
 
 def main() -> None:
