@@ -167,3 +167,168 @@ def package_versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery and loading of many runs (used by the analysis; never imports the trainer).
+
+SKIP_DIRS = frozenset({"wandb", ".hydra", "report", "__pycache__", ".git"})
+PROGRESS_MIN_RUNS = 50  # show a progress bar when loading at least this many runs
+
+
+def find_run_dirs(paths: list[str | Path]) -> tuple[list[Path], list[Path]]:
+    """Run directories under `paths`, searched recursively, sorted.
+
+    Returns (finished, unfinished): `finished` hold a `summary.json`; `unfinished` hold a
+    `config.json` or `metrics.jsonl` but no summary (a run that is still going or was killed).
+    A path that is itself a run directory counts as one. W&B, Hydra and report folders are not
+    searched.
+    """
+    finished: set[Path] = set()
+    unfinished: set[Path] = set()
+    for root in map(Path, paths):
+        if not root.exists():
+            raise ResultsError(f"{root} does not exist; pass run directories or a sweep folder")
+        if root.is_file():
+            root = root.parent
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+            names = set(filenames)
+            if "summary.json" in names:
+                finished.add(Path(dirpath))
+            elif "config.json" in names or "metrics.jsonl" in names:
+                unfinished.add(Path(dirpath))
+    return sorted(finished), sorted(unfinished)
+
+
+def load_runs(paths: list[str | Path], progress: bool | None = None) -> dict:
+    """Read every run under `paths` with `read_summary` (and `read_noise`).
+
+    Returns {"runs": [...], "left_out": [...], "warnings": [...]}. Each run is its validated
+    summary plus `run_dir` (str) and `noise` (the noise.json dict or None). A corrupt or
+    partial summary.json, or a run directory without one, goes to `left_out` as
+    {"run_dir", "reason", "detail"} (reason "corrupt" or "incomplete") instead of stopping the
+    load; a corrupt noise.json keeps the run and adds a warning. `progress`: None shows a tqdm
+    bar when there are at least PROGRESS_MIN_RUNS runs.
+    """
+    from tqdm import tqdm
+
+    finished, unfinished = find_run_dirs(paths)
+    runs, left_out, warnings = [], [], []
+    for run_dir in unfinished:
+        left_out.append({"run_dir": str(run_dir), "reason": "incomplete",
+                         "detail": "no summary.json: the run has not finished (or was killed)"})
+    show = len(finished) >= PROGRESS_MIN_RUNS if progress is None else progress
+    for run_dir in tqdm(finished, desc="load runs", unit="run", disable=not show):
+        try:
+            summary = read_summary(run_dir)
+        except ResultsError as err:
+            left_out.append({"run_dir": str(run_dir), "reason": "corrupt", "detail": str(err)})
+            continue
+        try:
+            noise = read_noise(run_dir)
+        except ResultsError as err:
+            noise = None
+            warnings.append(f"noise.json ignored: {err}")
+        runs.append({**summary, "run_dir": str(run_dir), "noise": noise})
+    return {"runs": runs, "left_out": left_out, "warnings": warnings}
+
+
+def latest_sweep_dir(root: str | Path = "runs") -> Path | None:
+    """The sweep folder under `root` whose newest summary.json is the most recent.
+
+    Sweeps write `runs/<sweep>/<scale>/<override_dirname>/summary.json`, so the answer is a
+    `runs/<sweep>/<scale>` folder; single runs (`runs/single/<time>/`) are used only when no
+    sweep exists. None when `root` holds no summary.json at all.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    newest: dict[Path, float] = {}
+    for path in root.glob("*/*/*/summary.json"):
+        folder = path.parent.parent
+        newest[folder] = max(newest.get(folder, 0.0), path.stat().st_mtime)
+    sweeps = {f: t for f, t in newest.items() if f.parent.name != "single"}
+    candidates = sweeps or {f.parent: t for f, t in newest.items()}
+    if not candidates:
+        for path in root.glob("*/*/summary.json"):  # runs/single/<time>/summary.json
+            newest[path.parent.parent] = max(newest.get(path.parent.parent, 0.0),
+                                             path.stat().st_mtime)
+        candidates = newest
+    return max(candidates, key=candidates.get) if candidates else None
+
+
+# W&B config paths (nested dicts of the resolved config) for summary keys that a W&B run
+# summary may lack (W&B keeps only scalar summary values; None values are dropped).
+WANDB_CONFIG_PATHS = {
+    "sweep": ("sweep",), "seed": ("train", "seed"), "optimizer": ("optim", "name"),
+    "width": ("model", "width"), "depth": ("model", "depth"), "heads": ("model", "heads"),
+    "seq_len": ("model", "seq_len"), "vocab_size": ("data", "vocab_size"),
+    "batch_size": ("train", "batch_size"), "micro_batch_size": ("train", "micro_batch_size"),
+    "warmup_steps": ("train", "warmup_steps"), "schedule": ("train", "schedule"),
+    "data_name": ("data", "name"),
+}
+
+
+def summary_from_wandb(config: dict, summary: dict, history: list[dict], run_path: str) -> dict:
+    """Rebuild a run's summary dict from what the W&B API returns for it.
+
+    `config` is `run.config` (the trainer logs the resolved config, nested by group),
+    `summary` is `dict(run.summary)` (the trainer copies every scalar of summary.json there),
+    `history` the logged rows holding `val_loss` (the eval points, with `_step`). The result
+    is validated with `validate_summary` exactly like a local summary.json, with `run_dir`
+    set to `wandb:<run_path>`.
+    """
+    out = {k: v for k, v in summary.items() if not k.startswith("_")}
+    for key, path in WANDB_CONFIG_PATHS.items():
+        if out.get(key) is not None:
+            continue
+        node: Any = config
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and set(node) == {"value"}:  # raw W&B config format
+            node = node["value"]
+        if node is not None or key == "sweep":
+            out[key] = node
+    curve = []
+    for row in sorted(history, key=lambda r: r.get("_step", r.get("step", 0))):
+        if row.get("val_loss") is None:
+            continue
+        curve.append({"step": row.get("_step", row.get("step")), "tokens": row.get("tokens"),
+                      "val_loss": row["val_loss"],
+                      "val_loss_per_byte": row.get("val_loss_per_byte")})
+    out["curve"] = curve
+    for key in ("val_loss", "val_loss_per_byte"):
+        if out.get(key) is None:
+            out[key] = float("nan")
+    validated = validate_summary(out, f"W&B run {run_path}")
+    return {**validated, "run_dir": f"wandb:{run_path}", "noise": None}
+
+
+def load_wandb_runs(project_path: str, group: str | None = None) -> dict:
+    """Read the training runs of a W&B project (ENTITY/PROJECT), optionally one group.
+
+    Same return shape as `load_runs`. Needs network access and a W&B login.
+    """
+    import wandb
+    from tqdm import tqdm
+
+    filters: dict = {"jobType": "train"}
+    if group:
+        filters["group"] = group
+    try:
+        api_runs = list(wandb.Api().runs(project_path, filters=filters))
+    except Exception as err:  # the API raises many types (network, auth, not found)
+        raise ResultsError(f"cannot read W&B project {project_path}: {err}") from None
+    runs, left_out = [], []
+    for run in tqdm(api_runs, desc="W&B runs", unit="run",
+                    disable=len(api_runs) < PROGRESS_MIN_RUNS):
+        run_path = "/".join(run.path)
+        try:
+            history = list(run.scan_history(keys=["tokens", "val_loss", "val_loss_per_byte"]))
+            runs.append(summary_from_wandb(dict(run.config), dict(run.summary), history,
+                                           run_path))
+        except ResultsError as err:
+            left_out.append({"run_dir": f"wandb:{run_path}", "reason": "corrupt",
+                             "detail": str(err)})
+    return {"runs": runs, "left_out": left_out, "warnings": []}
