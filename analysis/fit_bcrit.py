@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""Fit the critical batch size from finished runs and write the report.
+
+    python analysis/fit_bcrit.py [PATHS...] [--out DIR] [--baseline-batch B]
+                                 [--from-wandb ENTITY/PROJECT [--group G]]
+
+PATHS are run directories or folders searched recursively for summary.json (default: the
+latest sweep under runs/ and its companion stage). Writes report.md, plots, fits.json and
+bcrit.csv to --out (default: <sweep dir>/report/) and logs them to W&B (offline by default).
+The work is done by `critbatch.report.run_analysis`; this file only parses arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from critbatch.errors import user_errors
+from critbatch.report import run_analysis
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="*", help="run directories or sweep folders")
+    parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
+    parser.add_argument("--baseline-batch", type=int, default=None,
+                        help="baseline batch size in sequences (default: the smallest batch "
+                             "with at least three budgets)")
+    parser.add_argument("--from-wandb", metavar="ENTITY/PROJECT",
+                        help="read the runs from the W&B API instead of local files")
+    parser.add_argument("--group", help="with --from-wandb: only this W&B group")
+    parser.add_argument("--wandb", dest="wandb_mode", default="offline",
+                        choices=("offline", "online", "disabled"),
+                        help="how to log the analysis run to W&B (default: offline)")
+    parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
+    args = parser.parse_args(argv)
+    with user_errors():
+        if args.group and not args.from_wandb:
+            parser.error("--group needs --from-wandb")
+        if args.from_wandb and args.paths:
+            parser.error("pass either PATHS or --from-wandb, not both")
+        run_analysis(args.paths, args.out, args.baseline_batch, args.from_wandb, args.group,
+                     args.wandb_mode, args.project)
+
+
+if __name__ == "__main__":
+    main()
