@@ -113,19 +113,20 @@ def refine_best_lr(lrs: list[float], losses: list[float]) -> tuple[float, float,
     grid. A single-point grid returns it with edge "single".
     """
     order = np.argsort(lrs)
-    x = np.log(np.asarray(lrs, dtype=float)[order])
+    grid = np.asarray(lrs, dtype=float)[order]
+    x = np.log(grid)
     y = np.asarray(losses, dtype=float)[order]
     i = int(np.argmin(y))
     if len(x) == 1:
-        return float(np.exp(x[0])), float(y[0]), "single"
+        return float(grid[0]), float(y[0]), "single"
     if i == 0 or i == len(x) - 1:
-        return float(np.exp(x[i])), float(y[i]), "low" if i == 0 else "high"
+        return float(grid[i]), float(y[i]), "low" if i == 0 else "high"
     (x0, x1, x2), (y0, y1, y2) = x[i - 1 : i + 2], y[i - 1 : i + 2]
     # Newton divided differences: y = y1 + d1 (x - x1) + c (x - x0)(x - x1) ... written at x1.
     s01, s12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
     c = (s12 - s01) / (x2 - x0)
     if c <= 0:  # flat: no curvature to refine with
-        return float(np.exp(x1)), float(y1), None
+        return float(grid[i]), float(y1), None
     slope_at_x1 = s01 + c * (x1 - x0)
     x_star = x1 - slope_at_x1 / (2 * c)
     y_star = y1 - slope_at_x1**2 / (4 * c)

@@ -1,0 +1,280 @@
+"""The B_crit fits recover the truth of sweeps generated from the McCandlish model itself."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import numpy as np
+import pytest
+
+from critbatch import bcrit, runs
+from critbatch.bcrit import SyntheticTruth, analyse, synthetic_sweep
+from critbatch.errors import ResultsError
+from critbatch.runs import NOISE_KEYS, SUMMARY_KEYS, load_runs, read_summary, validate_summary
+
+TRUE_B_CRIT = 200.0  # sequences (SyntheticTruth default)
+
+
+def analyse_dir(root, **kwargs):
+    loaded = load_runs([root], progress=False)
+    return analyse(loaded["runs"], left_out=loaded["left_out"], warnings=loaded["warnings"],
+                   **kwargs)
+
+
+def rel_err(x, truth=TRUE_B_CRIT):
+    return abs(x - truth) / truth
+
+
+@pytest.fixture(scope="module")
+def batch_sweep(tmp_path_factory):
+    """Baseline 16 at four budgets, larger batches at the largest budget, a 3-point lr grid."""
+    root = tmp_path_factory.mktemp("batch_sweep")
+    truth = synthetic_sweep(root)
+    return root, truth, analyse_dir(root)
+
+
+def test_synthetic_runs_are_real_summaries(batch_sweep):
+    root, _, _ = batch_sweep
+    dirs, unfinished = runs.find_run_dirs([root])
+    assert len(dirs) == (4 + 6) * 3 and not unfinished
+    summary = read_summary(dirs[0])  # validates
+    assert set(SUMMARY_KEYS) <= set(summary)
+
+
+def test_refine_best_lr_finds_the_parabola_vertex():
+    lrs = [1e-3, 2e-3, 4e-3, 8e-3]
+    true_lr = 2.7e-3
+    losses = [3.0 + 0.1 * (math.log(lr) - math.log(true_lr)) ** 2 for lr in lrs]
+    lr, loss, edge = bcrit.refine_best_lr(lrs, losses)
+    assert edge is None
+    assert lr == pytest.approx(true_lr, rel=1e-9) and loss == pytest.approx(3.0, abs=1e-12)
+    assert bcrit.refine_best_lr(lrs, [4, 3, 2, 1]) == (8e-3, 1, "high")
+    assert bcrit.refine_best_lr(lrs, [1, 2, 3, 4]) == (1e-3, 1, "low")
+    assert bcrit.refine_best_lr([1e-3], [2.0])[2] == "single"
+
+
+def test_per_run_bcrit_recovered_and_naive_formula_is_not(batch_sweep):
+    _, _, result = batch_sweep
+    rows = result["fits"]["per_run"]
+    assert sorted(r["batch_size"] for r in rows) == [64, 128, 256, 512, 1024, 2048]
+    for r in rows:
+        assert rel_err(r["b_crit"]) < 0.10, r
+        assert r["b_crit_low"] <= r["b_crit"] <= r["b_crit_high"]
+        assert r["b_crit_tokens"] == pytest.approx(r["b_crit"] * 64)
+    naive = {r["batch_size"]: rel_err(r["b_crit_naive"]) for r in rows}
+    assert naive[64] > 0.3 and naive[128] > 0.15 and naive[256] > 0.10  # b = 16 is not << 200
+    # the corrected formula is exact given exact E_eff: r from the model itself
+    truth = SyntheticTruth()
+    r_true = (1 + 64 / truth.b_crit) / (1 + 16 / truth.b_crit)
+    assert bcrit.bcrit_corrected(64, 16, r_true) == pytest.approx(truth.b_crit)
+
+
+def test_extrapolated_point_is_flagged(batch_sweep):
+    _, _, result = batch_sweep
+    flags = {r["batch_size"]: r["extrapolated"] for r in result["fits"]["per_run"]}
+    # batch 2048: E_eff = E / 10.4 lies below the baseline's smallest budget (E / 8)
+    assert flags == {64: False, 128: False, 256: False, 512: False, 1024: False, 2048: True}
+    assert any("2048" in w and "extrapolated" in w for w in result["fits"]["warnings"])
+
+
+def test_lr_scaling_exponent_recovered(batch_sweep):
+    _, truth, result = batch_sweep
+    fit = result["fits"]["lr_scaling"]["adamw"]
+    assert fit["exponent"] == pytest.approx(truth.lr_exponent, abs=0.02)
+    assert 2048 not in fit["batch_sizes"]  # the largest batch is left out
+
+
+def test_pareto_bcrit_recovered(tmp_path):
+    synthetic_sweep(tmp_path, batch_sizes=(64, 256, 1024), all_budgets=True)
+    rows = analyse_dir(tmp_path)["fits"]["pareto"]
+    assert len(rows) == bcrit.PARETO_TARGETS
+    for p in rows:
+        assert rel_err(p["b_crit"]) < 0.10, p
+        assert p["b_crit_low"] <= p["b_crit"] <= p["b_crit_high"]
+        assert p["s_min"] > 0 and p["e_min"] > 0
+        assert p["b_crit_tokens"] == pytest.approx(p["b_crit"] * 64)
+
+
+def test_fit_pareto_exact_on_the_model():
+    b_crit, s_min = 300.0, 1000.0
+    batches = np.array([8, 32, 128, 512, 2048])
+    fit = bcrit.fit_pareto(batches, s_min * (1 + b_crit / batches))
+    assert fit["b_crit"] == pytest.approx(b_crit, rel=1e-6)
+    assert fit["s_min"] == pytest.approx(s_min, rel=1e-6)
+    two = bcrit.fit_pareto(batches[:2], s_min * (1 + b_crit / batches[:2]))
+    assert two["b_crit"] == pytest.approx(b_crit, rel=1e-6) and two["b_crit_low"] is None
+
+
+def test_kaplan_exponent_recovered_from_noisy_points():
+    rng = np.random.default_rng(0)
+    losses = np.geomspace(2.5, 6.0, 24)
+    b_tokens = 2e8 / losses**4.8 * np.exp(rng.normal(0, 0.15, losses.size))
+    fit = bcrit.fit_kaplan(losses, b_tokens)
+    assert abs(fit["exponent"] - 4.8) < 0.3
+    assert fit["exponent_low"] < 4.8 < fit["exponent_high"]
+    assert fit["b_star_tokens_low"] < 2e8 < fit["b_star_tokens_high"]
+    assert fit["n_points"] == 24
+
+
+def write_noise(run_dir, b_noise_seq, loss, seq_len=64):
+    noise = {k: None for k in NOISE_KEYS}
+    noise.update(schema_version=1, step=100, tokens=1000, seq_len=seq_len, micro_batches=128,
+                 micro_batch_size=4, val_loss=loss, val_loss_per_byte=loss / 3, g2=0.02,
+                 trace=0.02 * b_noise_seq, b_noise=b_noise_seq,
+                 b_noise_tokens=b_noise_seq * seq_len, b_noise_low=0.8 * b_noise_seq,
+                 b_noise_high=1.2 * b_noise_seq, resolved=True)
+    (run_dir / "noise.json").write_text(json.dumps(noise))
+
+
+def test_kaplan_points_are_marked_by_kind(batch_sweep, tmp_path):
+    synthetic_sweep(tmp_path, batch_sizes=(64, 256, 1024), all_budgets=True)
+    dirs, _ = runs.find_run_dirs([tmp_path])
+    write_noise(dirs[0], 226.0, 3.0)
+    summary = json.loads((dirs[1] / "summary.json").read_text())
+    summary.update(b_noise=150.0, b_noise_tokens=150.0 * 64, b_noise_loss=3.2)
+    runs.write_json_atomic(dirs[1] / "summary.json", summary)
+    kaplan = analyse_dir(tmp_path)["fits"]["kaplan"]
+    kinds = kaplan["n_by_kind"]
+    assert kinds["b_noise"] == 1 and kinds["b_noise_online"] == 1
+    assert kinds["pareto"] == bcrit.PARETO_TARGETS and kinds["per_run"] > 0
+    assert kaplan["n_points"] == sum(kinds.values())
+    noise_point = next(p for p in kaplan["points"] if p["kind"] == "b_noise")
+    assert noise_point["b_crit_tokens"] == 226.0 * 64 and noise_point["loss"] == 3.0
+    assert noise_point["kaplan_tokens"] == pytest.approx(2e8 / 3.0**4.8)
+
+
+def test_seeds_give_the_loss_uncertainty(tmp_path):
+    synthetic_sweep(tmp_path, seeds=(0, 1), seed_loss_offsets=(0.004, -0.004))
+    result = analyse_dir(tmp_path)
+    for r in result["fits"]["per_run"]:
+        assert r["val_loss_sigma"] > 0.004  # seed standard error, plus the baseline's
+        assert rel_err(r["b_crit"]) < 0.10
+        assert r["b_crit_low"] < TRUE_B_CRIT < (r["b_crit_high"] or math.inf)
+
+
+def test_diverged_and_nan_runs_are_left_out(tmp_path):
+    synthetic_sweep(tmp_path, diverged_high_lr=True)
+    dirs, _ = runs.find_run_dirs([tmp_path])
+    nan_dir = tmp_path / "nan_run"
+    nan_dir.mkdir()
+    summary = read_summary(dirs[0])
+    summary.update(val_loss=float("nan"), lr=0.05)
+    runs.write_json_atomic(nan_dir / "summary.json", summary)
+    result = analyse_dir(tmp_path)
+    reasons = [d["reason"] for d in result["left_out"]]
+    assert reasons.count("diverged") == 10 and reasons.count("NaN") == 1
+    for r in result["fits"]["per_run"]:
+        assert rel_err(r["b_crit"]) < 0.10  # the good runs still give the answer
+        assert r["lr_edge"] is None
+    assert any("10 diverged" in w and "1 NaN" in w for w in result["fits"]["warnings"])
+
+
+def test_edge_optimum_is_flagged(tmp_path):
+    synthetic_sweep(tmp_path, lr_grid_shift=2.0)  # the best lr is 4x the grid centre: beyond it
+    result = analyse_dir(tmp_path)
+    assert all(c.edge == "high" for g in result["groups"] for c in g["cells"])
+    assert any("high edge" in w and "widen the lr grid" in w for w in result["fits"]["warnings"])
+    assert result["fits"]["lr_scaling"] == {}
+
+
+def test_one_batch_size_only_is_a_partial_report(tmp_path):
+    synthetic_sweep(tmp_path, batch_sizes=())
+    result = analyse_dir(tmp_path)
+    assert result["fits"]["per_run"] == []
+    warnings = " ".join(result["fits"]["warnings"])
+    assert "one batch size only" in warnings and "make sweep-batch" in warnings
+
+
+def test_no_baseline_with_three_budgets(tmp_path):
+    synthetic_sweep(tmp_path, budgets_tokens=(2**23, 2**24))
+    result = analyse_dir(tmp_path)
+    assert result["fits"]["per_run"] == [] and result["groups"][0]["baseline_batch"] is None
+    assert any("no batch size has 3 token budgets" in w and "make sweep-batch" in w
+               for w in result["fits"]["warnings"])
+    # forcing a baseline with two budgets works, and says it cannot extrapolate
+    forced = analyse_dir(tmp_path, baseline_batch=16)
+    assert forced["fits"]["per_run"] and any("only 2 budgets" in w
+                                             for w in forced["fits"]["warnings"])
+
+
+def test_mixed_seq_len_split_into_groups(tmp_path):
+    synthetic_sweep(tmp_path / "a")
+    synthetic_sweep(tmp_path / "b", SyntheticTruth(seq_len=128))
+    result = analyse_dir(tmp_path)
+    assert sorted(g["key"]["seq_len"] for g in result["groups"]) == [64, 128]
+    assert any("mixed seq_len" in w for w in result["fits"]["warnings"])
+    for r in result["fits"]["per_run"]:
+        assert rel_err(r["b_crit"]) < 0.10
+
+
+def test_mismatched_fingerprint_is_left_out(tmp_path):
+    synthetic_sweep(tmp_path)
+    dirs, _ = runs.find_run_dirs([tmp_path])
+    summary = read_summary(dirs[3])
+    summary["data_fingerprint"] = "0" * 64
+    runs.write_json_atomic(dirs[3] / "summary.json", summary)
+    result = analyse_dir(tmp_path)
+    assert [(d["run_dir"], d["reason"]) for d in result["left_out"]] == [
+        (str(dirs[3]), "mismatched")]
+
+
+def test_corrupt_and_incomplete_runs_are_recorded(tmp_path):
+    synthetic_sweep(tmp_path, batch_sizes=(64,))
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "summary.json").write_text('{"schema_version": 1, "sta')
+    (tmp_path / "partial").mkdir()
+    (tmp_path / "partial" / "summary.json").write_text('{"schema_version": 1}')
+    (tmp_path / "running").mkdir()
+    (tmp_path / "running" / "metrics.jsonl").write_text("")
+    loaded = load_runs([tmp_path], progress=False)
+    reasons = {os.path.basename(d["run_dir"]): d["reason"] for d in loaded["left_out"]}
+    assert reasons == {"torn": "corrupt", "partial": "corrupt", "running": "incomplete"}
+    assert len(loaded["runs"]) == 5 * 3
+    with pytest.raises(ResultsError, match="does not exist"):
+        runs.find_run_dirs([tmp_path / "nowhere"])
+
+
+def test_summary_from_wandb_matches_local_summary(tmp_path):
+    truth = SyntheticTruth()
+    local = validate_summary(bcrit.synthetic_summary(truth, batch_size=64, tokens=2**20,
+                                                     lr=1e-3))
+    config = {"model": {"width": 64, "depth": 2, "heads": 2, "seq_len": 64},
+              "data": {"name": "synthetic", "vocab_size": 2048},
+              "optim": {"name": "adamw"}, "train": {"batch_size": 64, "seed": 0},
+              "sweep": {"value": "batch"}}
+    scalars = {k: v for k, v in local.items() if isinstance(v, int | float | str)}
+    del scalars["width"], scalars["optimizer"], scalars["sweep"]  # from the config instead
+    history = [{"_step": p["step"], "tokens": p["tokens"], "val_loss": p["val_loss"],
+                "val_loss_per_byte": p["val_loss_per_byte"]} for p in local["curve"]]
+    history.insert(1, {"_step": 3, "tokens": 10, "val_loss": None})
+    run = runs.summary_from_wandb(config, {**scalars, "_runtime": 3}, history[::-1],
+                                  "me/critbatch/abc123")
+    assert run["run_dir"] == "wandb:me/critbatch/abc123" and run["sweep"] == "batch"
+    assert run["width"] == 64 and run["optimizer"] == "adamw"
+    assert run["curve"] == local["curve"] and run["val_loss"] == local["val_loss"]
+    with pytest.raises(ResultsError, match="lacks"):
+        runs.summary_from_wandb({}, {"status": "completed"}, [], "me/p/x")
+
+
+def test_latest_sweep_dir(tmp_path):
+    assert runs.latest_sweep_dir(tmp_path) is None
+    for i, stage in enumerate(("baseline", "batch", "single")):
+        d = tmp_path / stage / ("smoke" if stage != "single" else "2024") / "run"
+        if stage == "single":
+            d = tmp_path / "single" / "2024"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text("{}")
+        os.utime(d / "summary.json", (1e9 + i, 1e9 + i))
+    assert runs.latest_sweep_dir(tmp_path) == tmp_path / "batch" / "smoke"
+
+
+@pytest.mark.slow
+def test_thousand_runs_analysed_fast(tmp_path):
+    t0 = time.perf_counter()
+    result = bcrit.benchmark(tmp_path, n_runs=1000)
+    assert result["n_runs"] >= 1000
+    assert result["load_s"] + result["analyse_s"] < 10, result
+    assert time.perf_counter() - t0 < 30
