@@ -273,10 +273,9 @@ class LossCurve:
             j = int(np.searchsorted(-self.losses, -loss))  # first point with loss <= target
             j = min(max(j, 1), len(self.x) - 1)
             a, b = self.x[j - 1], self.x[j]
-            if self.pchip(a) == loss:
-                return float(np.exp(a)), False
-            if self.pchip(b) == loss:
-                return float(np.exp(b)), False
+            fa, fb = float(self.pchip(a)) - loss, float(self.pchip(b)) - loss
+            if fa * fb >= 0:  # the target sits on a node (up to rounding)
+                return float(np.exp(a if abs(fa) <= abs(fb) else b)), False
             return float(np.exp(brentq(lambda x: float(self.pchip(x)) - loss, a, b))), False
         if self.power_law is None:
             return float("nan"), True

@@ -528,12 +528,14 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
     else:
         if paths:
             roots = [Path(p) for p in paths]
+            default = default_out(roots)
         else:
             roots, sentence = default_inputs(runs_root)
+            default = roots[0] / "report"  # the latest sweep's, not its companion's
             print(sentence, flush=True)
         loaded = load_runs(roots)
         inputs = [str(p) for p in roots]
-        out_dir = Path(out) if out else default_out(roots)
+        out_dir = Path(out) if out else default
     runs, left_out = loaded["runs"], loaded["left_out"]
     where = ", ".join(inputs)
     if not runs and not left_out:
