@@ -278,3 +278,11 @@ def test_thousand_runs_analysed_fast(tmp_path):
     assert result["n_runs"] >= 1000
     assert result["load_s"] + result["analyse_s"] < 10, result
     assert time.perf_counter() - t0 < 30
+
+
+def test_single_lr_cells_are_named(tmp_path):
+    synthetic_sweep(tmp_path, lr_multipliers=(1.0,))
+    result = analyse_dir(tmp_path)
+    assert any("10 of 10 cells were trained at one lr only" in w
+               for w in result["fits"]["warnings"])
+    assert result["fits"]["lr_scaling"] == {}  # an untuned lr says nothing about the optimum

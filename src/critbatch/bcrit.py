@@ -562,10 +562,12 @@ def noise_points(runs: list[dict]) -> list[dict]:
     summary keys `b_noise`, `b_noise_tokens`, `b_noise_loss` (kind `b_noise_online`)."""
     points = []
     for run in runs:
+        group = group_name(tuple(run[k] for k in GROUP_KEYS))
         noise = run.get("noise")
         if noise and noise.get("resolved") and is_finite(noise.get("b_noise_tokens")):
             points.append({
-                "kind": "b_noise", "run_dir": run["run_dir"], "loss": noise["val_loss"],
+                "kind": "b_noise", "run_dir": run["run_dir"], "group": group,
+                "loss": noise["val_loss"],
                 "loss_per_byte": noise["val_loss_per_byte"], "b_noise": noise["b_noise"],
                 "b_noise_tokens": noise["b_noise_tokens"], "b_noise_low": noise["b_noise_low"],
                 "b_noise_high": noise["b_noise_high"], "trace": noise["trace"],
@@ -577,7 +579,8 @@ def noise_points(runs: list[dict]) -> list[dict]:
         if is_finite(run.get("b_noise_tokens")) and is_finite(run.get("b_noise_loss")) and (
                 run["b_noise_tokens"] > 0):
             points.append({
-                "kind": "b_noise_online", "run_dir": run["run_dir"], "loss": run["b_noise_loss"],
+                "kind": "b_noise_online", "run_dir": run["run_dir"], "group": group,
+                "loss": run["b_noise_loss"],
                 "loss_per_byte": run["b_noise_loss"] / run["bytes_per_token"],
                 "b_noise": run.get("b_noise"), "b_noise_tokens": run["b_noise_tokens"],
                 "b_noise_low": None, "b_noise_high": None})
@@ -618,6 +621,10 @@ def analyse(runs: list[dict], baseline_batch: int | None = None,
                 why = ("the next lr diverged" if c.edge_diverged else "widen the lr grid")
                 warnings.append(f"{name}: batch {c.batch_size} at {c.tokens:,} tokens has its "
                                 f"best lr on the {c.edge} edge of the grid ({c.lr:.3g}); {why}")
+        single = [c for c in cells if c.edge == "single"]
+        if single:
+            warnings.append(f"{name}: {len(single)} of {len(cells)} cells were trained at one lr "
+                            "only: their loss is not at a tuned lr and has no uncertainty")
         batches = sorted({c.batch_size for c in cells})
         g = {"key": dict(zip(GROUP_KEYS, key, strict=True)), "name": name, "cells": cells,
              "n_runs": len(members), "batch_sizes": batches,
@@ -709,7 +716,7 @@ def kaplan_analysis(groups: dict, per_run: list[dict], pareto: list[dict], noise
             points.append({"kind": "pareto", "loss": row["target_loss"], "group": row["group"],
                            "b_crit_tokens": row["b_crit_tokens"], "run_dir": None})
     for p in noise:
-        points.append({"kind": p["kind"], "loss": p["loss"], "group": None,
+        points.append({"kind": p["kind"], "loss": p["loss"], "group": p["group"],
                        "b_crit_tokens": p["b_noise_tokens"], "run_dir": p["run_dir"]})
     corpora = Counter()
     for key, members in groups.items():
@@ -719,7 +726,7 @@ def kaplan_analysis(groups: dict, per_run: list[dict], pareto: list[dict], noise
         names = {group_name(k) for k in groups if k[:2] == keep}
         warnings.append(f"Kaplan fit uses {keep[0]} V{keep[1]} only; losses of other corpora or "
                         "vocabularies are on another scale")
-        points = [p for p in points if p["group"] is None or p["group"] in names]
+        points = [p for p in points if p["group"] in names]
     fit = fit_kaplan([p["loss"] for p in points], [p["b_crit_tokens"] for p in points])
     fit["n_by_kind"] = dict(Counter(p["kind"] for p in points))
     for p in points:
