@@ -136,3 +136,16 @@ def test_json_clean_makes_strict_json():
 
     cleaned = report.json_clean({"a": float("nan"), "b": [np.float64(1.5), float("inf")]})
     assert json.dumps(cleaned, allow_nan=False) == '{"a": null, "b": [1.5, null]}'
+
+
+def test_wandb_group_follows_the_trainer(tmp_path):
+    synthetic_sweep(tmp_path, batch_sizes=(64,), sweep="batch")
+    from critbatch.bcrit import analyse
+    from critbatch.runs import load_runs
+
+    result = analyse(load_runs([tmp_path], progress=False)["runs"])
+    assert report.wandb_group(result["groups"]) == "batch"  # no config.json: the sweep name
+    run_dir = Path(result["groups"][0]["cells"][0].run_dir)
+    (run_dir / "config.json").write_text(json.dumps({"config": {"logger": {"group":
+                                                                           "batch-cpu"}}}))
+    assert report.wandb_group(result["groups"]) == "batch-cpu"

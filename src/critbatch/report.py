@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import time
@@ -481,6 +482,26 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
 # W&B and the whole pipeline
 
 
+def wandb_group(groups: list[dict]) -> str:
+    """The W&B group the analysed runs were logged in, as the trainer chose it.
+
+    The trainer uses `logger.group or sweep or "single"`; logger.group is read from the
+    config.json of each group's first run (the sweeps set it, e.g. "batch-cpu").
+    """
+    names = Counter()
+    for g in groups:
+        run_dir = Path(g["cells"][0].run_dir) if g["cells"] else None
+        logger_group = None
+        if run_dir is not None and (run_dir / "config.json").exists():
+            try:
+                config = json.loads((run_dir / "config.json").read_text())["config"]
+                logger_group = config["logger"]["group"]
+            except (ValueError, KeyError, TypeError):
+                logger_group = None
+        names[logger_group or g["sweep"] or "single"] += g["n_runs"]
+    return names.most_common(1)[0][0] if names else "single"
+
+
 def log_to_wandb(result: dict, out: Path, plots: dict[str, str], mode: str, project: str,
                  inputs: list[str]) -> str | None:
     """Log the report as a W&B run (job_type analysis) in the sweep's group; its id or None."""
@@ -488,10 +509,8 @@ def log_to_wandb(result: dict, out: Path, plots: dict[str, str], mode: str, proj
         return None
     import wandb
 
-    sweeps = Counter(g["sweep"] for g in result["groups"] for _ in range(g["n_runs"]))
-    group = sweeps.most_common(1)[0][0] if sweeps else None
     fits = result["fits"]
-    run = wandb.init(mode=mode, project=project, group=str(group or "single"),
+    run = wandb.init(mode=mode, project=project, group=wandb_group(result["groups"]),
                      job_type="analysis", name="fit_bcrit", dir=str(out),
                      config={"inputs": inputs, "n_runs": result["n_runs"]},
                      settings=wandb.Settings(console="off", silent=True))
