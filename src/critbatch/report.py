@@ -311,8 +311,18 @@ def _panels(groups: list[dict], title: str):
     fig.subplots_adjust(left=0.75 / width_in, right=1 - 0.15 / width_in,
                         bottom=0.55 / height_in, top=1 - 0.6 / height_in, wspace=0.32,
                         hspace=0.45)
-    fig.suptitle(title)
+    fig.suptitle(title, fontsize=9)
     return fig, list(zip(shown, axes.flat, strict=False))
+
+
+def _log(ax, x: bool = True, y: bool = False) -> None:
+    """Log scale without minor tick labels (they overlap over a decade or less)."""
+    from matplotlib.ticker import NullFormatter
+
+    for on, axis, set_scale in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
+        if on:
+            set_scale("log")
+            axis.set_minor_formatter(NullFormatter())
 
 
 def _empty(ax, text: str) -> None:
@@ -343,7 +353,7 @@ def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
                     if a < b:
                         x = np.geomspace(a, b, 30)
                         ax.plot(x, [curve.loss_at(v)[0] for v in x], "k--", lw=1)
-        ax.set_xscale("log")
+        _log(ax)
         ax.set_xlabel("tokens seen")
         ax.set_ylabel("final validation loss (nats/token)")
         ax.set_title(g["name"], fontsize=9)
@@ -363,7 +373,7 @@ def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
         for color, c in zip(colors, cs, strict=False):
             ax.plot(c.lrs, c.losses, "o-", color=color, label=f"B={c.batch_size}")
             ax.plot([c.lr], [c.loss], "*", color=color, ms=10)
-        ax.set_xscale("log")
+        _log(ax)
         ax.set_xlabel("peak learning rate")
         ax.set_ylabel("final validation loss (nats/token)")
         ax.set_title(f"{g['name']}, {budget:,} tokens (star: refined optimum)", fontsize=9)
@@ -381,6 +391,7 @@ def plot_effective_tokens(groups: list[dict], path: Path) -> None:
         if not rows:
             _empty(ax, "no baseline: no effective tokens")
         budgets = sorted({r["tokens"] for r in rows})
+        labelled = False
         colors = plt.cm.plasma(np.linspace(0, 0.8, max(1, len(budgets))))
         for color, t in zip(colors, budgets, strict=False):
             rs = sorted((r for r in rows if r["tokens"] == t), key=lambda r: r["batch_size"])
@@ -389,9 +400,10 @@ def plot_effective_tokens(groups: list[dict], path: Path) -> None:
             ax.axhline(t, color=color, ls=":", lw=1)
             ext = [r for r in rs if r["extrapolated"]]
             ax.plot([r["batch_size"] for r in ext], [r["effective_tokens"] for r in ext], "o",
-                    mfc="none", mec="k", ms=10, label="extrapolated" if ext else None)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+                    mfc="none", mec="k", ms=10,
+                    label="extrapolated" if ext and not labelled else None)
+            labelled = labelled or bool(ext)
+        _log(ax, x=True, y=True)
         ax.set_xlabel("batch size (sequences)")
         ax.set_ylabel("effective tokens (baseline tokens)")
         ax.set_title(f"{g['name']} (dotted: tokens seen)", fontsize=9)
@@ -417,8 +429,7 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
                 b = np.geomspace(min(p["batch_sizes"]) / 3, max(p["batch_sizes"]) * 3, 60)
                 s = p["s_min"] + p["e_min"] / b
                 ax.plot(s * b * seq_len, s, "-", color=color, lw=1)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        _log(ax, x=True, y=True)
         ax.set_xlabel("tokens E to reach the target loss")
         ax.set_ylabel("optimizer steps S")
         ax.set_title(g["name"], fontsize=9)
@@ -452,8 +463,10 @@ def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
         ax.legend(fontsize=8)
     else:
         _empty(ax, "no B_crit estimate yet")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log(ax, x=True, y=True)
+    if points:  # a loss range is less than a decade: label it explicitly
+        ticks = np.unique(np.round(np.geomspace(grid[0], grid[-1], 6), 2))
+        ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
     ax.set_xlabel("loss L (nats/token)")
     ax.set_ylabel("B_crit (tokens)")
     ax.set_title(PLOTS["bcrit_vs_loss"], fontsize=9)
