@@ -286,3 +286,21 @@ def test_single_lr_cells_are_named(tmp_path):
     assert any("10 of 10 cells were trained at one lr only" in w
                for w in result["fits"]["warnings"])
     assert result["fits"]["lr_scaling"] == {}  # an untuned lr says nothing about the optimum
+
+
+def test_no_measurable_cost_when_r_is_at_most_one():
+    truth = SyntheticTruth()
+    budgets = [2**21, 2**22, 2**23, 2**24]
+    curve = bcrit.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
+    cell = bcrit.Cell(batch_size=64, tokens=2**23, lr=1e-3, bytes_per_token=3.0,
+                      loss=truth.final_loss(16, 2**23) - 0.001, loss_sigma=0.0005,
+                      run_dir="r", edge=None, edge_diverged=False)
+    row = bcrit.per_run_bcrit(cell, curve, 16, 0.0, 64)
+    assert row["r"] < 1 and row["b_crit"] is None and row["b_crit_high"] is None
+    assert row["note"].startswith("no measurable cost")
+    # a loss beyond the fitted asymptote is worth infinitely many baseline tokens
+    assert curve.tokens_for(truth.l_inf * 0.5) == (float("inf"), True)
+    # inside the range, the inverse of PCHIP is exact at the nodes and monotone between
+    assert curve.tokens_for(truth.final_loss(16, 2**22))[0] == pytest.approx(2**22)
+    e = [curve.tokens_for(x)[0] for x in np.linspace(*curve.loss_range, 20)]
+    assert all(a >= b for a, b in zip(e, e[1:], strict=False))
