@@ -4,9 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
+SCALE ?= auto
+JOBS ?= 1
+OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint format train clean
+.PHONY: help install test test-fast lint format train sweep-batch sweep-widths wandb-sync clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -34,6 +37,17 @@ format: install ## ruff format and fix imports
 
 train: install ## one training run; Hydra overrides via ARGS="scale=smoke optim=muon"
 	$(PY) -m critbatch.train $(ARGS)
+
+sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, B_noise, report [SCALE= JOBS= OPT=]
+	$(PY) -m critbatch.sweep batch --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+
+sweep-widths: install ## Kaplan's B_crit(L) law: every width's baseline + batch grid, report [SCALE= JOBS= OPT=]
+	$(PY) -m critbatch.sweep widths --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+
+wandb-sync: install ## upload the offline W&B runs under runs/ (after `wandb login`)
+	@runs=$$(find runs -type d -name 'offline-run-*' -path '*/wandb/*' 2>/dev/null); \
+	if [ -z "$$runs" ]; then echo "no offline W&B runs under runs/"; exit 0; fi; \
+	$(VENV)/bin/wandb sync $$runs
 
 clean: ## remove the venv and caches (keeps runs/)
 	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info

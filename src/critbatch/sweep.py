@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="training jobs at once (default 1)")
     parser.add_argument("--opt", default="adamw,muon", help="optimizers, comma-separated")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     with user_errors():
         optimizers = [o for o in args.opt.split(",") if o]
         for name in optimizers:
