@@ -35,7 +35,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +78,11 @@ class NoiseEMA:
     ratio is taken of the averages (a per-step ratio is biased and often undefined, its
     |G|^2 being negative). Bias correction as in Adam (Kingma & Ba 2015): each EMA is divided
     by 1 - decay^n, so early values are not pulled towards the zero the EMAs start from.
-    Steps with a non-finite norm (a diverging run) are skipped.
+
+    Warning: a ratio of averages weights each step by its gradient scale. One gradient spike
+    (|g_B|^2 ~1000x normal, seen in early training on the smoke preset) would dominate both
+    averages for hundreds of steps, so a step whose |g_B|^2 exceeds `spike_factor` x the
+    average |g_B|^2 so far is left out (counted in `skipped`), as are non-finite steps.
     """
 
     decay: float  # per optimizer step
@@ -87,20 +91,27 @@ class NoiseEMA:
     g2_sum: float = 0.0
     trace_sum: float = 0.0
     loss_sum: float = 0.0
+    spike_factor: float = 100.0  # skip steps with |g_B|^2 above this x its average (norm 10x)
+    big_sum: float = 0.0  # EMA of |g_B|^2
     weight: float = 0.0  # 1 - decay^n after n updates
     steps: int = 0  # updates taken
+    skipped: int = 0  # spikes and non-finite steps left out
 
     def update(self, g2_small: float, g2_big: float, loss: float) -> dict:
         """Fold in one step; return that step's raw estimates and the averaged values."""
         g2 = g2_estimate(g2_small, g2_big, self.b, self.big)
         trace = trace_estimate(g2_small, g2_big, self.b, self.big)
-        if all(math.isfinite(v) for v in (g2, trace, loss)):
+        spike = self.weight > 0 and g2_big > self.spike_factor * self.big_sum / self.weight
+        if all(math.isfinite(v) for v in (g2, trace, loss)) and not spike:
             d = self.decay
             self.g2_sum = d * self.g2_sum + (1 - d) * g2
             self.trace_sum = d * self.trace_sum + (1 - d) * trace
             self.loss_sum = d * self.loss_sum + (1 - d) * loss
+            self.big_sum = d * self.big_sum + (1 - d) * g2_big
             self.weight = d * self.weight + (1 - d)
             self.steps += 1
+        else:
+            self.skipped += 1
         return {"gns_g2": self.g2, "gns_trace": self.trace, "b_noise": self.b_noise,
                 "gns_g2_step": g2, "gns_trace_step": trace}
 
@@ -198,28 +209,34 @@ class NoiseEstimate:
     groups: int  # jackknife groups
 
 
-def gradient_group_sums(model: torch.nn.Module, micro_batches: Iterable[torch.Tensor],
-                        groups: int, device: torch.device, autocast) -> GroupSums:
-    """One forward and backward per micro-batch (b, T+1) of token ids; the group statistics."""
+def micro_batch_gradients(model: torch.nn.Module, micro_batches: Iterable[torch.Tensor],
+                          device: torch.device, autocast) -> Iterator[tuple]:
+    """(flat gradient (P,), loss) of each micro-batch (b, T+1) of token ids: one fwd + bwd."""
     params = [p for p in model.parameters() if p.requires_grad]
-    n_params = sum(p.numel() for p in params)
-    sums = torch.zeros(groups, n_params, device=device)  # (m, P): T_k
-    sq_sums = torch.zeros(groups, dtype=torch.float64, device=device)
-    loss_sums = torch.zeros(groups, dtype=torch.float64, device=device)
-    counts = np.zeros(groups, dtype=np.int64)
-    for i, batch in enumerate(micro_batches):
+    for batch in micro_batches:
         batch = batch.to(device, non_blocking=True)
         model.zero_grad(set_to_none=True)
         with autocast:
             loss = model(batch[:, :-1], batch[:, 1:])
         loss.backward()
-        grad = torch.cat([p.grad.flatten() for p in params])  # (P,)
+        yield torch.cat([p.grad.flatten() for p in params]), loss.detach()
+    model.zero_grad(set_to_none=True)
+
+
+def group_sums(gradients: Iterable[tuple], groups: int) -> GroupSums:
+    """Deal (gradient, loss) pairs round-robin into `groups` groups; their `GroupSums`."""
+    sums = sq_sums = loss_sums = None
+    counts = np.zeros(groups, dtype=np.int64)
+    for i, (grad, loss) in enumerate(gradients):
+        if sums is None:
+            sums = torch.zeros(groups, grad.numel(), device=grad.device)  # (m, P): T_k
+            sq_sums = torch.zeros(groups, dtype=torch.float64, device=grad.device)
+            loss_sums = torch.zeros(groups, dtype=torch.float64, device=grad.device)
         k = i % groups
         sums[k] += grad
         sq_sums[k] += grad.double().square().sum()
-        loss_sums[k] += loss.detach().double()
+        loss_sums[k] += loss
         counts[k] += 1
-    model.zero_grad(set_to_none=True)
     sums64 = sums.double()
     return GroupSums(gram=(sums64 @ sums64.T).cpu().numpy(), sq_sums=sq_sums.cpu().numpy(),
                      counts=counts, loss_sums=loss_sums.cpu().numpy())
@@ -335,9 +352,8 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
     model = GPT(m, cfg.data.vocab_size).to(device)
     model.load_state_dict(state)
     windows = sample_batch(data.train, m.seq_len, k * b, seed, step)  # (K b, T+1)
-    sums = gradient_group_sums(model, windows.split(b), min(k, JACKKNIFE_GROUPS), device,
-                               autocast)
-    est = estimate(sums, b)
+    gradients = micro_batch_gradients(model, windows.split(b), device, autocast)
+    est = estimate(group_sums(gradients, min(k, JACKKNIFE_GROUPS)), b)
     val = val_windows(data.val, m.seq_len, t.eval_tokens)
     val_loss = evaluate(model, val, max(b, t.micro_batch_size or t.batch_size), device,
                         autocast)

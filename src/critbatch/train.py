@@ -290,6 +290,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "gns_g2": gns.g2,
             "gns_trace": gns.trace,
             "gns_steps": gns.steps,
+            "gns_skipped": gns.skipped,  # gradient spikes left out of the averages
             "gns_ema": t.gns.ema if gns_on else None,
         }
         _save_checkpoint(run_dir / "checkpoint.pt", model, cfg, done_steps)
