@@ -178,6 +178,9 @@ def test_edge_optimum_is_flagged(tmp_path):
     assert all(c.edge == "high" for g in result["groups"] for c in g["cells"])
     assert any("high edge" in w and "widen the lr grid" in w for w in result["fits"]["warnings"])
     assert result["fits"]["lr_scaling"] == {}
+    # an edge optimum with one seed has no known uncertainty: no interval, not a zero-width one
+    assert all(r["b_crit_low"] is None and r["b_crit_high"] is None
+               for r in result["fits"]["per_run"])
 
 
 def test_one_batch_size_only_is_a_partial_report(tmp_path):

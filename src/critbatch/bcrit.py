@@ -27,6 +27,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from warnings import catch_warnings, simplefilter
 
 import numpy as np
 
@@ -141,7 +142,7 @@ class Cell:
     tokens: int  # training tokens seen
     lr: float  # refined best lr
     loss: float  # nats/token at the refined best lr (mean over seeds)
-    loss_sigma: float  # nats/token: seed standard error, else the size of the lr refinement
+    loss_sigma: float  # nats/token: seed std error, else the lr refinement's size; NaN: unknown
     bytes_per_token: float
     run_dir: str  # the grid run nearest the optimum
     edge: str | None  # None, "low", "high" or "single" (see refine_best_lr)
@@ -176,8 +177,10 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None) -> list[Ce
         seeds = [r["val_loss"] for r in by_lr[lrs[i]]]
         if len(seeds) > 1:
             sigma = float(np.std(seeds, ddof=1) / math.sqrt(len(seeds)))
-        else:
+        elif edge is None:
             sigma = abs(means[i] - loss_star)
+        else:  # one seed and no refinement: the uncertainty is unknown, not zero
+            sigma = float("nan")
         tried = (diverged_lrs or {}).get((batch, tokens), [])
         edge_diverged = (edge == "high" and any(lr > lrs[-1] for lr in tried)) or (
             edge == "low" and any(lr < lrs[0] for lr in tried))
@@ -201,7 +204,7 @@ def fit_power_law(tokens: np.ndarray, losses: np.ndarray) -> tuple[float, float,
     conditioning. Needs three points or more; returns (L_inf, A, alpha) or None when the fit
     fails or has too few points.
     """
-    from scipy.optimize import curve_fit
+    from scipy.optimize import OptimizeWarning, curve_fit
 
     if len(tokens) < 3:
         return None
@@ -215,8 +218,10 @@ def fit_power_law(tokens: np.ndarray, losses: np.ndarray) -> tuple[float, float,
 
     p0 = (0.8 * lo, max(1e-6, float(np.max(y)) - 0.8 * lo) / 2, 0.5)
     try:
-        (l_inf, a, alpha), _ = curve_fit(model, u, y, p0=p0, maxfev=20000,
-                                         bounds=([0.0, 0.0, 1e-3], [lo * (1 - 1e-9), np.inf, 5]))
+        with catch_warnings():  # 3 points, 3 parameters: no covariance, by design
+            simplefilter("ignore", OptimizeWarning)
+            (l_inf, a, alpha), _ = curve_fit(model, u, y, p0=p0, maxfev=20000, bounds=(
+                [0.0, 0.0, 1e-3], [lo * (1 - 1e-9), np.inf, 5]))
     except (RuntimeError, ValueError):
         return None
     return float(l_inf), float(a * scale**alpha), float(alpha)
@@ -315,15 +320,18 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
 
     The loss uncertainty is the cell's `loss_sigma` and the baseline's (`baseline_sigma`,
     the mean over its cells) added in quadrature; the interval is the B_crit of the losses
-    L +- 1.96 sigma, inverted through the same baseline curve. r <= 1 means no measurable
+    L +- 1.96 sigma, inverted through the same baseline curve (None when a sigma is unknown:
+    a single lr or an edge optimum with one seed). r <= 1 means no measurable
     cost: `b_crit` is None and `b_crit_low` is the bound implied by the upper end of r (None
     when that end is <= 1 too). An unbounded end of an interval is None.
     """
     z = 1.959963984540054
-    sigma = math.hypot(cell.loss_sigma, baseline_sigma)
+    sigma = math.hypot(cell.loss_sigma, baseline_sigma)  # NaN when either is unknown
     e_eff, extrapolated = baseline.tokens_for(cell.loss)
-    e_hi, _ = baseline.tokens_for(cell.loss - z * sigma)  # lower loss: more tokens worth
-    e_lo, _ = baseline.tokens_for(cell.loss + z * sigma)
+    e_hi = e_lo = float("nan")
+    if math.isfinite(sigma):
+        e_hi, _ = baseline.tokens_for(cell.loss - z * sigma)  # lower loss: more tokens worth
+        e_lo, _ = baseline.tokens_for(cell.loss + z * sigma)
     r = cell.tokens / e_eff if e_eff > 0 else float("nan")
     r_hi = cell.tokens / e_lo if e_lo > 0 else float("nan")
     r_lo = cell.tokens / e_hi if e_hi > 0 else float("nan")
@@ -644,7 +652,7 @@ def analyse(runs: list[dict], baseline_batch: int | None = None,
             if curve.dropped:
                 warnings.append(f"{name}: baseline loss does not fall with tokens at "
                                 f"{curve.dropped}; those budgets were dropped from its curve")
-            sigma_b = float(np.mean([c.loss_sigma for c in base_cells]))
+            sigma_b = float(np.mean([c.loss_sigma for c in base_cells]))  # NaN if any unknown
             g.update(baseline_batch=b, baseline=curve)
             others = [c for c in cells if c.batch_size != b]
             if not others:
