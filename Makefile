@@ -38,6 +38,14 @@ format: install ## ruff format and fix imports
 train: install ## one training run; Hydra overrides via ARGS="scale=smoke optim=muon"
 	$(PY) -m critbatch.train $(ARGS)
 
+.PHONY: noise bench
+noise: install ## B_noise at a run's checkpoint: RUN=<run dir> [ARGS="-K 128 -b 4 --seed 0"]
+	@test -n "$(RUN)" || { echo "make noise needs RUN=<run directory>, e.g. make noise RUN=runs/single/<time>" >&2; exit 2; }
+	$(PY) -m critbatch.noise $(RUN) $(ARGS)
+
+bench: install ## throughput benchmarks, e.g. the cost of online B_noise [ARGS="--only gns"]
+	$(PY) -m critbatch.bench $(ARGS)
+
 sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, B_noise, report [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep batch --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
