@@ -149,3 +149,18 @@ def test_wandb_group_follows_the_trainer(tmp_path):
     (run_dir / "config.json").write_text(json.dumps({"config": {"logger": {"group":
                                                                            "batch-cpu"}}}))
     assert report.wandb_group(result["groups"]) == "batch-cpu"
+
+
+def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
+    synthetic_sweep(tmp_path, batch_sizes=(64,))
+    code = "\n".join([
+        "import sys",
+        "from critbatch.report import run_analysis",
+        f"run_analysis([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r}, wandb_mode='disabled')",
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
+        " or m == 'critbatch.train'))",
+    ])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
