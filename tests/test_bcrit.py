@@ -232,7 +232,10 @@ def test_corrupt_and_incomplete_runs_are_recorded(tmp_path):
     (tmp_path / "partial" / "summary.json").write_text('{"schema_version": 1}')
     (tmp_path / "running").mkdir()
     (tmp_path / "running" / "metrics.jsonl").write_text("")
+    dirs, _ = runs.find_run_dirs([tmp_path / "synthetic"])
+    (dirs[0] / "noise.json").write_text("{}")  # the run stays; its noise.json is ignored
     loaded = load_runs([tmp_path], progress=False)
+    assert any("noise.json ignored" in w and "lacks" in w for w in loaded["warnings"])
     reasons = {os.path.basename(d["run_dir"]): d["reason"] for d in loaded["left_out"]}
     assert reasons == {"torn": "corrupt", "partial": "corrupt", "running": "incomplete"}
     assert len(loaded["runs"]) == 5 * 3
