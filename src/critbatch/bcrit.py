@@ -580,6 +580,7 @@ def noise_points(runs: list[dict]) -> list[dict]:
                 "b_noise_tokens": noise["b_noise_tokens"], "b_noise_low": noise["b_noise_low"],
                 "b_noise_high": noise["b_noise_high"], "trace": noise["trace"],
                 "g2": noise["g2"], "micro_batches": noise["micro_batches"],
+                "interval": noise.get("interval") or "as written by the noise program",
                 "micro_batch_size": noise["micro_batch_size"]})
         elif noise is not None:
             points.append({"kind": "b_noise", "run_dir": run["run_dir"], "unresolved": True,

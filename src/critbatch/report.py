@@ -228,12 +228,13 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
     if noise:
         lines.append(md_table(
             ["run", "source", "loss (nats/byte)", "loss (nats/token)", "tr(Sigma)", "abs(G)^2",
-             "B_noise (seq) [95%]", "B_noise (tokens)", "K x b"],
+             "B_noise (seq) [interval]", "B_noise (tokens)", "K x b", "interval"],
             [[p["run_dir"], p["kind"], fmt(p["loss_per_byte"], ".4f"), fmt(p["loss"], ".4f"),
               fmt(p.get("trace"), ".3g"), fmt(p.get("g2"), ".3g"),
               fmt_interval(p["b_noise"], p["b_noise_low"], p["b_noise_high"]),
               fmt(p["b_noise_tokens"], ".3g"),
-              f"{p['micro_batches']} x {p['micro_batch_size']}" if "micro_batches" in p else "-"]
+              f"{p['micro_batches']} x {p['micro_batch_size']}" if "micro_batches" in p else "-",
+              p.get("interval", "-")]
              for p in noise]))
     else:
         lines.append("No B_noise measurement (noise.json or online tracking) in these runs.")
