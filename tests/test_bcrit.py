@@ -310,3 +310,12 @@ def test_no_measurable_cost_when_r_is_at_most_one():
     assert curve.tokens_for(truth.final_loss(16, 2**22))[0] == pytest.approx(2**22)
     e = [curve.tokens_for(x)[0] for x in np.linspace(*curve.loss_range, 20)]
     assert all(a >= b for a, b in zip(e, e[1:], strict=False))
+
+
+def test_kaplan_fit_on_a_degenerate_spread_gives_no_interval_instead_of_overflowing():
+    from critbatch.bcrit import fit_kaplan
+
+    # three B_crit estimates at nearly one loss: the slope, and so log B*, are enormous
+    fit = fit_kaplan([6.0, 6.1, 6.05], [1e3, 1e1, 1e5])
+    assert fit["n_points"] == 3 and fit["exponent"] is not None
+    assert fit["b_star_tokens_high"] is None or math.isfinite(fit["b_star_tokens_high"])

@@ -507,6 +507,11 @@ def fit_log_linear(x, y) -> dict | None:
     return out
 
 
+def _exp(x: float) -> float | None:
+    """exp(x), or None where it overflows a float (an interval too wide to state)."""
+    return math.exp(x) if x < 700 else None
+
+
 def fit_kaplan(losses, b_crit_tokens) -> dict:
     """Fit Kaplan et al. 2020's B_crit(L) = B* / L^(1/alpha_B) (their eq. 5.3).
 
@@ -523,11 +528,11 @@ def fit_kaplan(losses, b_crit_tokens) -> dict:
     fit = fit_log_linear(np.log(losses), np.log(b_crit_tokens)) if len(losses) else None
     if fit is None:
         return out
-    out.update(b_star_tokens=math.exp(fit["intercept"]), exponent=-fit["slope"])
+    out.update(b_star_tokens=_exp(fit["intercept"]), exponent=-fit["slope"])
     if fit["t"] is not None:
         t = fit["t"]
-        out.update(b_star_tokens_low=math.exp(fit["intercept"] - t * fit["intercept_sd"]),
-                   b_star_tokens_high=math.exp(fit["intercept"] + t * fit["intercept_sd"]),
+        out.update(b_star_tokens_low=_exp(fit["intercept"] - t * fit["intercept_sd"]),
+                   b_star_tokens_high=_exp(fit["intercept"] + t * fit["intercept_sd"]),
                    exponent_low=-fit["slope"] - t * fit["slope_sd"],
                    exponent_high=-fit["slope"] + t * fit["slope_sd"])
     return out

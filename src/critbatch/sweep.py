@@ -195,7 +195,7 @@ def noise_target(jobs: list[Job], stage: str, optimizer: str) -> Job | None:
 
 def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: list[str],
                    extra: list[str]) -> int:
-    """Every stage of an experiment; returns the number of runs that did not complete."""
+    """Every stage of an experiment; returns how many runs or stages did not complete."""
     stages, noise_stage = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
     plan = [j for stage, opt in itertools.product(stages, optimizers)
@@ -211,8 +211,7 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
         launch_stage(stage, scale, optimizer, extra, jobs_at_once, device)
 
     failed = [j for j in plan if not j.done]
-    for job in failed:
-        print(f"run did not complete (see its train.log): {job.run_dir}")
+    problems = [f"run did not complete (see its train.log): {j.run_dir}" for j in failed]
 
     if importlib.util.find_spec("critbatch.noise") is not None:
         for optimizer in optimizers:
@@ -223,21 +222,25 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
                 print(f"== noise (optim={optimizer}): {target.run_dir}/noise.json exists, skipped")
                 continue
             print(f"\n== noise (optim={optimizer}) on {target.run_dir}", flush=True)
-            subprocess.call([sys.executable, "-m", "critbatch.noise", str(target.run_dir)])
+            if subprocess.call([sys.executable, "-m", "critbatch.noise", str(target.run_dir)]):
+                problems.append(f"the noise measurement failed on {target.run_dir}")
 
     report_dir = Path("runs") / stages[-1] / scale / "report"
     if ANALYSIS_SCRIPT.exists():
         sweep_dirs = sorted({str(j.run_dir.parent) for j in plan})
         print(f"\n== analysis: python {ANALYSIS_SCRIPT.relative_to(REPO)} "
               f"{' '.join(sweep_dirs)} --out {report_dir}", flush=True)
-        subprocess.call([sys.executable, str(ANALYSIS_SCRIPT), *sweep_dirs,
-                         "--out", str(report_dir)])
+        if subprocess.call([sys.executable, str(ANALYSIS_SCRIPT), *sweep_dirs,
+                            "--out", str(report_dir)]):
+            problems.append("the analysis failed (its message is above)")
     minutes = (time.perf_counter() - t0) / 60
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
           f"complete in {minutes:.1f} min")
+    for problem in problems:
+        print(f"warning: {problem}")
     if (report_dir / "report.md").exists():
         print(f"report: {report_dir / 'report.md'}")
-    return len(failed)
+    return len(problems)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,132 @@
+"""Sweep definitions, the plan, launchers, and the resumable `python -m critbatch.sweep`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from critbatch import runs
+from critbatch.config import CONF_DIR, register_configs
+from critbatch.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
+
+REPO = CONF_DIR.parent
+STAGES = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
+
+
+def test_every_stage_belongs_to_an_experiment_and_says_what_it_answers():
+    used = {stage for stages, _ in EXPERIMENTS.values() for stage in stages}
+    assert used == set(STAGES)
+    for stage in STAGES:
+        first = (SWEEPS_DIR / f"{stage}.yaml").read_text().splitlines()[0]
+        assert first.startswith("# ") and "?" in first, first
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
+def test_grids_are_consistent_at_every_scale(scale):
+    (baseline,) = {j.cfg.train.batch_size for j in plan_stage("baseline", scale, "adamw", [])}
+    batch_jobs = plan_stage("batch", scale, "adamw", [])
+    cfg = batch_jobs[0].cfg
+    sizes = sorted({j.cfg.train.batch_size for j in batch_jobs})
+    assert (baseline,) == (sizes[0],) == (cfg.grid.base_batch_size,)
+    # the baseline's budgets are 1/8, 1/4, 1/2 of the main one; the batch sweep gives the 1
+    budgets = sorted({j.cfg.train.tokens for j in plan_stage("baseline", scale, "adamw", [])})
+    assert [b / cfg.train.tokens for b in budgets] == [0.125, 0.25, 0.5]
+    # three learning rates a factor 2 apart per cell, for both optimizers
+    for optimizer in ("adamw", "muon"):
+        lrs = sorted({j.cfg.optim.lr for j in plan_stage("batch", scale, optimizer, [])})
+        assert len(lrs) == 3 and lrs[1] / lrs[0] == pytest.approx(2) == lrs[2] / lrs[1]
+    # the largest batch still takes enough steps to be trained at all
+    largest = max(batch_jobs, key=lambda j: j.cfg.train.batch_size).cfg
+    assert largest.train.tokens // (largest.train.batch_size * largest.model.seq_len) >= 16
+    for job in plan_stage("widths_batch", scale, "muon", []):
+        assert job.cfg.model.width % job.cfg.model.heads == 0
+
+
+def test_plan_names_run_dirs_by_their_overrides():
+    jobs = plan_stage("batch", "smoke", "muon", ["train.seed=3"])
+    assert len(jobs) == 9
+    names = {j.run_dir.name for j in jobs}
+    assert len(names) == 9
+    assert "optim.lr=0.02,optim=muon,train.batch_size=16,train.seed=3" in names
+    assert {j.run_dir.parent for j in jobs} == {Path("runs/batch/smoke")}
+    job = next(j for j in jobs if j.cfg.train.batch_size == 64)
+    assert job.cfg.optim.lr_scaling == "none" and job.cfg.train.seed == 3
+    assert job.cfg.sweep == "batch" and job.cfg.logger.group == "batch-smoke"
+    adamw = plan_stage("batch", "smoke", "adamw", [])
+    assert {j.cfg.optim.lr_scaling for j in adamw} == {"sqrt"}
+
+
+def test_slurm_launcher_composes():
+    register_configs()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert launcher.partition == "gpu" and launcher.gpus_per_node == 1
+    assert launcher.timeout_min > 0
+
+
+def _tiny_overrides(corpus_dir: Path, cache_dir: Path) -> list[str]:
+    return ["scale=smoke", "data=text_files", f"data.paths=[{corpus_dir}/*.txt]",
+            f"data.cache_dir={cache_dir}", "data.vocab_size=512", "logger.mode=disabled",
+            "model.width=32", "train.tokens=8192"]
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_through_submitit_local(corpus_dir, cache_dir, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "critbatch.train", "-m", "hydra/launcher=submitit_local",
+         f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.launcher.timeout_min=10",
+         *_tiny_overrides(corpus_dir, cache_dir), "train.batch_size=8,16"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
+    assert len(done) == 2 and all("train.batch_size=" in name for name in done)
+
+
+def _sweep(cwd: Path, cache_dir: Path, **kw) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
+           "adamw", f"data.cache_dir={cache_dir}", "logger.mode=disabled"]
+    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, **kw)
+
+
+@pytest.mark.slow
+def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_dir):
+    """Kill the sweep mid-way, restart it, then run it again: 18 valid runs, no duplicates."""
+    first = _sweep(tmp_path, cache_dir)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 4:
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    assert len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 18
+
+    second = _sweep(tmp_path, cache_dir)
+    out, _ = second.communicate(timeout=900)
+    assert second.returncode == 0, out[-3000:]
+    run_dirs = [p for p in tmp_path.glob("runs/*/smoke/*") if p.is_dir() and p.name != "report"]
+    assert len(run_dirs) == 18, sorted(p.name for p in run_dirs)
+    for run_dir in run_dirs:
+        runs.read_summary(run_dir)
+    assert "already complete" in out
+    noise = list(tmp_path.glob("runs/baseline/smoke/*/noise.json"))
+    assert len(noise) == 1 and runs.read_noise(noise[0].parent)["micro_batches"] >= 2
+    assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
+
+    start = time.perf_counter()
+    third = _sweep(tmp_path, cache_dir)
+    out, _ = third.communicate(timeout=300)
+    assert third.returncode == 0, out[-3000:]
+    assert time.perf_counter() - start < 30
+    assert "18 already complete, 0 to train" in out
+    assert "step:" not in out  # nothing was trained
