@@ -135,14 +135,17 @@ class NoiseEMA:
 class MicroGradNorms:
     """Each micro-batch's own squared gradient norm during accumulation, at no extra pass.
 
-    With `accum` micro-batches, each backward of (loss_i / accum) adds g_i / accum to .grad,
-    so after micro-batch i the accumulated gradient is a_i = (g_1 + ... + g_i) / accum and
+    With `accum` micro-batches, micro-batch i's backward of (loss_i / accum) produces
+    g_i / accum. Instead of letting autograd add it into .grad, we hold the running sum
+    aside and hand autograd an empty .grad (None), so right after backward i
 
-        |g_i|^2 = accum^2 |a_i - a_{i-1}|^2.
+        .grad = g_i / accum,   |g_i|^2 = accum^2 |.grad|^2,
 
-    One buffer holds a_{i-1}: per micro-batch one subtraction, one norm and one copy over the
-    parameters (foreach kernels, no host sync). The big batch costs nothing: |g_B|^2 is the
-    square of the pre-clipping norm that `clip_grad_norm_` returns anyway.
+    and we add it to the running sum ourselves (the same addition autograd would have done,
+    in the same order, so the accumulated gradient is unchanged). The only extra work is one
+    norm over the parameters per micro-batch (foreach kernels, no host sync). After the last
+    micro-batch .grad holds the accumulated gradient again. The big batch costs nothing:
+    |g_B|^2 is the square of the pre-clipping norm that `clip_grad_norm_` returns anyway.
 
     Future path (not implemented): under data parallelism (torchrun) each rank's local
     gradient before the all-reduce is another small batch for free (science.md section 2).
@@ -151,24 +154,22 @@ class MicroGradNorms:
     def __init__(self, params: Iterable[torch.nn.Parameter], accum: int) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.accum = accum
-        self.prev: list[torch.Tensor] | None = None  # a_{i-1}
+        self.total: list[torch.Tensor] | None = None  # (g_0 + ... + g_{i-1}) / accum
 
     @torch.no_grad()
     def observe(self, i: int) -> torch.Tensor:
         """|g_i|^2 (0-d tensor) of micro-batch i; call right after its backward."""
-        grads = [p.grad for p in self.params]
-        if i == 0:  # .grad was None before this backward: a_0 = g_0 / accum
-            sq = _sq_norm(grads)
-            if self.prev is None:
-                self.prev = [g.clone() for g in grads]
-            else:
-                torch._foreach_copy_(self.prev, grads)
+        grads = [p.grad for p in self.params]  # g_i / accum: .grad was None before backward i
+        sq = _sq_norm(grads) * self.accum**2
+        if i == 0:
+            self.total = grads
         else:
-            torch._foreach_sub_(self.prev, grads)  # a_{i-1} - a_i = -g_i / accum
-            sq = _sq_norm(self.prev)
-            if i < self.accum - 1:
-                torch._foreach_copy_(self.prev, grads)
-        return sq * self.accum**2
+            torch._foreach_add_(self.total, grads)
+        for p, total in zip(self.params, self.total, strict=True):
+            p.grad = total if i == self.accum - 1 else None
+        if i == self.accum - 1:
+            self.total = None
+        return sq
 
 
 def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
