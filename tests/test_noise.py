@@ -211,20 +211,28 @@ def test_estimate_matches_exact_per_example_gradients(exact_case):
 
 
 def test_online_micro_norms_are_the_exact_micro_batch_norms(exact_case):
-    """MicroGradNorms (read off the accumulating .grad) vs each micro-batch's exact gradient."""
+    """MicroGradNorms (hooks on the accumulating backward) vs each micro-batch's exact gradient,
+    and the accumulated gradient left exactly as plain accumulation makes it."""
     _, model, dataset, flat = exact_case
     accum, b = 4, 8
     norms = MicroGradNorms(model.parameters(), accum)
-    for _ in range(2):  # a second step reuses the buffer
+    try:
+        for step in range(2):
+            model.zero_grad(set_to_none=True)
+            got = []
+            for i in range(accum):
+                batch = dataset[(step * accum + i) * b : (step * accum + i + 1) * b]
+                (model(batch[:, :-1], batch[:, 1:]) / accum).backward()
+                got.append(norms.pop().item())
+            exact = [flat[(step * accum + i) * b : (step * accum + i + 1) * b].mean(0)
+                     .square().sum().item() for i in range(accum)]
+            assert got == pytest.approx(exact, rel=1e-4)
+            accumulated = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+            mean = flat[step * accum * b : (step + 1) * accum * b].mean(0)
+            torch.testing.assert_close(accumulated, mean, rtol=1e-4, atol=1e-7)
+    finally:
+        norms.remove()
         model.zero_grad(set_to_none=True)
-        got = []
-        for i in range(accum):
-            batch = dataset[i * b : (i + 1) * b]
-            (model(batch[:, :-1], batch[:, 1:]) / accum).backward()
-            got.append(norms.observe(i).item())
-        exact = [flat[i * b : (i + 1) * b].mean(0).square().sum().item() for i in range(accum)]
-        assert got == pytest.approx(exact, rel=1e-4)
-    model.zero_grad(set_to_none=True)
 
 
 # ---------------------------------------------------------------------------

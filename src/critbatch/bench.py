@@ -33,9 +33,9 @@ def step_seconds(run_dir: Path, skip: int = WARMUP_STEPS) -> list[float]:
     return [b - a for a, b in zip(times[skip - 1 : -1], times[skip:], strict=True)]
 
 
-def gns_step_cost(cfg, iters: int = 12) -> dict:
+def gns_step_cost(cfg, iters: int = 40) -> dict:
     """Median seconds of the accumulation part of a step (all micro-batches' fwd + bwd) with
-    and without `MicroGradNorms.observe`, alternating every iteration.
+    and without `MicroGradNorms`, alternating every iteration.
 
     A second view of the same cost, interleaved step by step so that load from other
     processes hits both sides alike; conservative, since the optimizer step and clipping
@@ -53,17 +53,20 @@ def gns_step_cost(cfg, iters: int = 12) -> dict:
     accum = cfg.train.batch_size // micro
     model = GPT(m, cfg.data.vocab_size)
     batch = torch.randint(0, cfg.data.vocab_size, (cfg.train.batch_size, m.seq_len + 1))
-    norms = MicroGradNorms(model.parameters(), accum)
 
     def accumulate(track: bool) -> float:
+        norms = MicroGradNorms(model.parameters(), accum) if track else None
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         for i in range(accum):
             x = batch[i * micro : (i + 1) * micro]
             (model(x[:, :-1], x[:, 1:]) / accum).backward()
-            if track:
-                norms.observe(i)
-        return time.perf_counter() - t0
+            if norms:
+                norms.pop()
+        elapsed = time.perf_counter() - t0
+        if norms:
+            norms.remove()
+        return elapsed
 
     accumulate(True), accumulate(False)  # warm-up
     times = {True: [], False: []}

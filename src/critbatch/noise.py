@@ -135,45 +135,39 @@ class NoiseEMA:
 class MicroGradNorms:
     """Each micro-batch's own squared gradient norm during accumulation, at no extra pass.
 
-    With `accum` micro-batches, micro-batch i's backward of (loss_i / accum) produces
-    g_i / accum. Instead of letting autograd add it into .grad, we hold the running sum
-    aside and hand autograd an empty .grad (None), so right after backward i
+    A hook on every parameter sees the gradient that micro-batch i's backward of
+    (loss_i / accum) is about to add into .grad, which is g_i / accum, so
 
-        .grad = g_i / accum,   |g_i|^2 = accum^2 |.grad|^2,
+        |g_i|^2 = accum^2 sum_params |incoming grad|^2.
 
-    and we add it to the running sum ourselves (the same addition autograd would have done,
-    in the same order, so the accumulated gradient is unchanged). The only extra work is one
-    norm over the parameters per micro-batch (foreach kernels, no host sync). After the last
-    micro-batch .grad holds the accumulated gradient again. The big batch costs nothing:
-    |g_B|^2 is the square of the pre-clipping norm that `clip_grad_norm_` returns anyway.
+    The hook only reads it (the gradient and its accumulation are unchanged) while it is
+    still in cache, right after backward computed it: one norm per parameter, summed on the
+    device, no host sync. The big batch costs nothing: |g_B|^2 is the square of the
+    pre-clipping norm that `clip_grad_norm_` returns anyway.
 
     Future path (not implemented): under data parallelism (torchrun) each rank's local
     gradient before the all-reduce is another small batch for free (science.md section 2).
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], accum: int) -> None:
-        self.params = [p for p in params if p.requires_grad]
         self.accum = accum
-        self.total: list[torch.Tensor] | None = None  # (g_0 + ... + g_{i-1}) / accum
+        self.sq: torch.Tensor | None = None  # sum of |incoming grad|^2 since the last pop
+        self.handles = [p.register_hook(self._hook) for p in params if p.requires_grad]
 
     @torch.no_grad()
-    def observe(self, i: int) -> torch.Tensor:
-        """|g_i|^2 (0-d tensor) of micro-batch i; call right after its backward."""
-        grads = [p.grad for p in self.params]  # g_i / accum: .grad was None before backward i
-        sq = _sq_norm(grads) * self.accum**2
-        if i == 0:
-            self.total = grads
-        else:
-            torch._foreach_add_(self.total, grads)
-        for p, total in zip(self.params, self.total, strict=True):
-            p.grad = total if i == self.accum - 1 else None
-        if i == self.accum - 1:
-            self.total = None
-        return sq
+    def _hook(self, grad: torch.Tensor) -> None:
+        sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+        self.sq = sq if self.sq is None else self.sq + sq
 
+    def pop(self) -> torch.Tensor:
+        """|g_i|^2 (0-d tensor) of the micro-batch whose backward just ran."""
+        sq, self.sq = self.sq, None
+        return sq * self.accum**2
 
-def _sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack(torch._foreach_norm(tensors)).square().sum()
+    def remove(self) -> None:
+        """Detach the hooks (the model is then as if never tracked)."""
+        for handle in self.handles:
+            handle.remove()
 
 
 # ---------------------------------------------------------------------------

@@ -185,7 +185,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 (loss / accum).backward()
                 loss_sum += loss.detach()
                 if gns_on:
-                    micro_sq += micro_norms.observe(i)
+                    micro_sq += micro_norms.pop()
             max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             for opt in optimizers:
