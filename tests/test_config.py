@@ -39,7 +39,7 @@ def test_defaults_are_the_cpu_preset():
 def test_presets_set_their_name_and_yaml_overrides_schema():
     smoke = check_overrides(["scale=smoke"])
     assert smoke.scale == "smoke"
-    assert smoke.model.width == 64
+    assert smoke.model.width == 32
     muon = check_overrides(["optim=muon"])
     assert muon.optim.name == "muon" and muon.optim.lr == 0.02
 

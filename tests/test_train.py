@@ -137,7 +137,7 @@ def test_smoke_run_through_the_cli(tmp_path, cache_dir):
     assert summary["val_loss"] == pytest.approx(
         summary["val_loss_per_byte"] * summary["bytes_per_token"], rel=1e-12)
     first = summary["curve"][0]["val_loss"]
-    assert summary["val_loss"] < first - 1.5, (first, summary["val_loss"])
+    assert summary["val_loss"] < first - 1.0, (first, summary["val_loss"])
     assert list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert (run_dir / ".hydra" / "config.yaml").exists()
     assert (run_dir / ".hydra" / "overrides.yaml").exists()
