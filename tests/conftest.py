@@ -31,23 +31,28 @@ def cache_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def tiny_cfg(corpus_dir, cache_dir):
+def tiny_overrides(corpus_dir, cache_dir) -> list[str]:
+    """Command-line overrides for a tiny model trained on the small corpus."""
+    return [
+        "scale=smoke",
+        "data=text_files",
+        f"data.paths=[{corpus_dir}/*.txt]",
+        f"data.cache_dir={cache_dir}",
+        "data.vocab_size=512",
+        "model.width=32",
+        "model.heads=2",
+        "model.depth=2",
+        "model.seq_len=32",
+        "logger.mode=disabled",
+        "train.eval_tokens=2048",
+    ]
+
+
+@pytest.fixture
+def tiny_cfg(tiny_overrides):
     """Build a Config from overrides on a tiny model trained on the small corpus."""
 
     def make(*overrides: str) -> Config:
-        base = [
-            "scale=smoke",
-            "data=text_files",
-            f"data.paths=[{corpus_dir}/*.txt]",
-            f"data.cache_dir={cache_dir}",
-            "data.vocab_size=512",
-            "model.width=32",
-            "model.heads=2",
-            "model.depth=2",
-            "model.seq_len=32",
-            "logger.mode=disabled",
-            "train.eval_tokens=2048",
-        ]
-        return check_overrides(base + list(overrides))
+        return check_overrides(tiny_overrides + list(overrides))
 
     return make

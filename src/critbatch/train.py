@@ -36,6 +36,13 @@ from critbatch.config import (
     wandb_group,
 )
 from critbatch.data import check_seq_len, prepare_data, sample_batch, val_windows
+from critbatch.distributed import (
+    average_gradients,
+    init_ranks,
+    launched_ranks,
+    mean_over_ranks,
+    shutdown,
+)
 from critbatch.errors import ConfigError, CritbatchError, fail, user_errors
 from critbatch.model import GPT, param_count
 from critbatch.noise import MicroGradNorms, NoiseEMA
@@ -97,6 +104,10 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     overrides = list(overrides or [])
     t, m = cfg.train, cfg.model
     device, amp_dtype, compile_model = resolve_device(cfg)
+    ranks = init_ranks(device.type)  # one process, or torchrun's data-parallel ranks
+    if ranks.parallel and device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(device)
     use_amp = amp_dtype != torch.float32
     autocast = torch.autocast(device.type, dtype=amp_dtype) if use_amp else nullcontext()
     data = prepare_data(cfg.data)
@@ -112,14 +123,23 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
 
     steps = total_steps(cfg)
     micro = micro_batch_size(cfg)
-    accum = t.batch_size // micro
+    if t.batch_size % (ranks.world * micro):
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} does not split into {ranks.world} ranks x "
+            f"micro-batches of {micro}; pick a batch size divisible by {ranks.world * micro}"
+        )
+    local = t.batch_size // ranks.world  # sequences this rank trains on per step
+    accum = local // micro
     tokens_per_step = t.batch_size * m.seq_len
     evals = set(eval_steps(steps, t.eval_points))
     val = val_windows(data.val, m.seq_len, t.eval_tokens)
-    # gradient noise scale: micro-batches are the small batch, the step's batch the big one
-    gns_on = t.gns.enabled and accum >= 2
-    micro_norms = MicroGradNorms(model.parameters(), accum) if gns_on else None
-    gns = NoiseEMA(t.gns.ema, b=micro, big=t.batch_size)
+    # gradient noise scale: the step's batch is the big batch; the small one is each rank's
+    # share under torchrun, else each micro-batch of gradient accumulation
+    gns_on = t.gns.enabled and (ranks.parallel or accum >= 2)
+    small = local if ranks.parallel else micro
+    micro_norms = MicroGradNorms(model.parameters(), accum) if gns_on and not ranks.parallel \
+        else None
+    gns = NoiseEMA(t.gns.ema, b=small, big=t.batch_size)
 
     log.info(
         f"data={cfg.data.name}: {data.train.size / 1e6:.2f}M train tokens, "
@@ -138,13 +158,17 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         f"{steps * tokens_per_step / 1e6:.3f}M tokens; {accum} micro-batch(es) of {micro}; "
         f"device {device}, {str(amp_dtype).removeprefix('torch.')}, compile {compile_model}"
     )
-    log.info(f"gns: B_noise tracked from {accum} micro-batches of {micro} (ema {t.gns.ema})"
+    if ranks.parallel:
+        log.info(f"data-parallel: {ranks.world} ranks x {local} sequences")
+    log.info(f"gns: B_noise tracked from small batches of {small} (ema {t.gns.ema})"
              if gns_on else "gns: off (needs train.gns.enabled and >= 2 micro-batches a step)")
 
     resolved = asdict(cfg)
-    runs.write_json_atomic(run_dir / "config.json", {"config": resolved, "overrides": overrides})
     metrics_path = run_dir / "metrics.jsonl"
-    metrics_path.write_text("")
+    if ranks.main:
+        runs.write_json_atomic(run_dir / "config.json",
+                               {"config": resolved, "overrides": overrides})
+        metrics_path.write_text("")
 
     import wandb
     from tqdm import tqdm
@@ -153,7 +177,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     name = cfg.logger.name or (",".join(o for o in overrides if not o.startswith("hydra")) or
                                "defaults")
     wandb_run = wandb.init(
-        mode=cfg.logger.mode,
+        mode=cfg.logger.mode if ranks.main else "disabled",
         project=cfg.logger.project,
         group=wandb_group(cfg),
         job_type=cfg.logger.job_type,
@@ -164,16 +188,17 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         settings=wandb.Settings(console="off", silent=True),
     )
     curve: list[dict] = []
-    pending: list[tuple] = []  # per step: step, lr, loss, grad norm, mean |g_b|^2 (tensors), time
+    pending: list[tuple] = []  # per step: step, lr, then loss, grad norm, |g_b|^2 (tensors), time
     losses: list[float] = []
     status, reason, diverged_step = "completed", None, None
     t0 = time.perf_counter()
     with wandb_run, logging_redirect_tqdm():
-        bar = tqdm(total=steps, desc="train", unit="step", disable=None)
+        bar = tqdm(total=steps, desc="train", unit="step", disable=None if ranks.main else True)
         for step in range(steps):
             factor = lr_factor(step, steps, t)
             set_lr(optimizers, factor)
             batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)  # (B, T+1)
+            batch = batch[ranks.rank * local : (ranks.rank + 1) * local]  # this rank's share
             batch = batch.to(device, non_blocking=True)
             loss_sum = torch.zeros((), device=device)
             micro_sq = torch.zeros((), device=device)  # sum over micro-batches of |g_b|^2
@@ -184,15 +209,20 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                     loss = step_model(x, y)
                 (loss / accum).backward()
                 loss_sum += loss.detach()
-                if gns_on:
+                if micro_norms is not None:
                     micro_sq += micro_norms.pop()
+            if ranks.parallel:  # average gradients (and losses) over ranks: the global step
+                small_sq = average_gradients(list(model.parameters()), ranks)
+                loss_sum = mean_over_ranks(loss_sum, ranks)
+            else:
+                small_sq = micro_sq / accum  # mean |g_b|^2 over the micro-batches
             max_norm = t.grad_clip if t.grad_clip > 0 else math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            pending.append((step + 1, factor * lr, loss_sum / accum, grad_norm,
-                            micro_sq / accum, time.perf_counter() - t0))
+            pending.append((step + 1, factor * lr, loss_sum / accum, grad_norm, small_sq,
+                            time.perf_counter() - t0))
             bar.update()
 
             done = step + 1
@@ -200,10 +230,11 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 rows = _flush(pending, tokens_per_step)
                 pending.clear()
                 for row in rows:
-                    g2_small = row.pop("micro_grad_sq")
+                    g2_small = row.pop("small_grad_sq")
                     if gns_on:  # |g_B|^2 is the pre-clipping norm of the accumulated gradient
                         row.update(gns.update(g2_small, row["grad_norm"] ** 2, row["train_loss"]))
-                runs.append_jsonl(metrics_path, rows)
+                if ranks.main:
+                    runs.append_jsonl(metrics_path, rows)
                 for row in rows:
                     wandb_run.log({k: v for k, v in row.items() if k != "step" and v is not None},
                                   step=row["step"])
@@ -292,12 +323,15 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "gns_steps": gns.steps,
             "gns_skipped": gns.skipped,  # gradient spikes left out of the averages
             "gns_ema": t.gns.ema if gns_on else None,
+            "world_size": ranks.world,
         }
-        _save_checkpoint(run_dir / "checkpoint.pt", model, cfg, done_steps)
-        runs.write_json_atomic(run_dir / "summary.json", summary)
+        if ranks.main:
+            _save_checkpoint(run_dir / "checkpoint.pt", model, cfg, done_steps)
+            runs.write_json_atomic(run_dir / "summary.json", summary)
         wandb_run.summary.update(
             {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
         )
+    shutdown(ranks)
     log.info(
         f"{status}: val_loss {summary['val_loss']:.4f} nats/token "
         f"({summary['val_loss_per_byte']:.4f} nats/byte) after {summary['tokens'] / 1e6:.3f}M "
@@ -324,9 +358,9 @@ def _flush(pending: list[tuple], tokens_per_step: int) -> list[dict]:
             "train_loss": loss,
             "grad_norm": gnorm,
             "time_s": elapsed,
-            "micro_grad_sq": micro_sq,  # mean |g_b|^2 over the micro-batches (0 when gns off)
+            "small_grad_sq": small_sq,  # mean |g_b|^2 over the small batches (0 when gns off)
         }
-        for (step, lr, *_, elapsed), (loss, gnorm, micro_sq) in zip(pending, values, strict=True)
+        for (step, lr, *_, elapsed), (loss, gnorm, small_sq) in zip(pending, values, strict=True)
     ]
 
 
@@ -447,6 +481,14 @@ def main() -> None:
     """Validate the overrides (one-line errors, nothing created), then hand over to Hydra."""
     register_configs()
     args = sys.argv[1:]
+    ranks = launched_ranks()
+    if ranks.parallel:  # torchrun: every rank must agree on the run dir; rank 0 alone writes
+        if not any(a.startswith("hydra.run.dir=") for a in args):
+            fail("under torchrun, give the run directory explicitly: hydra.run.dir=runs/...")
+        if not ranks.main:
+            extra = ["hydra.output_subdir=null", "hydra/job_logging=disabled",
+                     "hydra/hydra_logging=disabled"]
+            sys.argv += extra
     plain = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
     if not any(a.startswith("-") for a in args):  # flags (--multirun, --cfg, ...): Hydra's job
         with user_errors():
