@@ -43,7 +43,7 @@ noise: install ## B_noise at a run's checkpoint: RUN=<run dir> [ARGS="-K 128 -b 
 	@test -n "$(RUN)" || { echo "make noise needs RUN=<run directory>, e.g. make noise RUN=runs/single/<time>" >&2; exit 2; }
 	$(PY) -m critbatch.noise $(RUN) $(ARGS)
 
-bench: install ## throughput benchmarks, e.g. the cost of online B_noise [ARGS="--only gns"]
+bench: install ## throughput, MFU, trainer overhead: table + bench.json (<5 min on CPU) [ARGS="--only gns"]
 	$(PY) -m critbatch.bench $(ARGS)
 
 sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, B_noise, report [SCALE= JOBS= OPT=]

@@ -1,19 +1,43 @@
 """Throughput benchmarks: `python -m critbatch.bench [--only SECTION ...] [hydra overrides]`.
 
-Each section is a function `(overrides, repeats, steps) -> dict` registered in `SECTIONS`;
-it prints its own result line. Sections so far:
+Measures, on the current device, how fast critbatch trains and how close that is to the
+device's limit; prints a table and writes every figure to bench.json (`--json`). Each
+section is a function `(Options) -> dict` registered in `SECTIONS`, run in this order:
 
+- `peak`: the physical limit, a large matmul in fp32 and bf16 (GFLOP/s);
+- `train`: per width preset (the scale's, and on CPU the smoke and cpu presets plus
+  width 256) the real trainer's tokens/s against a minimal eager loop written here,
+  interleaved in one process; the step split into data, forward+backward, optimizer,
+  noise tracking and logging; model FLOPs utilisation (6N + attention FLOPs per token
+  over the measured peak);
+- `variants`: step times of eager vs torch.compile, fp32 vs bf16 autocast, foreach vs
+  fused AdamW, AdamW vs Muon, and torch threads, each pair interleaved step by step;
+- `data`: the data path alone (batches/s) against the training step it feeds;
+- `analysis`: loading and analysing ~1,000 synthetic runs (bcrit.benchmark);
 - `gns`: the cost of online gradient-noise-scale tracking (train.gns) in tokens/s.
+
+Every timing is a median over short, warmed-up, interleaved repeats: the machine may be
+shared, and interleaving lets load from other processes hit both sides of a comparison.
+The issue's targets are printed at the end as met / not met with the measured ratios.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
+import os
+import platform
 import statistics
+import sys
 import tempfile
+import time
 from collections.abc import Callable
+from contextlib import nullcontext, suppress
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
+
+import torch
 
 from critbatch import runs
 from critbatch.errors import fail, user_errors
@@ -126,29 +150,628 @@ def bench_gns(overrides: list[str], repeats: int = 6, steps: int = 12) -> dict:
     return result
 
 
-SECTIONS: dict[str, Callable[..., dict]] = {"gns": bench_gns}
+# ---------------------------------------------------------------------------
+# Helpers shared by the sections below
+
+
+@dataclass
+class Options:
+    """What every section is run with (from the command line)."""
+
+    overrides: list[str] = field(default_factory=list)  # hydra overrides, after each preset's
+    repeats: int | None = None  # interleaved repeats; None = each section's default
+    steps: int | None = None  # optimizer steps per timed run; None = each section's default
+    compile: bool = True  # include the torch.compile variant (the slow one to set up)
+    analysis_runs: int = 1000  # synthetic runs for the analysis section
+    results: dict = field(default_factory=dict)  # sections already measured (peak, train)
+
+
+def presets(device_type: str) -> dict[str, list[str]]:
+    """The width presets measured on this device: name -> overrides."""
+    if device_type == "cuda":  # the gpu scale and the issue's widest model, on offline data
+        return {"gpu": ["scale=gpu", "data=stdlib"],
+                "gpu-w384": ["scale=gpu", "data=stdlib", "model.width=384", "model.heads=6"]}
+    return {"smoke": ["scale=smoke"], "cpu": ["scale=cpu"],
+            "cpu-w256": ["scale=cpu", "model.width=256", "model.heads=4"]}
+
+
+def bench_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_name(device: torch.device) -> str:
+    """The processor's model name (what `lscpu` shows), or the GPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def compose(preset: list[str], opts: Options, *extra: str):
+    """A validated Config: the preset, the command line's overrides, then `extra`."""
+    from critbatch.train import check_overrides
+
+    return check_overrides([*preset, "logger.mode=disabled", *opts.overrides, *extra])
+
+
+def autocast_for(device: torch.device, dtype: torch.dtype):
+    return nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
+
+
+class Stepper:
+    """One training setup (model, optimizers, precision) whose `step` times a training step.
+
+    The step is the trainer's: micro-batch forward+backward, clipping, optimizer step.
+    """
+
+    def __init__(self, cfg, device: torch.device, *, dtype=torch.float32, compiled=False,
+                 optim=None, seed: int = 0) -> None:
+        from critbatch.config import micro_batch_size
+        from critbatch.model import GPT
+        from critbatch.optim import build_optimizers
+
+        torch.manual_seed(seed)
+        self.cfg, self.device = cfg, device
+        self.model = GPT(cfg.model, cfg.data.vocab_size).to(device)
+        self.step_model = torch.compile(self.model) if compiled else self.model
+        self.optimizers = build_optimizers(self.model, optim or cfg.optim, cfg.train.batch_size,
+                                           device.type)
+        self.autocast = autocast_for(device, dtype)
+        self.micro = micro_batch_size(cfg)
+        self.batch = torch.randint(0, cfg.data.vocab_size,
+                                   (cfg.train.batch_size, cfg.model.seq_len + 1), device=device)
+
+    def forward_backward(self, norms=None) -> None:
+        """All micro-batches' forward+backward; `norms` (MicroGradNorms) popped after each."""
+        accum = len(self.batch) // self.micro
+        for i in range(accum):
+            x = self.batch[i * self.micro : (i + 1) * self.micro]  # (micro, T + 1)
+            with self.autocast:
+                loss = self.step_model(x[:, :-1], x[:, 1:])
+            (loss / accum).backward()
+            if norms is not None:
+                norms.pop()
+
+    def optimizer_step(self) -> None:
+        max_norm = self.cfg.train.grad_clip or math.inf
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    def step(self) -> tuple[float, float]:
+        """Seconds of (forward+backward, clipping+optimizer) of one step."""
+        sync(self.device)
+        t0 = time.perf_counter()
+        self.forward_backward()
+        sync(self.device)
+        t1 = time.perf_counter()
+        self.optimizer_step()
+        sync(self.device)
+        return t1 - t0, time.perf_counter() - t1
+
+
+def interleaved(steppers: dict[str, Callable[[], tuple[float, float]]], iters: int,
+                warmup: int = 2) -> dict[str, dict]:
+    """Median step times of several setups, stepped in turn (order reversed every iteration)."""
+    names = list(steppers)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for it in range(warmup + iters):
+        for name in (names if it % 2 == 0 else names[::-1]):
+            timing = steppers[name]()
+            if it >= warmup:
+                times[name].append(timing)
+    return {name: {"fwd_bwd_ms": 1e3 * statistics.median(t[0] for t in ts),
+                   "optim_ms": 1e3 * statistics.median(t[1] for t in ts),
+                   "step_ms": 1e3 * statistics.median(a + b for a, b in ts)}
+            for name, ts in times.items()}
+
+
+def mfu(tokens_per_s: float, cfg, peak_gflops: float) -> float:
+    """Model FLOPs utilisation: achieved training FLOP/s over the measured peak."""
+    from critbatch.model import flops_per_token
+
+    m = cfg.model
+    return tokens_per_s * flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size) / (
+        peak_gflops * 1e9)
+
+
+# ---------------------------------------------------------------------------
+# peak
+
+
+def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int, iters: int) -> float:
+    """GFLOP/s of an (n x n) @ (n x n) matmul: 2 n^3 FLOPs over the median time."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        torch.matmul(a, b, out=out)
+    times = []
+    for _ in range(iters):
+        sync(device)
+        t0 = time.perf_counter()
+        torch.matmul(a, b, out=out)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def bench_peak(opts: Options) -> dict:
+    """The device's limit: the best of a few large square matmuls, fp32 and bf16."""
+    device = bench_device()
+    sizes = (4096, 8192) if device.type == "cuda" else (1024, 2048, 4096)
+    iters = opts.repeats or (20 if device.type == "cuda" else 5)
+    result = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        by_size = {str(n): matmul_gflops(device, dtype, n, iters) for n in sizes}
+        result[f"{name}_gflops"] = max(by_size.values())
+        result[f"{name}_by_size"] = by_size
+    print(f"peak: matmul {result['float32_gflops']:,.0f} GFLOP/s fp32, "
+          f"{result['bfloat16_gflops']:,.0f} GFLOP/s bf16 (best of n = "
+          f"{', '.join(map(str, sizes))})", flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# train: the real trainer against a minimal loop, the step split, MFU
+
+
+def minimal_loop(cfg, data, steps: int) -> float:
+    """tokens/s of a minimal eager training loop: the same model, batches, clipping and
+    AdamW as the trainer, in plain PyTorch -- no schedule, logging, noise tracking or eval."""
+    from critbatch.data import sample_batch
+    from critbatch.model import GPT
+    from critbatch.optim import adamw_options
+    from critbatch.train import resolve_device
+
+    device, dtype, compiled = resolve_device(cfg)
+    m, t, o = cfg.model, cfg.train, cfg.optim
+    torch.manual_seed(t.seed)
+    model = GPT(m, cfg.data.vocab_size).to(device)
+    step_model = torch.compile(model) if compiled else model
+    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
+                            **adamw_options(o, device.type))
+    autocast = autocast_for(device, dtype)
+    sync(device)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)  # (B, T+1)
+        batch = batch.to(device, non_blocking=True)
+        with autocast:
+            loss = step_model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip or math.inf)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    sync(device)
+    return steps * t.batch_size * m.seq_len / (time.perf_counter() - t0)
+
+
+def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
+    """Milliseconds per step of each part of the trainer's step, timed one by one.
+
+    data: sample_batch + copy to the device; fwd_bwd: all micro-batches; noise: what the
+    MicroGradNorms hooks add to fwd_bwd (hooked and plain steps alternate; counted in the
+    step only where the trainer enables it: >= 2 micro-batches); optimizer: lr, clipping,
+    step, zero_grad; logging: the trainer's buffered metrics flush (one host sync and a
+    jsonl append every `train.log_every` steps), averaged per step.
+    """
+    from critbatch.data import sample_batch
+    from critbatch.noise import MicroGradNorms
+    from critbatch.optim import lr_factor, set_lr
+    from critbatch.train import _flush, resolve_device
+
+    device, dtype, compiled = resolve_device(cfg)
+    t = cfg.train
+    stepper = Stepper(cfg, device, dtype=dtype, compiled=compiled, seed=t.seed)
+    accum = t.batch_size // stepper.micro
+    tokens_per_step = t.batch_size * cfg.model.seq_len
+    parts: dict[str, list[float]] = {k: [] for k in ("data", "fwd_bwd", "noise_on", "optimizer")}
+    logging_s, pending = 0.0, []
+    with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
+        metrics = Path(tmp) / "metrics.jsonl"
+        for step in range(warmup + 2 * iters):
+            clock = time.perf_counter()
+            batch = sample_batch(data.train, cfg.model.seq_len, t.batch_size, t.seed, step)
+            stepper.batch = batch.to(device, non_blocking=True)
+            sync(device)
+            t_data = time.perf_counter() - clock
+            tracked = step % 2 == 1
+            norms = MicroGradNorms(stepper.model.parameters(), accum) if tracked else None
+            sync(device)
+            clock = time.perf_counter()
+            stepper.forward_backward(norms)
+            sync(device)
+            t_fwd_bwd = time.perf_counter() - clock
+            if norms is not None:
+                norms.remove()
+            clock = time.perf_counter()
+            set_lr(stepper.optimizers, lr_factor(step, warmup + 2 * iters, t))
+            grad_norm = torch.nn.utils.clip_grad_norm_(stepper.model.parameters(),
+                                                       t.grad_clip or math.inf)
+            for opt in stepper.optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            sync(device)
+            t_optim = time.perf_counter() - clock
+            clock = time.perf_counter()
+            zero = torch.zeros((), device=device)
+            pending.append((step + 1, 1.0, zero, grad_norm, zero, 0.0))
+            if (step + 1) % t.log_every == 0:
+                runs.append_jsonl(metrics, _flush(pending, tokens_per_step))
+                pending.clear()
+            t_log = time.perf_counter() - clock
+            if step < warmup:
+                continue
+            logging_s += t_log
+            parts["data"].append(t_data)
+            parts["optimizer"].append(t_optim)
+            parts["noise_on" if tracked else "fwd_bwd"].append(t_fwd_bwd)
+    ms = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
+    gns_on = t.gns.enabled and accum >= 2
+    split = {"data_ms": ms["data"], "fwd_bwd_ms": ms["fwd_bwd"],
+             "noise_ms": ms["noise_on"] - ms["fwd_bwd"], "noise_counted": gns_on,
+             "optimizer_ms": ms["optimizer"], "logging_ms": 1e3 * logging_s / (2 * iters)}
+    split["total_ms"] = (split["data_ms"] + split["fwd_bwd_ms"] + split["optimizer_ms"]
+                         + split["logging_ms"] + (split["noise_ms"] if gns_on else 0.0))
+    return split
+
+
+def bench_train(opts: Options) -> dict:
+    """Per preset: the trainer's tokens/s next to the minimal loop's, the split, the MFU.
+
+    Each repeat runs `train()` (logger disabled, one tiny eval, which tokens_per_s leaves
+    out) and the minimal loop for the same number of steps from the same seed, alternating
+    which goes first. overhead = 1 - median(trainer tokens/s) / median(minimal tokens/s).
+    """
+    from critbatch.data import prepare_data
+    from critbatch.model import param_count
+    from critbatch.train import resolve_device, train
+
+    repeats = opts.repeats or 3
+    rows = {}
+    peak = opts.results.get("peak")
+    for name, preset in presets(bench_device().type).items():
+        cfg = compose(preset, opts)
+        b, seq = cfg.train.batch_size, cfg.model.seq_len
+        steps = opts.steps or run_steps(cfg, peak)
+        cfg = compose(preset, opts, f"train.tokens={steps * b * seq}", "train.eval_points=1",
+                      f"train.eval_tokens={seq}", "train.warmup_steps=2")
+        data = prepare_data(cfg.data)
+        trainer, minimal = [], []
+        with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
+            for r in range(repeats):
+                for which in (("trainer", "minimal") if r % 2 == 0 else ("minimal", "trainer")):
+                    if which == "trainer":
+                        summary = train(cfg, Path(tmp) / f"{name}-{r}")
+                        trainer.append(summary["tokens_per_s"])
+                    else:
+                        minimal.append(minimal_loop(cfg, data, steps))
+        split = step_split(cfg, data, iters=max(4, steps // 2))
+        device, dtype, compiled = resolve_device(cfg)
+        row = {
+            "overrides": preset, "width": cfg.model.width, "depth": cfg.model.depth,
+            "heads": cfg.model.heads, "seq_len": seq, "batch_size": b,
+            "micro_batch_size": cfg.train.micro_batch_size or b, "vocab_size": cfg.data.vocab_size,
+            "params": param_count(cfg.model.width, cfg.model.depth, seq, cfg.data.vocab_size)[0],
+            "dtype": str(dtype).removeprefix("torch."), "compile": compiled, "steps": steps,
+            "repeats": repeats,
+            "tokens_per_s": statistics.median(trainer),
+            "minimal_tokens_per_s": statistics.median(minimal),
+            "trainer_tokens_per_s_runs": trainer, "minimal_tokens_per_s_runs": minimal,
+            **split,
+        }
+        row["overhead_percent"] = 100 * (1 - row["tokens_per_s"] / row["minimal_tokens_per_s"])
+        row["step_ms"] = 1e3 * b * seq / row["tokens_per_s"]
+        if peak:
+            key = "float32_gflops" if dtype == torch.float32 else "bfloat16_gflops"
+            row["peak_gflops"] = peak[key]
+            row["mfu"] = mfu(row["tokens_per_s"], cfg, peak[key])
+            row["minimal_mfu"] = mfu(row["minimal_tokens_per_s"], cfg, peak[key])
+        rows[name] = row
+        print(f"train {name}: width {row['width']}, {row['tokens_per_s']:,.0f} tokens/s trainer vs "
+              f"{row['minimal_tokens_per_s']:,.0f} minimal loop (overhead "
+              f"{row['overhead_percent']:+.1f}%); step {row['step_ms']:.1f} ms = data "
+              f"{row['data_ms']:.2f} + fwd/bwd {row['fwd_bwd_ms']:.1f} + optimizer "
+              f"{row['optimizer_ms']:.2f} + noise {row['noise_ms']:.2f}"
+              f"{'' if row['noise_counted'] else ' (off)'} + logging {row['logging_ms']:.3f}"
+              + (f"; MFU {100 * row['mfu']:.1f}%" if peak else ""), flush=True)
+    return {"presets": rows}
+
+
+def run_steps(cfg, peak: dict | None, seconds: float = 1.0) -> int:
+    """Steps for a timed run of about `seconds` (12 to 60), guessing 25% of the fp32 peak."""
+    from critbatch.model import flops_per_token
+
+    m = cfg.model
+    flops = flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size)
+    flops *= cfg.train.batch_size * m.seq_len  # per step
+    guess_s = flops / (0.25 * 1e9 * (peak or {}).get("float32_gflops", 100.0))
+    return max(12, min(60, round(seconds / guess_s)))
+
+
+# ---------------------------------------------------------------------------
+# variants: one setting changed at a time, stepped in turn
+
+
+def variant_pairs(cfg, device: torch.device, compiled_too: bool) -> dict[str, dict]:
+    """name -> {label: step function} for each A/B comparison, on the device's defaults."""
+    from critbatch.train import resolve_device
+
+    _, dtype, _ = resolve_device(cfg)
+    other = torch.bfloat16 if dtype == torch.float32 else torch.float32
+
+    def plain(**kw):
+        return Stepper(cfg, device, **{"dtype": dtype, **kw}).step
+
+    pairs = {
+        "dtype": {str(dtype).removeprefix("torch."): plain(),
+                  str(other).removeprefix("torch."): plain(dtype=other)},
+        "adamw": {"foreach": plain(optim=replace(cfg.optim, name="adamw", fused=False)),
+                  "fused": plain(optim=replace(cfg.optim, name="adamw", fused=True))},
+        "optimizer": {"adamw": plain(optim=replace(cfg.optim, name="adamw")),
+                      "muon": plain(optim=replace(cfg.optim, name="muon"))},
+    }
+    if compiled_too:
+        pairs["compile"] = {"eager": plain(), "compile": plain(compiled=True)}
+    if device.type == "cpu" and torch.get_num_threads() > 1:
+        step, threads = plain(), torch.get_num_threads()
+
+        def with_threads(n):
+            def run():
+                torch.set_num_threads(n)
+                try:
+                    return step()
+                finally:
+                    torch.set_num_threads(threads)
+            return run
+
+        pairs["threads"] = {f"{threads} threads": with_threads(threads),
+                            "1 thread": with_threads(1)}
+    return pairs
+
+
+def bench_variants(opts: Options) -> dict:
+    """Step times (medians, interleaved step by step) of each variant pair, per shape.
+
+    The scale's main preset gets every pair, torch.compile included (its first step, the
+    compilation, is warm-up); the widest preset every pair but compile. ratio = B / A of
+    the step time (optimizer time for the AdamW and optimizer pairs), < 1 when B is faster.
+    """
+    device = bench_device()
+    names = list(presets(device.type))
+    shapes = names[-2:] if device.type == "cpu" else names  # cpu and cpu-w256 / gpu, gpu-w384
+    iters = opts.steps or 8
+    out = {}
+    for i, name in enumerate(shapes):
+        cfg = compose(presets(device.type)[name], opts)
+        out[name] = {}
+        for pair, steppers in variant_pairs(cfg, device, opts.compile and i == 0).items():
+            timed = interleaved(steppers, iters)
+            a, b = list(timed)
+            key = "optim_ms" if pair in ("adamw", "optimizer") else "step_ms"
+            timed["compared"] = key
+            timed["ratio"] = timed[b][key] / timed[a][key]
+            out[name][pair] = timed
+            print(f"variants {name} {pair}: {a} {timed[a][key]:.2f} ms vs {b} "
+                  f"{timed[b][key]:.2f} ms ({key.removesuffix('_ms')}); ratio "
+                  f"{timed['ratio']:.2f}", flush=True)
+            del steppers
+    return out
+
+
+# ---------------------------------------------------------------------------
+# data, analysis, gns
+
+
+def bench_data(opts: Options) -> dict:
+    """Batches/s of the data path alone (sample_batch + copy to the device) per preset, and
+    how many times faster it is than the training step it feeds (the trainer's step time
+    from the `train` section, else a few timed steps here)."""
+    from critbatch.data import prepare_data, sample_batch
+    from critbatch.train import resolve_device
+
+    device = bench_device()
+    trained = opts.results.get("train", {}).get("presets", {})
+    out = {}
+    for name, preset in presets(device.type).items():
+        cfg = compose(preset, opts)
+        data, m, t = prepare_data(cfg.data), cfg.model, cfg.train
+        times = []
+        for step in range(200):
+            sync(device)
+            t0 = time.perf_counter()
+            batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)
+            batch.to(device, non_blocking=True)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        batch_s = statistics.median(times[10:])
+        if name in trained:
+            step_s = trained[name]["step_ms"] / 1e3
+        else:
+            _, dtype, compiled = resolve_device(cfg)
+            stepper = Stepper(cfg, device, dtype=dtype, compiled=compiled)
+            step_s = statistics.median(sum(stepper.step()) for _ in range(5))
+        out[name] = {"batches_per_s": 1 / batch_s, "batch_ms": 1e3 * batch_s,
+                     "step_ms": 1e3 * step_s, "ratio": step_s / batch_s}
+        print(f"data {name}: {1 / batch_s:,.0f} batches/s ({1e3 * batch_s:.3f} ms) vs a "
+              f"{1e3 * step_s:.1f} ms training step: {step_s / batch_s:,.0f}x", flush=True)
+    return out
+
+
+def bench_analysis(opts: Options) -> dict:
+    """Loading and analysing ~`opts.analysis_runs` synthetic runs (bcrit.benchmark)."""
+    from critbatch.bcrit import benchmark
+
+    with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
+        result = benchmark(tmp, opts.analysis_runs)
+    result["total_s"] = result["load_s"] + result["analyse_s"]
+    print(f"analysis: {result['n_runs']} synthetic runs loaded in {result['load_s']:.2f} s and "
+          f"analysed in {result['analyse_s']:.2f} s", flush=True)
+    return result
+
+
+SECTIONS: dict[str, Callable[[Options], dict]] = {
+    "peak": bench_peak,
+    "train": bench_train,
+    "variants": bench_variants,
+    "data": bench_data,
+    "analysis": bench_analysis,
+    "gns": lambda opts: bench_gns(opts.overrides, repeats=opts.repeats or 6,
+                                  steps=opts.steps or 12),
+}
+
+
+# ---------------------------------------------------------------------------
+# targets and the table
+
+
+def targets(results: dict, device_type: str) -> list[dict]:
+    """The issue's targets, each with the measured figure and met (True/False, None if the
+    section did not run here)."""
+    rows = []
+
+    def add(target: str, value: float | None, goal: str, met: bool | None) -> None:
+        rows.append({"target": target, "measured": value, "goal": goal, "met": met})
+
+    trained = results.get("train", {}).get("presets", {})
+    main = "cpu" if device_type == "cpu" else "gpu"
+    over = trained.get(main, {}).get("overhead_percent")
+    add(f"trainer overhead vs minimal eager loop ({main} preset), %", over, "<= 5",
+        None if over is None else over <= 5)
+    data = results.get("data")
+    ratio = min((r["ratio"] for r in data.values()), default=None) if data else None
+    add("data path speed / training step speed (slowest preset), x", ratio, ">= 20",
+        None if ratio is None else ratio >= 20)
+    gns = results.get("gns", {}).get("overhead_percent")
+    add("online noise tracking cost, % of tokens/s", gns, "< 3", None if gns is None else gns < 3)
+    analysis = results.get("analysis", {}).get("total_s")
+    add("analysis of 1,000 synthetic runs, s", analysis, "< 10",
+        None if analysis is None else analysis < 10)
+    if device_type == "cpu":
+        value = trained.get("cpu-w256", {}).get("mfu")
+        add("CPU MFU at width 256 vs measured fp32 peak, %",
+            None if value is None else 100 * value, ">= 50 (goal)",
+            None if value is None else value >= 0.5)
+        add("GPU MFU at width 384 vs bf16 peak, %", None, ">= 40 (goal)", None)
+    else:
+        value = trained.get("gpu-w384", {}).get("mfu")
+        add("GPU MFU at width 384 vs bf16 peak (compile), %",
+            None if value is None else 100 * value, ">= 40 (goal)",
+            None if value is None else value >= 0.4)
+    add("GPU aggregate speed-up from sharing the card among small jobs, x", None, ">= 2", None)
+    return rows
+
+
+def table(results: dict) -> str:
+    """The results as markdown: the per-preset table, the variants, the single figures."""
+    meta = results["meta"]
+    lines = [f"Device: {meta['device']} ({meta['device_type']}, {meta['threads']} torch threads), "
+             f"torch {meta['torch']}, {meta['date']}", ""]
+    peak = results.get("peak")
+    if peak:
+        lines += [f"Peak (large matmul): {peak['float32_gflops']:,.0f} GFLOP/s fp32, "
+                  f"{peak['bfloat16_gflops']:,.0f} GFLOP/s bf16", ""]
+    trained = results.get("train", {}).get("presets", {})
+    if trained:
+        lines += ["| preset | width x depth, T, B | params | tokens/s trainer | tokens/s minimal "
+                  "loop | overhead | step ms: data | fwd+bwd | optimizer | noise | logging | MFU |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, r in trained.items():
+            noise = f"{r['noise_ms']:.2f}" + ("" if r["noise_counted"] else " (off)")
+            mfu_text = f"{100 * r['mfu']:.1f}% {r['dtype']}" if "mfu" in r else "-"
+            lines.append(
+                f"| {name} | {r['width']}x{r['depth']}, {r['seq_len']}, {r['batch_size']} | "
+                f"{r['params'] / 1e6:.2f}M | {r['tokens_per_s']:,.0f} | "
+                f"{r['minimal_tokens_per_s']:,.0f} | {r['overhead_percent']:+.1f}% | "
+                f"{r['data_ms']:.2f} | {r['fwd_bwd_ms']:.1f} | {r['optimizer_ms']:.2f} | "
+                f"{noise} | {r['logging_ms']:.3f} | {mfu_text} |")
+        lines.append("")
+    variants = results.get("variants")
+    if variants:
+        lines += ["| preset | variant | A | B | B / A |", "|---|---|---|---|---|"]
+        for name, pairs in variants.items():
+            for pair, timed in pairs.items():
+                a, b = [k for k in timed if k not in ("ratio", "compared")]
+                key = timed["compared"]
+                what = "optimizer ms" if key == "optim_ms" else "step ms"
+                lines.append(f"| {name} | {pair} ({what}) | {a} {timed[a][key]:.2f} | "
+                             f"{b} {timed[b][key]:.2f} | {timed['ratio']:.2f} |")
+        lines.append("")
+    data = results.get("data")
+    if data:
+        lines.append("Data path: " + "; ".join(
+            f"{n} {r['batches_per_s']:,.0f} batches/s ({r['ratio']:,.0f}x the step)"
+            for n, r in data.items()))
+    if "analysis" in results:
+        a = results["analysis"]
+        lines.append(f"Analysis: {a['n_runs']} synthetic runs in {a['total_s']:.2f} s "
+                     f"(load {a['load_s']:.2f} s, analyse {a['analyse_s']:.2f} s)")
+    if "gns" in results:
+        g = results["gns"]
+        lines.append(f"Online noise tracking (4 micro-batches, width 128): "
+                     f"{g['overhead_percent']:.2f}% of tokens/s")
+    lines += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
+    for t in results.get("targets", []):
+        value = "not measured" if t["measured"] is None else f"{t['measured']:,.2f}"
+        met = {True: "met", False: "not met", None: "-"}[t["met"]]
+        lines.append(f"| {t['target']} | {value} | {t['goal']} | {met} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m critbatch.bench", description=__doc__)
-    parser.add_argument("--only", action="append", choices=sorted(SECTIONS),
+    parser = argparse.ArgumentParser(prog="python -m critbatch.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", choices=list(SECTIONS),
                         help="run only this section (repeatable); default: all")
-    parser.add_argument("--repeats", type=int, default=6, help="interleaved repeats")
-    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per timed run")
-    parser.add_argument("--json", type=Path, default=None, help="also write results here")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="interleaved repeats (default: per section, 3 to 6)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="optimizer steps per timed run (default: per section)")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="skip the torch.compile variant (its compilation takes ~20 s)")
+    parser.add_argument("--analysis-runs", type=int, default=1000,
+                        help="synthetic runs for the analysis section")
+    parser.add_argument("--json", type=Path, default=Path("bench.json"),
+                        help="where to write the results (default: ./bench.json)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. data.cache_dir=...")
     args = parser.parse_args(argv)
-    if args.steps <= WARMUP_STEPS or args.repeats < 1:
+    if (args.steps is not None and args.steps <= WARMUP_STEPS) or (
+            args.repeats is not None and args.repeats < 1):
         fail(f"--steps must exceed {WARMUP_STEPS} and --repeats be >= 1")
-    results = {}
+    device = bench_device()
+    results: dict = {"meta": {
+        "device": device_name(device), "device_type": device.type,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(), "argv": list(argv if argv is not None else sys.argv[1:]),
+    }}
+    print(f"critbatch bench on {results['meta']['device']} ({device.type}, "
+          f"{torch.get_num_threads()} threads), torch {torch.__version__}", flush=True)
+    opts = Options(overrides=args.overrides, repeats=args.repeats, steps=args.steps,
+                   compile=args.compile, analysis_runs=args.analysis_runs, results=results)
+    t0, seconds = time.perf_counter(), {}
     with user_errors():
-        for name in args.only or sorted(SECTIONS):
-            results[name] = SECTIONS[name](args.overrides, repeats=args.repeats,
-                                           steps=args.steps)
-    if args.json:
-        runs.write_json_atomic(args.json, results)
-    print(json.dumps({k: {m: v for m, v in r.items() if not isinstance(v, list)}
-                      for k, r in results.items()}))
+        for name in [s for s in SECTIONS if s in (args.only or SECTIONS)]:
+            clock = time.perf_counter()
+            results[name] = SECTIONS[name](opts)
+            seconds[name] = time.perf_counter() - clock
+    results["meta"]["seconds"] = time.perf_counter() - t0
+    results["meta"]["section_seconds"] = seconds
+    results["targets"] = targets(results, device.type)
+    runs.write_json_atomic(args.json, results)
+    print(f"\n{table(results)}\n\n{results['meta']['seconds']:.0f} s; wrote {args.json}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ class OptimConfig:
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
     eps: float = 1e-8  # AdamW epsilon
+    fused: bool | None = None  # AdamW fused kernel; null = on (faster on CPU and CUDA, make bench)
     momentum: float = 0.95  # Muon momentum (Nesterov)
     aux_lr: float = 3e-3  # Muon only: AdamW lr for embeddings and gains
     lr_scaling: str = "none"  # none | sqrt | linear: lr used = lr * f(batch_size / base_batch_size)

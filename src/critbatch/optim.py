@@ -34,9 +34,7 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
     hidden = model.hidden_matrices()
     hidden_ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
-    adam_kw = dict(betas=(optim.beta1, optim.beta2), eps=optim.eps)
-    if device_type == "cuda":
-        adam_kw["fused"] = True
+    adam_kw = adamw_options(optim, device_type)
     if optim.name == "adamw":
         lr = optim.lr * scale
         groups = [
@@ -57,6 +55,15 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
         [{"params": rest, "weight_decay": 0.0, "lr": aux_lr, "peak_lr": aux_lr}], **adam_kw
     )
     return [muon, aux]
+
+
+def adamw_options(optim: OptimConfig, device_type: str) -> dict:
+    """AdamW's keyword arguments: betas, eps, and the fused (one kernel over every tensor)
+    or foreach (a few ops per tensor list) implementation -- fused unless `optim.fused`
+    says otherwise; `make bench` measures both on the current device."""
+    fused = optim.fused if optim.fused is not None else device_type in ("cpu", "cuda")
+    impl = {"fused": True} if fused else {"foreach": True}
+    return dict(betas=(optim.beta1, optim.beta2), eps=optim.eps, **impl)
 
 
 def lr_factor(step: int, total_steps: int, train: TrainConfig) -> float:

@@ -1,0 +1,92 @@
+"""`python -m critbatch.bench` at tiny size: every section runs and bench.json holds positive,
+finite figures under the keys the README and the issue's targets read. (Speed itself is
+measured by the benchmark, not by timed tests.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from critbatch import bench
+from critbatch.config import ModelConfig, OptimConfig
+from critbatch.model import GPT
+from critbatch.optim import adamw_options, build_optimizers
+
+
+def positive(value) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench.main(["--json", str(out), "--repeats", "1", "--steps", "4", "--no-compile",
+                "--analysis-runs", "60", *tiny_overrides, "train.batch_size=8",
+                "train.micro_batch_size=4"])
+    results = json.loads(out.read_text())
+    assert set(results) == {"meta", *bench.SECTIONS, "targets"}
+    assert results["meta"]["device"] and results["meta"]["date"]
+    assert positive(results["peak"]["float32_gflops"])
+    assert positive(results["peak"]["bfloat16_gflops"])
+
+    rows = results["train"]["presets"]
+    assert list(rows) == list(bench.presets("cpu"))
+    for row in rows.values():
+        for key in ("tokens_per_s", "minimal_tokens_per_s", "step_ms", "data_ms", "fwd_bwd_ms",
+                    "optimizer_ms", "logging_ms", "total_ms", "peak_gflops", "mfu", "params"):
+            assert positive(row[key]), key
+        assert math.isfinite(row["noise_ms"]) and math.isfinite(row["overhead_percent"])
+        assert row["noise_counted"]  # 2 micro-batches of 4: the trainer tracks B_noise
+
+    for shape in results["variants"].values():
+        assert {"dtype", "adamw", "optimizer"} <= set(shape)
+        for pair in shape.values():
+            assert positive(pair["ratio"])
+            a, b = (k for k in pair if k not in ("ratio", "compared"))
+            assert positive(pair[a]["step_ms"]) and positive(pair[b][pair["compared"]])
+    for row in results["data"].values():
+        assert positive(row["batches_per_s"]) and positive(row["ratio"])
+    assert results["analysis"]["n_runs"] >= 60 and positive(results["analysis"]["total_s"])
+    assert positive(results["gns"]["tokens_per_s_on"]) and positive(results["gns"]["ratio"])
+
+    targets = {t["target"]: t for t in results["targets"]}
+    assert len(targets) == 7
+    measured = [t for t in targets.values() if t["measured"] is not None]
+    assert len(measured) == 5 and all(isinstance(t["met"], bool) for t in measured)
+    printed = capsys.readouterr().out
+    assert "| preset |" in printed and "| target |" in printed
+
+
+def test_adamw_is_fused_by_default_and_foreach_on_request():
+    assert adamw_options(OptimConfig(), "cpu")["fused"] is True
+    assert adamw_options(OptimConfig(fused=False), "cpu") == {
+        "betas": (0.9, 0.95), "eps": 1e-8, "foreach": True}
+    model = GPT(ModelConfig(width=32, depth=1, heads=2, seq_len=8), vocab_size=64)
+    (adamw,) = build_optimizers(model, OptimConfig(), 32, "cpu")
+    assert adamw.defaults["fused"] is True
+
+
+def test_fused_and_foreach_adamw_train_alike():
+    """The default (fused) kernel takes the same steps as the foreach one, to rounding."""
+    losses = {}
+    for fused in (True, False):
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(width=32, depth=2, heads=2, seq_len=16), vocab_size=64)
+        (opt,) = build_optimizers(model, OptimConfig(fused=fused), 8, "cpu")
+        idx = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(1))
+        for _ in range(5):
+            loss = model(idx[:, :-1], idx[:, 1:])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses[fused] = loss.item()
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--steps", "2"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("critbatch: error: --steps")
