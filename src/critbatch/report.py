@@ -330,6 +330,21 @@ def _empty(ax, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
 
 
+def _label(ax, xlabel: str, ylabel: str, title: str, legend: bool = True) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    if legend:
+        ax.legend(fontsize=7)
+
+
+def _save(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -355,12 +370,8 @@ def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
                         x = np.geomspace(a, b, 30)
                         ax.plot(x, [curve.loss_at(v)[0] for v in x], "k--", lw=1)
         _log(ax)
-        ax.set_xlabel("tokens seen")
-        ax.set_ylabel("final validation loss (nats/token)")
-        ax.set_title(g["name"], fontsize=9)
-        ax.legend(fontsize=7)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        _label(ax, "tokens seen", "final validation loss (nats/token)", g["name"])
+    _save(fig, path)
 
 
 def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
@@ -375,12 +386,9 @@ def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
             ax.plot(c.lrs, c.losses, "o-", color=color, label=f"B={c.batch_size}")
             ax.plot([c.lr], [c.loss], "*", color=color, ms=10)
         _log(ax)
-        ax.set_xlabel("peak learning rate")
-        ax.set_ylabel("final validation loss (nats/token)")
-        ax.set_title(f"{g['name']}, {budget:,} tokens (star: refined optimum)", fontsize=9)
-        ax.legend(fontsize=7)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        _label(ax, "peak learning rate", "final validation loss (nats/token)",
+               f"{g['name']}, {budget:,} tokens (star: refined optimum)")
+    _save(fig, path)
 
 
 def plot_effective_tokens(groups: list[dict], path: Path) -> None:
@@ -405,13 +413,9 @@ def plot_effective_tokens(groups: list[dict], path: Path) -> None:
                     label="extrapolated" if ext and not labelled else None)
             labelled = labelled or bool(ext)
         _log(ax, x=True, y=True)
-        ax.set_xlabel("batch size (sequences)")
-        ax.set_ylabel("effective tokens (baseline tokens)")
-        ax.set_title(f"{g['name']} (dotted: tokens seen)", fontsize=9)
-        if rows:
-            ax.legend(fontsize=7)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        _label(ax, "batch size (sequences)", "effective tokens (baseline tokens)",
+               f"{g['name']} (dotted: tokens seen)", legend=bool(rows))
+    _save(fig, path)
 
 
 def plot_pareto(groups: list[dict], path: Path) -> None:
@@ -431,13 +435,9 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
                 s = p["s_min"] + p["e_min"] / b
                 ax.plot(s * b * seq_len, s, "-", color=color, lw=1)
         _log(ax, x=True, y=True)
-        ax.set_xlabel("tokens E to reach the target loss")
-        ax.set_ylabel("optimizer steps S")
-        ax.set_title(g["name"], fontsize=9)
-        if g["pareto"]:
-            ax.legend(fontsize=7)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+        _label(ax, "tokens E to reach the target loss", "optimizer steps S", g["name"],
+               legend=bool(g["pareto"]))
+    _save(fig, path)
 
 
 def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
@@ -468,11 +468,8 @@ def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
     if points:  # a loss range is less than a decade: label it explicitly
         ticks = np.unique(np.round(np.geomspace(grid[0], grid[-1], 6), 2))
         ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
-    ax.set_xlabel("loss L (nats/token)")
-    ax.set_ylabel("B_crit (tokens)")
-    ax.set_title(PLOTS["bcrit_vs_loss"], fontsize=9)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _label(ax, "loss L (nats/token)", "B_crit (tokens)", PLOTS["bcrit_vs_loss"], legend=False)
+    _save(fig, path)
 
 
 def write_plots(result: dict, out: Path) -> dict[str, str]:
