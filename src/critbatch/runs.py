@@ -5,7 +5,8 @@ A run directory holds:
 - `summary.json`  final results (keys in `SUMMARY_KEYS`), written atomically at the end;
 - `metrics.jsonl` one line per optimizer step (`step, tokens, lr, train_loss, grad_norm, time_s`);
 - `config.json`   the resolved config, and Hydra's `.hydra/` (composed config, overrides);
-- `checkpoint.pt` the final model weights and the config that built them;
+- `checkpoint.pt` the model weights, the config that built them and the step, plus the
+                  optimizer and loop state a killed run resumes from (critbatch/checkpoint.py);
 - `wandb/`        the W&B run (offline unless logger.mode=online);
 - `noise.json`    optional: the gradient noise scale measured by `python -m critbatch.noise`.
 
@@ -82,6 +83,19 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
             except json.JSONDecodeError:
                 break
     return rows
+
+
+def truncate_metrics(path: str | Path, step: int) -> None:
+    """Keep only the rows of `metrics.jsonl` up to optimizer step `step` (a resumed run
+    rewrites what came after its checkpoint); atomic, and an empty file when `step` is 0."""
+    path = Path(path)
+    rows = read_metrics(path.parent) if step > 0 and path.exists() else []
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as handle:
+        handle.write("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def validate_summary(summary: Any, where: str = "summary.json") -> dict:

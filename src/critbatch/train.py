@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import sys
 import time
-from contextlib import nullcontext, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,10 +25,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from critbatch import runs
+from critbatch import checkpoint, runs
 from critbatch.config import (
     CONF_DIR,
     Config,
+    config_differences,
     explain_compose_error,
     micro_batch_size,
     register_configs,
@@ -43,7 +45,7 @@ from critbatch.distributed import (
     mean_over_ranks,
     shutdown,
 )
-from critbatch.errors import ConfigError, CritbatchError, fail, user_errors
+from critbatch.errors import ConfigError, CritbatchError, ResultsError, fail, user_errors
 from critbatch.model import GPT, param_count
 from critbatch.noise import MicroGradNorms, NoiseEMA
 from critbatch.optim import build_optimizers, lr_factor, set_lr, used_lr
@@ -103,6 +105,9 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = list(overrides or [])
     t, m = cfg.train, cfg.model
+    resolved = asdict(cfg)
+    ckpt_path = run_dir / "checkpoint.pt"
+    ckpt = checkpoint.load(ckpt_path, resolved)  # refuses one of another config
     device, amp_dtype, compile_model = resolve_device(cfg)
     ranks = init_ranks(device.type)  # one process, or torchrun's data-parallel ranks
     if ranks.parallel and device.type == "cuda":
@@ -140,6 +145,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     micro_norms = MicroGradNorms(model.parameters(), accum) if gns_on and not ranks.parallel \
         else None
     gns = NoiseEMA(t.gns.ema, b=small, big=t.batch_size)
+    state = checkpoint.restore(ckpt, model, optimizers, gns) if ckpt else checkpoint.TrainState()
 
     log.info(
         f"data={cfg.data.name}: {data.train.size / 1e6:.2f}M train tokens, "
@@ -162,13 +168,14 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         log.info(f"data-parallel: {ranks.world} ranks x {local} sequences")
     log.info(f"gns: B_noise tracked from small batches of {small} (ema {t.gns.ema})"
              if gns_on else "gns: off (needs train.gns.enabled and >= 2 micro-batches a step)")
+    if ckpt:
+        log.info(f"resumed from {ckpt_path} at step {state.step}/{steps}")
 
-    resolved = asdict(cfg)
     metrics_path = run_dir / "metrics.jsonl"
     if ranks.main:
         runs.write_json_atomic(run_dir / "config.json",
                                {"config": resolved, "overrides": overrides})
-        metrics_path.write_text("")
+        runs.truncate_metrics(metrics_path, state.step)  # rows after the checkpoint go
 
     import wandb
     from tqdm import tqdm
@@ -177,6 +184,8 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     name = cfg.logger.name or (",".join(o for o in overrides if not o.startswith("hydra")) or
                                "defaults")
     wandb_run = wandb.init(
+        id=state.wandb_run_id,  # a resumed run continues its W&B run
+        resume="allow" if state.wandb_run_id else None,
         mode=cfg.logger.mode if ranks.main else "disabled",
         project=cfg.logger.project,
         group=wandb_group(cfg),
@@ -187,14 +196,16 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         tags=[cfg.optim.name, f"width{m.width}", cfg.scale],
         settings=wandb.Settings(console="off", silent=True),
     )
-    curve: list[dict] = []
+    curve, losses = state.curve, state.losses  # eval points; train loss per step
     pending: list[tuple] = []  # per step: step, lr, then loss, grad norm, |g_b|^2 (tensors), time
-    losses: list[float] = []
-    status, reason, diverged_step = "completed", None, None
-    t0 = time.perf_counter()
+    status, reason, diverged_step = state.status, state.status_reason, state.diverged_step
+    saver = checkpoint.Every(t.checkpoint_every_steps, t.checkpoint_every_minutes, state.step)
+    t0 = time.perf_counter() - state.elapsed_s
+    start = state.step if status == "completed" else steps  # a diverged run is over
     with wandb_run, logging_redirect_tqdm():
-        bar = tqdm(total=steps, desc="train", unit="step", disable=None if ranks.main else True)
-        for step in range(steps):
+        bar = tqdm(total=steps, initial=state.step, desc="train", unit="step",
+                   disable=None if ranks.main else True)
+        for step in range(start, steps):
             factor = lr_factor(step, steps, t)
             set_lr(optimizers, factor)
             batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)  # (B, T+1)
@@ -226,7 +237,8 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             bar.update()
 
             done = step + 1
-            if done in evals or done % t.log_every == 0 or done == steps:
+            save_now = ranks.main and done < steps and saver.due(done)  # after a flush
+            if save_now or done in evals or done % t.log_every == 0 or done == steps:
                 rows = _flush(pending, tokens_per_step)
                 pending.clear()
                 for row in rows:
@@ -264,10 +276,21 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 )
             if status == "diverged":
                 break
+            if save_now:
+                snap = checkpoint.TrainState(done, curve, losses, status, reason, diverged_step,
+                                             time.perf_counter() - t0, wandb_run.id,
+                                             state.resumed_at)
+                saver.record(done, checkpoint.save(ckpt_path, model, optimizers, resolved, gns,
+                                                   snap))
         bar.close()
 
         wall_time = time.perf_counter() - t0
         done_steps = diverged_step or steps
+        if ranks.main:  # the final checkpoint: the weights other programs read, and the state
+            snap = checkpoint.TrainState(done_steps, curve, losses, status, reason, diverged_step,
+                                         wall_time, wandb_run.id, state.resumed_at)
+            saver.record(done_steps, checkpoint.save(ckpt_path, model, optimizers, resolved, gns,
+                                                     snap))
         train_seconds = max(1e-9, wall_time - _eval_time(curve))
         final = curve[-1] if curve and status == "completed" else None
         summary = {
@@ -324,9 +347,11 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "gns_skipped": gns.skipped,  # gradient spikes left out of the averages
             "gns_ema": t.gns.ema if gns_on else None,
             "world_size": ranks.world,
+            "resumed_at": state.resumed_at,  # steps this run was resumed from (killed before)
+            "checkpoint_saves": saver.saves,  # by this process, the final one included
+            "checkpoint_time_s": saver.seconds,  # their total time
         }
         if ranks.main:
-            _save_checkpoint(run_dir / "checkpoint.pt", model, cfg, done_steps)
             runs.write_json_atomic(run_dir / "summary.json", summary)
         wandb_run.summary.update(
             {k: v for k, v in summary.items() if isinstance(v, int | float | str)}
@@ -362,13 +387,6 @@ def _flush(pending: list[tuple], tokens_per_step: int) -> list[dict]:
         }
         for (step, lr, *_, elapsed), (loss, gnorm, small_sq) in zip(pending, values, strict=True)
     ]
-
-
-def _save_checkpoint(path: Path, model: GPT, cfg: Config, step: int) -> None:
-    """Final weights plus the config that built them, written atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({"model": model.state_dict(), "config": asdict(cfg), "step": step}, tmp)
-    tmp.replace(path)
 
 
 # ---------------------------------------------------------------------------
@@ -407,24 +425,6 @@ def _cleanup_failed_run(run_dir: Path) -> None:
         run_dir.rmdir()
 
 
-IDENTITY_EXEMPT = ("logger", "train.device", "train.compile", "train.log_every", "data.cache_dir")
-
-
-def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two resolved configs (logging/device aside)."""
-    keys = []
-    for key in sorted(set(old) | set(new)):
-        dotted = f"{prefix}{key}"
-        if dotted in IDENTITY_EXEMPT:
-            continue
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            keys += config_differences(a, b, f"{dotted}.")
-        elif a != b:
-            keys.append(dotted)
-    return keys
-
-
 def finished_run(run_dir: Path, cfg: Config) -> bool:
     """True when `run_dir` already holds this config's results (completed or diverged).
 
@@ -451,6 +451,39 @@ def finished_run(run_dir: Path, cfg: Config) -> bool:
     return True
 
 
+@contextmanager
+def disk_errors():
+    """A file that cannot be written (disk full, permissions) becomes a one-line ResultsError."""
+    try:
+        yield
+    except OSError as err:
+        where = err.filename or "a file"
+        raise ResultsError(f"cannot write {where} ({err.strerror or err}); free disk space or "
+                           "fix the folder's permissions, then start the run again (it resumes "
+                           "from its last checkpoint)") from None
+
+
+def check_output_dir(args: list[str]) -> None:
+    """ConfigError unless the run (or sweep) folder can be created and written.
+
+    Hydra creates the folder before the job starts and would fail with a traceback; the
+    folder is `hydra.run.dir` / `hydra.sweep.dir` when given, else under `runs/`.
+    """
+    keys = ("hydra.sweep.dir=", "hydra.run.dir=") if any(
+        a in ("-m", "--multirun") for a in args) else ("hydra.run.dir=",)
+    given = [a.split("=", 1)[1] for a in args if a.startswith(keys)]
+    target = Path(given[-1] if given else "runs").expanduser().absolute()
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"cannot create the output folder {target}: {probe} is a file; "
+                          "choose another hydra.run.dir (or hydra.sweep.dir)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot write the output folder {target}: {probe} is not writable; "
+                          "choose another hydra.run.dir (or hydra.sweep.dir)")
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def _hydra_main(composed: DictConfig) -> None:
     """One Hydra job. In a multirun, a finished run is skipped and a failed one is
@@ -460,7 +493,7 @@ def _hydra_main(composed: DictConfig) -> None:
     overrides = list(hydra_cfg.overrides.task)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
     try:
-        with user_errors():
+        with user_errors(), disk_errors():
             cfg = to_config(composed)
             if finished_run(run_dir, cfg):
                 log.info(f"{run_dir}: already finished, skipped")
@@ -490,9 +523,10 @@ def main() -> None:
                      "hydra/hydra_logging=disabled"]
             sys.argv += extra
     plain = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
-    if not any(a.startswith("-") for a in args):  # flags (--multirun, --cfg, ...): Hydra's job
-        with user_errors():
+    with user_errors():
+        if not any(a.startswith("-") for a in args):  # flags (--multirun, --cfg, ...): Hydra's
             check_overrides(plain)
+        check_output_dir(args)
     try:
         _hydra_main()
     except KeyboardInterrupt:
