@@ -107,10 +107,13 @@ def _fsync_dir(folder: Path) -> None:
 def load(path: Path, cfg_dict: dict) -> dict | None:
     """The checkpoint at `path` if it can resume a run of `cfg_dict`; None if there is none.
 
-    Raises CheckpointError for a file that cannot be read, or that a different config
+    Temporary files left by a writer killed mid-save are removed. Raises CheckpointError
+    for a file that cannot be read, or that a different config
     wrote (naming the differing keys). A weights-only checkpoint of the old format (no
     optimizer state) cannot resume: None, and the run starts over.
     """
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # a writer killed mid-save
+        stale.unlink(missing_ok=True)
     if not path.exists():
         return None
     try:

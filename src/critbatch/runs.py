@@ -47,6 +47,32 @@ NOISE_KEYS = (
 )
 
 
+# Types of the required keys (beyond presence), so a hand-edited or foreign file is reported
+# as corrupt instead of crashing the analysis or sorting strings among numbers.
+NUMBER_KEYS = (
+    "seed", "lr", "width", "depth", "heads", "seq_len", "vocab_size", "params",
+    "params_nonembedding", "batch_size", "steps", "tokens", "warmup_steps", "bytes_per_token",
+    "val_loss", "val_loss_per_byte", "wall_time_s", "tokens_per_s",
+)
+TEXT_KEYS = ("status", "optimizer", "schedule", "data_name", "data_fingerprint")
+NOISE_NUMBER_KEYS = ("step", "tokens", "seq_len", "micro_batches", "micro_batch_size", "val_loss",
+                     "val_loss_per_byte", "g2", "trace")
+NOISE_OPTIONAL_KEYS = ("b_noise", "b_noise_tokens", "b_noise_low", "b_noise_high")
+
+
+def is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def wrong_types(record: dict, numbers: tuple, texts: tuple = (), optional: tuple = ()) -> list:
+    """'key (value)' for each key whose value has the wrong type: numbers, strings, or
+    numbers-or-null."""
+    bad = [k for k in numbers if not is_number(record[k])]
+    bad += [k for k in texts if not isinstance(record[k], str)]
+    bad += [k for k in optional if record[k] is not None and not is_number(record[k])]
+    return [f"{k} ({record[k]!r})" for k in bad]
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON to a temporary file in the same folder, fsync it, then rename over `path`."""
     path = Path(path)
@@ -116,6 +142,11 @@ def validate_summary(summary: Any, where: str = "summary.json") -> dict:
         not isinstance(p, dict) or any(k not in p for k in CURVE_KEYS) for p in curve
     ):
         raise ResultsError(f"{where} has a malformed curve; rerun the run to rewrite it")
+    bad = wrong_types(summary, NUMBER_KEYS, TEXT_KEYS, ("micro_batch_size",))
+    bad += [f"curve {x}" for p in curve for x in wrong_types(p, CURVE_KEYS)]
+    if bad:
+        raise ResultsError(f"{where} has values of the wrong type: {', '.join(bad[:3])}; "
+                           "rerun the run to rewrite it")
     return summary
 
 
@@ -145,6 +176,12 @@ def read_noise(run_dir: str | Path) -> dict | None:
     missing = [k for k in NOISE_KEYS if k not in noise]
     if missing:
         raise ResultsError(f"{path} lacks {', '.join(missing)}; rerun `make noise RUN=...`")
+    bad = wrong_types(noise, NOISE_NUMBER_KEYS, optional=NOISE_OPTIONAL_KEYS)
+    if not isinstance(noise["resolved"], bool):
+        bad.append(f"resolved ({noise['resolved']!r})")
+    if bad:
+        raise ResultsError(f"{path} has values of the wrong type: {', '.join(bad[:3])}; "
+                           "rerun `make noise RUN=...`")
     return noise
 
 

@@ -202,7 +202,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     saver = checkpoint.Every(t.checkpoint_every_steps, t.checkpoint_every_minutes, state.step)
     t0 = time.perf_counter() - state.elapsed_s
     start = state.step if status == "completed" else steps  # a diverged run is over
-    with wandb_run, logging_redirect_tqdm():
+    with finishing(wandb_run), logging_redirect_tqdm():
         bar = tqdm(total=steps, initial=state.step, desc="train", unit="step",
                    disable=None if ranks.main else True)
         for step in range(start, steps):
@@ -363,6 +363,18 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         f"tokens in {wall_time:.1f}s ({summary['tokens_per_s']:,.0f} tokens/s); {run_dir}"
     )
     return summary
+
+
+@contextmanager
+def finishing(wandb_run):
+    """Finish the W&B run on the way out; after an error, marked failed and without the
+    traceback that wandb's own `with` prints (the error itself becomes one line)."""
+    try:
+        yield wandb_run
+    except BaseException:
+        wandb_run.finish(exit_code=1)
+        raise
+    wandb_run.finish()
 
 
 def _eval_time(curve: list[dict]) -> float:
