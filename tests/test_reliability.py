@@ -246,6 +246,9 @@ def test_a_checkpoint_of_another_config_is_refused_naming_the_keys(
                                       "train.checkpoint_every_minutes=1"])
     train_module.main()
     assert runs.read_summary(run_dir)["resumed_at"] == [10]
+    # once finished, the folder is refused to another config too (and skipped for this one)
+    code, err = _main(monkeypatch, capsys, [*args, "optim.lr=0.01"])
+    assert code == 2 and "holds a finished run of a different config (optim.lr)" in err
 
 
 def test_an_unreadable_checkpoint_is_one_line(tiny_overrides, tmp_path, monkeypatch, capsys):
