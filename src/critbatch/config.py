@@ -103,7 +103,8 @@ class TrainConfig:
     # Resumable checkpoint (checkpoint.pt, see critbatch/checkpoint.py) every this many
     # optimizer steps or minutes of wall time, whichever comes first; null = never by that
     # measure. A run always saves at its end. 10 min keeps the cost far below 1% of a run
-    # (a save takes ~0.03 s at the cpu preset); a killed run loses at most that much work.
+    # (measured at the cpu preset: 19 ms per 2.8 MB save, 0.25% of the run even when saving
+    # every 25 steps); a killed run loses at most that much work.
     checkpoint_every_steps: int | None = None  # optimizer steps
     checkpoint_every_minutes: float | None = 10.0  # minutes of wall time
     gns: GNSConfig = field(default_factory=GNSConfig)  # online gradient noise scale
