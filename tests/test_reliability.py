@@ -359,3 +359,12 @@ def test_a_diverging_lr_in_a_sweep_is_left_out_by_name(tiny_overrides, tmp_path)
     row = next(line for line in text.splitlines() if diverged in line)
     assert "| diverged |" in row and "at step" in row
 
+
+
+def test_a_field_added_to_the_schema_later_is_not_a_difference():
+    from critbatch.config import config_differences
+
+    old = {"train": {"batch_size": 8}, "model": {"width": 32}}
+    new = {"train": {"batch_size": 8, "new_setting": 3}, "model": {"width": 32}}
+    assert config_differences(old, new) == []
+    assert config_differences(old, {**new, "model": {"width": 64}}) == ["model.width"]

@@ -175,11 +175,15 @@ IDENTITY_EXEMPT = ("logger", "train.device", "train.compile", "train.log_every",
 
 
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two resolved configs (logging/device aside)."""
+    """Dotted keys whose values differ between two resolved configs (logging/device aside).
+
+    A key missing from `old` is a field added to the schema after that run was made; it
+    is not a difference (so finished runs stay valid when critbatch gains a setting).
+    """
     keys = []
     for key in sorted(set(old) | set(new)):
         dotted = f"{prefix}{key}"
-        if dotted in IDENTITY_EXEMPT:
+        if dotted in IDENTITY_EXEMPT or key not in old:
             continue
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
