@@ -450,6 +450,8 @@ def bench_train(opts: Options) -> dict:
         cfg = compose(preset, opts, f"train.tokens={steps * b * seq}", "train.eval_points=1",
                       f"train.eval_tokens={seq}", "train.warmup_steps=2")
         data = prepare_data(cfg.data)
+        if resolve_device(cfg)[2]:  # compiled: fill the compile caches before timing
+            minimal_loop(cfg, data, 2)
         trainer, minimal = [], []
         with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
             for r in range(repeats):
