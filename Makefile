@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
 SCALE ?= auto
-JOBS ?= 1
+JOBS ?= auto
 OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help

@@ -95,7 +95,7 @@ def test_a_tiny_sweep_through_submitit_local(corpus_dir, cache_dir, tmp_path):
 
 def _sweep(cwd: Path, cache_dir: Path, **kw) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
-           "adamw", f"data.cache_dir={cache_dir}", "logger.mode=disabled"]
+           "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled"]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, **kw)
 
@@ -130,3 +130,14 @@ def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_
     assert time.perf_counter() - start < 30
     assert "18 already complete, 0 to train" in out
     assert "step:" not in out  # nothing was trained
+
+
+def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():
+    from critbatch.errors import ConfigError
+    from critbatch.sweep import parse_jobs
+
+    assert parse_jobs("auto", "gpu") == 1
+    assert parse_jobs("auto", "cpu") == max(1, os.cpu_count() or 1)
+    assert parse_jobs("3", "cpu") == 3
+    with pytest.raises(ConfigError, match="JOBS=0"):
+        parse_jobs("0", "cpu")

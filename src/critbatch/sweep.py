@@ -243,6 +243,19 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     return len(problems)
 
 
+def parse_jobs(jobs: str, scale: str) -> int:
+    """JOBS: a count, or `auto` = one single-threaded job per core on CPU, one job on a GPU.
+
+    Measured on 2 cores (cpu preset, width 64): two 1-thread jobs train ~1.4x the tokens/s
+    of one 2-thread job; these small models do not use two threads well.
+    """
+    if jobs == "auto":
+        return 1 if scale == "gpu" else max(1, os.cpu_count() or 1)
+    if not jobs.isdigit() or int(jobs) < 1:
+        raise ConfigError(f"JOBS={jobs} must be a positive number or auto")
+    return int(jobs)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m critbatch.sweep",
@@ -250,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("experiment", choices=sorted(EXPERIMENTS))
     parser.add_argument("--scale", default="auto", help="auto | smoke | cpu | gpu (default auto)")
-    parser.add_argument("--jobs", type=int, default=1, help="training jobs at once (default 1)")
+    parser.add_argument("--jobs", default="auto",
+                        help="training jobs at once; auto: one per core on CPU, 1 on GPU")
     parser.add_argument("--opt", default="adamw,muon", help="optimizers, comma-separated")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_intermixed_args(argv)
@@ -259,11 +273,10 @@ def main(argv: list[str] | None = None) -> None:
         for name in optimizers:
             if name not in ("adamw", "muon"):
                 raise ConfigError(f"OPT={args.opt}: '{name}' is not adamw or muon")
-        if args.jobs < 1:
-            raise ConfigError(f"JOBS={args.jobs} must be at least 1")
         if args.scale not in ("auto", "smoke", "cpu", "gpu"):
             raise ConfigError(f"SCALE={args.scale} is not one of auto, smoke, cpu, gpu")
-        failed = run_experiment(args.experiment, args.scale, args.jobs, optimizers,
+        scale = resolve_scale(args.scale)
+        failed = run_experiment(args.experiment, scale, parse_jobs(args.jobs, scale), optimizers,
                                 args.overrides)
     raise SystemExit(1 if failed else 0)
 
