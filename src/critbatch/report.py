@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch import bcrit
+from critbatch import bcrit, runs
 from critbatch.errors import ResultsError
 from critbatch.runs import latest_sweep_dir, load_runs, load_wandb_runs, write_json_atomic
 
@@ -502,13 +501,8 @@ def wandb_group(groups: list[dict]) -> str:
     names = Counter()
     for g in groups:
         run_dir = Path(g["cells"][0].run_dir) if g["cells"] else None
-        logger_group = None
-        if run_dir is not None and (run_dir / "config.json").exists():
-            try:
-                config = json.loads((run_dir / "config.json").read_text())["config"]
-                logger_group = config["logger"]["group"]
-            except (ValueError, KeyError, TypeError):
-                logger_group = None
+        config = runs.read_config(run_dir) if run_dir is not None else None
+        logger_group = (config.get("logger") or {}).get("group") if config else None
         names[logger_group or g["sweep"] or "single"] += g["n_runs"]
     return names.most_common(1)[0][0] if names else "single"
 

@@ -162,6 +162,14 @@ def read_summary(run_dir: str | Path) -> dict:
     return validate_summary(summary, str(path))
 
 
+def read_config(run_dir: str | Path) -> dict | None:
+    """The resolved config a run saved in `config.json`; None when missing or unreadable."""
+    try:
+        return json.loads((Path(run_dir) / "config.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def read_noise(run_dir: str | Path) -> dict | None:
     """Load and validate `<run_dir>/noise.json`; None when the run has none."""
     path = Path(run_dir) / "noise.json"

@@ -103,29 +103,20 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
     return jobs
 
 
-def measure_tokens_per_s(cfg: Config, batch_size: int, seconds: float = 1.0) -> float:
-    """Training tokens/s of `cfg`'s model at `batch_size`, timed on random tokens."""
-    import torch
+def measure_tokens_per_s(cfg: Config, seconds: float = 0.5) -> float:
+    """Training tokens/s of `cfg` (model, batch, optimizer) on random tokens, on the bench device.
 
-    from critbatch.model import GPT
-    from critbatch.optim import build_optimizers
+    Uses the benchmark's training step, so the estimate and `make bench` time the same thing.
+    """
+    from critbatch.bench import Stepper, bench_device
 
-    m = cfg.model
-    model = GPT(m, cfg.data.vocab_size)
-    (opt, *rest) = build_optimizers(model, cfg.optim, batch_size, "cpu")
-    micro = min(batch_size, cfg.train.micro_batch_size or batch_size)
-    x = torch.randint(0, cfg.data.vocab_size, (micro, m.seq_len + 1))
-    steps, start = 0, None
-    while start is None or time.perf_counter() - start < seconds:
-        if steps == 1:
-            start = time.perf_counter()  # the first step warms up
-        for _ in range(batch_size // micro):
-            model(x[:, :-1], x[:, 1:]).backward()
-        for o in (opt, *rest):
-            o.step()
-            o.zero_grad(set_to_none=True)
+    stepper = Stepper(cfg, bench_device())
+    stepper.step()  # warm-up
+    steps, elapsed = 0, 0.0
+    while elapsed < seconds:
+        elapsed += sum(stepper.step())
         steps += 1
-    return (steps - 1) * batch_size * m.seq_len / (time.perf_counter() - start)
+    return steps * cfg.train.batch_size * cfg.model.seq_len / elapsed
 
 
 def estimate_seconds(jobs: list[Job]) -> float:
@@ -136,7 +127,7 @@ def estimate_seconds(jobs: list[Job]) -> float:
         m, t = job.cfg.model, job.cfg.train
         key = (m.width, m.depth, m.heads, m.seq_len, t.batch_size, job.cfg.data.vocab_size)
         if key not in rates:
-            rates[key] = measure_tokens_per_s(job.cfg, t.batch_size, seconds=0.5)
+            rates[key] = measure_tokens_per_s(job.cfg)
         total += job.tokens / rates[key] + RUN_OVERHEAD_S
     return total
 

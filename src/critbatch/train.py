@@ -7,7 +7,6 @@ helper or a module of the package (data, model, optim, noise, runs).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -293,6 +292,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                                                      snap))
         train_seconds = max(1e-9, wall_time - _eval_time(curve))
         final = curve[-1] if curve and status == "completed" else None
+        versions = runs.package_versions()
         summary = {
             "schema_version": runs.SCHEMA_VERSION,
             "status": status,
@@ -322,7 +322,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "data_name": cfg.data.name,
             "data_fingerprint": data.fingerprint,
             "git_revision": runs.git_revision(),
-            "critbatch_version": runs.package_versions()["critbatch"],
+            "critbatch_version": versions["critbatch"],
             # beyond the required keys
             "scale": cfg.scale,
             "status_reason": reason,
@@ -333,7 +333,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "dtype": str(amp_dtype).removeprefix("torch."),
             "compile": compile_model,
             "overrides": overrides,
-            "versions": runs.package_versions(),
+            "versions": versions,
             "wandb_run_id": wandb_run.id if cfg.logger.mode != "disabled" else None,
             # online gradient noise scale (EMA at the end; None when off or not resolved)
             "b_noise": gns.b_noise,  # sequences
@@ -447,9 +447,8 @@ def finished_run(run_dir: Path, cfg: Config) -> bool:
         runs.read_summary(run_dir)
     except CritbatchError:
         return False
-    try:
-        saved = json.loads((run_dir / "config.json").read_text())["config"]
-    except (OSError, ValueError, KeyError):
+    saved = runs.read_config(run_dir)
+    if saved is None:
         return False  # results without their config: train again
     differing = config_differences(
         {k: v for k, v in saved.items() if k != "grid"},
