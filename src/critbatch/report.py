@@ -23,9 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch import bcrit, runs
+from critbatch import bcrit
 from critbatch.errors import ResultsError
-from critbatch.runs import latest_sweep_dir, load_runs, load_wandb_runs, write_json_atomic
+from critbatch.runs import (
+    latest_sweep_dir,
+    load_runs,
+    load_wandb_runs,
+    read_config,
+    write_json_atomic,
+)
 
 MAX_PANELS = 6  # groups drawn per figure (more make the plots slow and unreadable)
 PLOTS = {
@@ -501,7 +507,7 @@ def wandb_group(groups: list[dict]) -> str:
     names = Counter()
     for g in groups:
         run_dir = Path(g["cells"][0].run_dir) if g["cells"] else None
-        config = runs.read_config(run_dir) if run_dir is not None else None
+        config = read_config(run_dir) if run_dir is not None else None
         logger_group = (config.get("logger") or {}).get("group") if config else None
         names[logger_group or g["sweep"] or "single"] += g["n_runs"]
     return names.most_common(1)[0][0] if names else "single"
