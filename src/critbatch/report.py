@@ -25,6 +25,7 @@ import numpy as np
 
 from critbatch import bcrit
 from critbatch.errors import ResultsError
+from critbatch.plotting import empty_axes, label_axes, log_axes, save_figure
 from critbatch.runs import (
     latest_sweep_dir,
     load_runs,
@@ -321,35 +322,6 @@ def _panels(groups: list[dict], title: str):
     return fig, list(zip(shown, axes.flat, strict=False))
 
 
-def _log(ax, x: bool = True, y: bool = False) -> None:
-    """Log scale without minor tick labels (they overlap over a decade or less)."""
-    from matplotlib.ticker import NullFormatter
-
-    for on, axis, set_scale in ((x, ax.xaxis, ax.set_xscale), (y, ax.yaxis, ax.set_yscale)):
-        if on:
-            set_scale("log")
-            axis.set_minor_formatter(NullFormatter())
-
-
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, wrap=True)
-
-
-def _label(ax, xlabel: str, ylabel: str, title: str, legend: bool = True) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    if legend:
-        ax.legend(fontsize=7)
-
-
-def _save(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
@@ -374,9 +346,9 @@ def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
                     if a < b:
                         x = np.geomspace(a, b, 30)
                         ax.plot(x, [curve.loss_at(v)[0] for v in x], "k--", lw=1)
-        _log(ax)
-        _label(ax, "tokens seen", "final validation loss (nats/token)", g["name"])
-    _save(fig, path)
+        log_axes(ax)
+        label_axes(ax, "tokens seen", "final validation loss (nats/token)", g["name"])
+    save_figure(fig, path)
 
 
 def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
@@ -390,10 +362,10 @@ def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
         for color, c in zip(colors, cs, strict=False):
             ax.plot(c.lrs, c.losses, "o-", color=color, label=f"B={c.batch_size}")
             ax.plot([c.lr], [c.loss], "*", color=color, ms=10)
-        _log(ax)
-        _label(ax, "peak learning rate", "final validation loss (nats/token)",
+        log_axes(ax)
+        label_axes(ax, "peak learning rate", "final validation loss (nats/token)",
                f"{g['name']}, {budget:,} tokens (star: refined optimum)")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_effective_tokens(groups: list[dict], path: Path) -> None:
@@ -403,7 +375,7 @@ def plot_effective_tokens(groups: list[dict], path: Path) -> None:
     for g, ax in panels:
         rows = [r for r in g["per_run"] if r["effective_tokens"]]
         if not rows:
-            _empty(ax, "no baseline: no effective tokens")
+            empty_axes(ax, "no baseline: no effective tokens")
         budgets = sorted({r["tokens"] for r in rows})
         labelled = False
         colors = plt.cm.plasma(np.linspace(0, 0.8, max(1, len(budgets))))
@@ -417,10 +389,10 @@ def plot_effective_tokens(groups: list[dict], path: Path) -> None:
                     mfc="none", mec="k", ms=10,
                     label="extrapolated" if ext and not labelled else None)
             labelled = labelled or bool(ext)
-        _log(ax, x=True, y=True)
-        _label(ax, "batch size (sequences)", "effective tokens (baseline tokens)",
+        log_axes(ax, x=True, y=True)
+        label_axes(ax, "batch size (sequences)", "effective tokens (baseline tokens)",
                f"{g['name']} (dotted: tokens seen)", legend=bool(rows))
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_pareto(groups: list[dict], path: Path) -> None:
@@ -430,7 +402,7 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
     for g, ax in panels:
         seq_len = g["key"]["seq_len"]
         if not g["pareto"]:
-            _empty(ax, "no Pareto frontier:\nneeds two batch sizes\nwith several budgets")
+            empty_axes(ax, "no Pareto frontier:\nneeds two batch sizes\nwith several budgets")
         colors = plt.cm.cividis(np.linspace(0, 0.9, max(1, len(g["pareto"]))))
         for color, p in zip(colors, g["pareto"], strict=False):
             ax.plot(p["tokens"], p["steps"], "o", color=color,
@@ -439,10 +411,10 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
                 b = np.geomspace(min(p["batch_sizes"]) / 3, max(p["batch_sizes"]) * 3, 60)
                 s = p["s_min"] + p["e_min"] / b
                 ax.plot(s * b * seq_len, s, "-", color=color, lw=1)
-        _log(ax, x=True, y=True)
-        _label(ax, "tokens E to reach the target loss", "optimizer steps S", g["name"],
+        log_axes(ax, x=True, y=True)
+        label_axes(ax, "tokens E to reach the target loss", "optimizer steps S", g["name"],
                legend=bool(g["pareto"]))
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
@@ -468,13 +440,13 @@ def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
                 label="Kaplan et al. 2020: 2e8 / L^4.8")
         ax.legend(fontsize=8)
     else:
-        _empty(ax, "no B_crit estimate yet")
-    _log(ax, x=True, y=True)
+        empty_axes(ax, "no B_crit estimate yet")
+    log_axes(ax, x=True, y=True)
     if points:  # a loss range is less than a decade: label it explicitly
         ticks = np.unique(np.round(np.geomspace(grid[0], grid[-1], 6), 2))
         ax.set_xticks(ticks, labels=[f"{t:g}" for t in ticks])
-    _label(ax, "loss L (nats/token)", "B_crit (tokens)", PLOTS["bcrit_vs_loss"], legend=False)
-    _save(fig, path)
+    label_axes(ax, "loss L (nats/token)", "B_crit (tokens)", PLOTS["bcrit_vs_loss"], legend=False)
+    save_figure(fig, path)
 
 
 def write_plots(result: dict, out: Path) -> dict[str, str]:
