@@ -1,0 +1,1040 @@
+"""The small-batch stability study (science.md section 6): analysis and report.
+
+Science.md section 6: `Var(g_B) = Var(g_1) / B`, so the smallest batches take the noisiest
+steps. Below about 8 sequences even Adam can diverge (its second-moment estimate is too
+noisy), 8-16 converge slowly, 32 and more are stable. Gradient accumulation over k
+micro-batches of m sequences computes exactly the gradient of a batch of k*m (it only saves
+memory), so its loss curve must match the plain batch to float precision. The classic study:
+batch sizes 1, 4, 16, 64, 256; the learning rate tuned at 64 and carried to the others by the
+square-root rule; 500 steps; loss and gradient norm logged every step; 16 x 4 accumulated
+against a plain 64.
+
+The sweeps write three stages, `runs/<stage>/<scale>/<override_dirname>/`:
+
+- `stability_lr`     the lr grid at the base batch (64), one run per lr per optimizer;
+- `stability`        every batch size at the tuned lr, scaled by `optim.lr_scaling`;
+- `stability_accum`  the base batch computed as micro-batches (gradient accumulation).
+
+`run_analysis` (what `analysis/stability.py` calls) loads them and writes a report folder:
+
+- `report.md`       the question, the inputs, the rules, the tables, the verdicts, warnings;
+- `stability.json`  the same numbers, machine-readable (strict JSON: NaN and inf are null);
+- `train_loss.png`, `grad_norm.png`, `accumulation.png`, `lr_tuning.png`.
+
+Between loading (`load_stability_runs`) and writing, everything is a pure function of the
+loaded runs (`analyse`). Units: batch sizes in sequences, losses in nats/token (nats/byte when
+the name ends in `_per_byte`), steps are optimizer steps. Never imports torch or the trainer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from critbatch import report
+from critbatch.errors import ResultsError
+from critbatch.plotting import empty_axes, label_axes, log_axes, save_figure
+from critbatch.report import json_clean, md_table
+from critbatch.runs import is_finite, is_number, load_runs, read_metrics, write_json_atomic
+
+SCHEMA_VERSION = 1  # of stability.json
+LR_STAGE, BATCH_STAGE, ACCUM_STAGE = "stability_lr", "stability", "stability_accum"
+STAGES = (LR_STAGE, BATCH_STAGE, ACCUM_STAGE)
+DEFAULT_BASE_BATCH = 64  # sequences: the tuned batch when no summary names base_batch_size
+
+TAIL_STEPS = 100  # steps in the tail window (the last half of a run planned shorter than 200)
+UNSTABLE_RATIO = 3.0  # a tail statistic this many times the reference's is "unstable"
+UNSTABLE_CV_FLOOR = 0.1  # ... when the grad-norm CV itself is at least this
+UNSTABLE_CV_ABSOLUTE = 1.0  # a grad-norm CV above this is unstable whatever the reference
+ACCUM_FIRST_STEPS = 10  # steps over which accumulation must match the plain batch
+ACCUM_TOLERANCE = 1e-5  # relative train-loss difference allowed over those steps
+ACCUM_DEVIATION = 1e-4  # "the curves separate": the first step whose difference exceeds this
+LR_RTOL = 1e-6  # relative tolerance when comparing learning rates read back from JSON
+MAX_PANELS = 6  # groups drawn per figure
+MAX_ACCUM_ROWS = 4  # accumulation comparisons drawn
+
+VERDICTS = ("stable", "unstable", "diverged")
+MATCHES, DIFFERS, NO_PLAIN, NOT_COMPARABLE = (
+    "matches to float tolerance", "differs beyond float tolerance", "no plain run",
+    "not comparable")
+
+RULES = {
+    "tail_window": (
+        f"the last {TAIL_STEPS} steps of a run, or the last half of the steps planned when a run "
+        f"plans fewer than {2 * TAIL_STEPS}; a run that stopped early uses its last rows, up to "
+        "that many; means and variances over the tail are population ones (divided by n)"),
+    "diverged": (
+        "the trainer stopped the run (status diverged), or a train loss, a grad norm or the final "
+        "validation loss is non-finite, or the mean train loss over the tail is above the "
+        "first step's train loss"),
+    "unstable": (
+        f"not diverged, and: the tail's grad-norm coefficient of variation CV = std/mean is above "
+        f"{UNSTABLE_CV_ABSOLUTE:g}; or, against the reference (the group's first run at the base "
+        f"batch that did not diverge), the CV is above {UNSTABLE_RATIO:g}x the reference's and "
+        f"above {UNSTABLE_CV_FLOOR:g}, or the tail's loss noise B x Var is above "
+        f"{UNSTABLE_RATIO:g}x the reference's (Var: variance of the train loss around a parabola "
+        "fitted over the tail, B the batch in sequences)"),
+    "stable": "neither diverged nor unstable",
+    "accumulation": (
+        f"{MATCHES} when the largest relative train-loss difference |accum - plain| / |plain| "
+        f"over the first {ACCUM_FIRST_STEPS} steps is below {ACCUM_TOLERANCE:g}; else "
+        f"{DIFFERS}. The plain run has the same optimizer, model, data, seed, batch size and lr "
+        "used (stage stability first, then stability_lr; the same lr_scaling preferred)"),
+}
+THRESHOLDS = {
+    "tail_steps": TAIL_STEPS, "unstable_ratio": UNSTABLE_RATIO,
+    "unstable_cv_floor": UNSTABLE_CV_FLOOR, "unstable_cv_absolute": UNSTABLE_CV_ABSOLUTE,
+    "accum_first_steps": ACCUM_FIRST_STEPS, "accum_tolerance": ACCUM_TOLERANCE,
+    "accum_deviation": ACCUM_DEVIATION,
+}
+WHY_UNSTABLE = (
+    "Why these statistics: when sampling noise dominates the gradient (small B), "
+    "|g_B|^2 ~ tr(Sigma)/B is the squared norm of a high-dimensional noise vector, whose "
+    "coefficient of variation sqrt(2 tr(Sigma^2))/tr(Sigma) does not depend on B; a grad-norm "
+    "CV several times the reference's is therefore not the small batch's expected noise but "
+    "spikes or oscillation. A step's train loss averages B independent sequences, so its "
+    "sampling variance is Var_1/B and B x Var is the same at every batch size for a stable run; "
+    "the fitted parabola is removed first because a loss that is still falling is a trend, "
+    "not noise.")
+PLOTS = {
+    "train_loss": "Train loss versus step per batch size (faint: every step; solid: moving "
+                  "average)",
+    "grad_norm": "Gradient norm before clipping versus step per batch size (faint: every step; "
+                 "solid: moving average)",
+    "accumulation": "Gradient accumulation versus the plain batch: train loss and its "
+                    "difference",
+    "lr_tuning": "Final validation loss versus learning rate at the base batch",
+}
+GROUP_KEYS = ("name", "scale", "optimizer", "lr_scaling", "base_batch_size", "base_lr",
+              "tail_window", "lr_tuning", "per_batch", "accumulation", "warnings")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs
+
+
+def stage_scale(path: str | Path) -> tuple[Path, str] | None:
+    """(runs root, scale) when `path` lies in `<root>/<stage>/<scale>/...` of a stability
+    stage; else None."""
+    parts = Path(path).resolve().parts
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] in STAGES:
+            return Path(*parts[:i]), parts[i + 1]
+    return None
+
+
+def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], Path, str]:
+    """The stage folders of the most recently written scale under `runs_root`.
+
+    Returns (paths, report folder `runs/stability/<scale>/report`, a sentence saying so). The
+    scale is the one whose newest summary.json, over the three stages, is the most recent.
+    """
+    root = Path(runs_root)
+    newest: dict[str, float] = {}
+    for stage in STAGES:
+        for path in root.glob(f"{stage}/*/*/summary.json"):
+            scale = path.parent.parent.name
+            newest[scale] = max(newest.get(scale, 0.0), path.stat().st_mtime)
+    if not newest:
+        raise ResultsError(f"no stability runs under {root}/ (looked in "
+                           f"{', '.join(f'{s}/<scale>/' for s in STAGES)}); pass run "
+                           "directories, or run the stability sweep first")
+    scale = max(newest, key=newest.get)
+    paths = [root / stage / scale for stage in STAGES if (root / stage / scale).is_dir()]
+    sentence = ("no paths given: analysing the latest stability study, "
+                + " and ".join(str(p) for p in paths))
+    return paths, root / BATCH_STAGE / scale / "report", sentence
+
+
+def default_out(paths: list[Path]) -> Path:
+    """`<root>/stability/<scale>/report` when every path lies in a stage folder of one scale;
+    otherwise `<common folder>/report`, as the B_crit report does."""
+    found = {stage_scale(p) for p in paths}
+    if len(found) == 1 and None not in found:
+        root, scale = found.pop()
+        return root / BATCH_STAGE / scale / "report"
+    return report.default_out(paths)
+
+
+def clean_metrics(rows: list) -> list[dict]:
+    """Per-step rows sorted by step, one per step (the last written wins), with `train_loss`
+    and `grad_norm` as floats (NaN when missing or not a number)."""
+    by_step: dict[int, dict] = {}
+    for row in rows:
+        if isinstance(row, dict) and is_number(row.get("step")):
+            by_step[int(row["step"])] = {
+                **row, "step": int(row["step"]),
+                "train_loss": _num(row.get("train_loss")), "grad_norm": _num(row.get("grad_norm"))}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def load_stability_runs(paths: list[str | Path]) -> dict:
+    """Read the runs under `paths` (`runs.load_runs`) and each run's `metrics.jsonl`.
+
+    Returns {"runs", "left_out", "warnings"} like `load_runs`; each run gains `stage` (its
+    sweep) and `metrics` (clean per-step rows; [] when metrics.jsonl is missing, with a
+    warning). A run of another sweep is left out with reason "other sweep".
+    """
+    loaded = load_runs(paths, progress=False)
+    runs, left_out, warnings = [], list(loaded["left_out"]), list(loaded["warnings"])
+    for run in loaded["runs"]:
+        if run.get("sweep") not in STAGES:
+            left_out.append({"run_dir": run["run_dir"], "reason": "other sweep",
+                             "detail": f"sweep {run.get('sweep')!r} is not a stability stage "
+                                       f"({', '.join(STAGES)})"})
+            continue
+        try:
+            rows = clean_metrics(read_metrics(run["run_dir"]))
+            problem = None if rows else "metrics.jsonl holds no rows"
+        except FileNotFoundError:
+            rows, problem = [], "no metrics.jsonl"
+        except (OSError, UnicodeDecodeError) as err:
+            rows, problem = [], f"metrics.jsonl unreadable ({type(err).__name__})"
+        if problem:
+            warnings.append(f"{run['run_dir']}: {problem}; its verdict rests on summary.json "
+                            "alone")
+        runs.append({**run, "stage": run["sweep"], "metrics": rows})
+    return {"runs": runs, "left_out": left_out, "warnings": warnings}
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics of one run
+
+
+def _num(x: Any) -> float:
+    return float(x) if is_number(x) else math.nan
+
+
+def tail_window(planned_steps: int) -> int:
+    """Steps in the tail window: `TAIL_STEPS`, or half the planned steps when a run plans
+    fewer than `2 * TAIL_STEPS` (at least 1)."""
+    return max(1, min(TAIL_STEPS, planned_steps // 2))
+
+
+def detrended_variance(steps: np.ndarray, values: np.ndarray) -> float:
+    """Population variance of `values` around their least-squares parabola in `steps`.
+
+    The step-to-step noise of a train loss that is still falling, without its trend (a slope
+    and a bend: over a tail window a decaying loss is close to a parabola, and a straight line
+    alone would leave its curvature in the residuals). NaN with fewer than 4 points or any
+    non-finite value.
+    """
+    if len(values) < 4 or not np.all(np.isfinite(values)):
+        return math.nan
+    x = (steps - steps.mean()) / steps.std()
+    residuals = values - np.polyval(np.polyfit(x, values, 2), x)
+    return float(np.mean(residuals ** 2))
+
+
+def tail_stats(rows: list[dict], window: int, batch_size: int) -> dict:
+    """What the verdicts read from a run's per-step rows (clean, sorted by step).
+
+    Over the whole run: the first and final train loss, the largest grad norm (NaN ignored),
+    the first step with a non-finite loss or grad norm. Over the tail (the last `window`
+    rows): the population mean and variance of the train loss and of the grad norm, the
+    grad norm's coefficient of variation std/mean, and the loss noise `B x Var` (Var: see
+    `detrended_variance`; B x Var is batch-independent for a stable run, science.md section 6:
+    Var(g_B) = Var(g_1) / B).
+    """
+    steps = np.array([r["step"] for r in rows], dtype=float)
+    loss = np.array([r["train_loss"] for r in rows], dtype=float)
+    gnorm = np.array([r["grad_norm"] for r in rows], dtype=float)
+    bad = ~(np.isfinite(loss) & np.isfinite(gnorm))
+    t_steps, t_loss, t_gnorm = steps[-window:], loss[-window:], gnorm[-window:]
+    with np.errstate(all="ignore"):
+        gn_mean, gn_var = float(np.mean(t_gnorm)), float(np.var(t_gnorm))
+        cv = math.sqrt(gn_var) / gn_mean if gn_mean > 0 else math.nan
+        finite_gn = gnorm[~np.isnan(gnorm)]
+        return {
+            "n_steps_logged": len(rows),
+            "first_train_loss": float(loss[0]),
+            "final_train_loss": float(loss[-1]),
+            "first_nonfinite_step": int(steps[bad][0]) if bad.any() else None,
+            "max_grad_norm": float(finite_gn.max()) if finite_gn.size else math.nan,
+            "tail_steps": len(t_steps),
+            "tail_first_step": int(t_steps[0]),
+            "tail_last_step": int(t_steps[-1]),
+            "tail_mean_train_loss": float(np.mean(t_loss)),
+            "tail_var_train_loss": float(np.var(t_loss)),
+            "tail_mean_grad_norm": gn_mean,
+            "tail_var_grad_norm": gn_var,
+            "grad_norm_cv": cv,
+            "loss_noise": batch_size * detrended_variance(t_steps, t_loss),
+        }
+
+
+EMPTY_STATS = {k: None for k in (
+    "first_train_loss", "final_train_loss", "first_nonfinite_step", "max_grad_norm",
+    "tail_steps", "tail_first_step", "tail_last_step", "tail_mean_train_loss",
+    "tail_var_train_loss", "tail_mean_grad_norm", "tail_var_grad_norm", "grad_norm_cv",
+    "loss_noise")} | {"n_steps_logged": 0}
+
+
+def batch_row(run: dict, window: int) -> dict:
+    """One run of the stability stage as a per-batch row: its summary's numbers, its tail
+    statistics (`tail_stats`; None without metrics) and, later, its verdict."""
+    stats = tail_stats(run["metrics"], window, run["batch_size"]) if run["metrics"] else (
+        dict(EMPTY_STATS))
+    return {
+        "run_dir": run["run_dir"], "stage": run["stage"], "seed": run["seed"],
+        "batch_size": run["batch_size"], "micro_batch_size": run["micro_batch_size"],
+        "lr": run["lr"], "base_lr": run.get("base_lr"), "lr_scaling": run.get("lr_scaling"),
+        "steps": run["steps"], "status": run["status"], "status_reason": run.get("status_reason"),
+        "diverged_step": run.get("diverged_step"), "val_loss": run["val_loss"],
+        "val_loss_per_byte": run["val_loss_per_byte"], **stats,
+        "grad_norm_cv_ratio": None, "loss_noise_ratio": None,
+        "verdict": None, "verdict_reason": None,
+    }
+
+
+def divergence(row: dict) -> str | None:
+    """Why a per-batch row counts as diverged (RULES["diverged"]), or None."""
+    if row["status"] == "diverged":
+        why = f" ({row['status_reason']})" if row.get("status_reason") else ""
+        return f"the trainer stopped it at step {row.get('diverged_step')}{why}"
+    if row["first_nonfinite_step"] is not None:
+        return f"non-finite train loss or grad norm at step {row['first_nonfinite_step']}"
+    if not is_finite(row["val_loss"]):
+        return "non-finite final validation loss"
+    tail, first = row["tail_mean_train_loss"], row["first_train_loss"]
+    if tail is not None and first is not None and tail > first:
+        return f"tail mean train loss {tail:.4f} > first-step train loss {first:.4f}"
+    return None
+
+
+def _ratio(x: float | None, ref: float | None) -> float | None:
+    if is_finite(x) and is_finite(ref) and ref > 0:
+        return x / ref
+    return None
+
+
+def instability(row: dict) -> str | None:
+    """Why a non-diverged row counts as unstable (RULES["unstable"]), or None. Reads the
+    ratios to the reference that `analyse_group` filled in."""
+    cv, cv_ratio, noise_ratio = row["grad_norm_cv"], row["grad_norm_cv_ratio"], (
+        row["loss_noise_ratio"])
+    reasons = []
+    if is_finite(cv) and cv > UNSTABLE_CV_ABSOLUTE:
+        reasons.append(f"tail grad-norm CV {cv:.3g} > {UNSTABLE_CV_ABSOLUTE:g}")
+    elif cv_ratio is not None and cv_ratio > UNSTABLE_RATIO and cv > UNSTABLE_CV_FLOOR:
+        reasons.append(f"tail grad-norm CV {cv:.3g} is {cv_ratio:.1f}x the reference's")
+    if noise_ratio is not None and noise_ratio > UNSTABLE_RATIO:
+        reasons.append(f"tail loss noise B x Var {row['loss_noise']:.3g} is {noise_ratio:.1f}x "
+                       "the reference's")
+    return "; ".join(reasons) or None
+
+
+# ---------------------------------------------------------------------------------------------
+# Learning-rate tuning at the base batch
+
+
+def lr_tuning(runs: list[dict], base_batch_size: int) -> dict:
+    """The lr grid at the base batch: final validation loss per lr, the best lr marked.
+
+    Runs at the same lr (seeds, several lr_scaling values) are averaged over those that
+    completed with a finite loss; an lr where none did counts as diverged. The best lr is the
+    grid minimum; `edge` says "low"/"high" when it is the smallest/largest lr of the grid
+    (the optimum may lie beyond it: science.md section 5), "single" for a one-lr grid, else
+    None. Returns {optimizer, batch_sizes, rows: [{lr, val_loss, val_loss_per_byte, status,
+    n_runs, run_dirs, best}], best_lr, best_val_loss, edge, warnings}.
+    """
+    by_lr: dict[float, list[dict]] = defaultdict(list)
+    for run in runs:
+        key = next((k for k in by_lr if math.isclose(k, run["lr"], rel_tol=LR_RTOL)), run["lr"])
+        by_lr[key].append(run)
+    rows, warnings = [], []
+    for lr in sorted(by_lr):
+        group = by_lr[lr]
+        ok = [r for r in group if r["status"] == "completed" and is_finite(r["val_loss"])]
+        rows.append({
+            "lr": lr,
+            "val_loss": float(np.mean([r["val_loss"] for r in ok])) if ok else math.nan,
+            "val_loss_per_byte": (float(np.mean([r["val_loss_per_byte"] for r in ok]))
+                                  if ok else math.nan),
+            "status": "completed" if ok else "diverged", "n_runs": len(group),
+            "run_dirs": sorted(r["run_dir"] for r in group), "best": False})
+        if len(ok) > 1:
+            warnings.append(f"{len(ok)} runs at lr {lr:.3g}: their mean val loss is used")
+    optimizer = runs[0]["optimizer"]
+    batch_sizes = sorted({r["batch_size"] for r in runs})
+    if batch_sizes != [base_batch_size]:
+        warnings.append(f"lr-tuning runs at batch sizes {batch_sizes}, expected only the base "
+                        f"batch {base_batch_size}")
+    finite = [r for r in rows if is_finite(r["val_loss"])]
+    best = min(finite, key=lambda r: r["val_loss"]) if finite else None
+    edge = None
+    if best is None:
+        warnings.append(f"every lr of the {optimizer} grid diverged: no tuned lr")
+    else:
+        best["best"] = True
+        grid = f"{rows[0]['lr']:.3g}..{rows[-1]['lr']:.3g}"
+        if len(rows) == 1:
+            edge = "single"
+            warnings.append(f"{optimizer}: one lr only ({best['lr']:.3g}): the lr is not tuned")
+        elif best is rows[0]:
+            edge = "low"
+            warnings.append(f"{optimizer}: the best lr {best['lr']:.3g} is the lowest of the "
+                            f"grid ({grid}): the optimum may lie lower; extend the grid down")
+        elif best is rows[-1]:
+            edge = "high"
+            warnings.append(f"{optimizer}: the best lr {best['lr']:.3g} is the highest of the "
+                            f"grid ({grid}): the optimum may lie higher; extend the grid up")
+    return {"optimizer": optimizer, "batch_sizes": batch_sizes, "rows": rows,
+            "best_lr": best["lr"] if best else None,
+            "best_val_loss": best["val_loss"] if best else None, "edge": edge,
+            "warnings": warnings}
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient accumulation versus the plain batch
+
+
+def compare_curves(accum: list[dict], plain: list[dict],
+                   first_steps: int = ACCUM_FIRST_STEPS) -> dict:
+    """Step-by-step train-loss differences of two runs over their common steps.
+
+    Science.md section 6: accumulation computes the plain batch's gradient exactly, so the
+    curves may differ only by float rounding (summation order), which training then amplifies
+    step after step; the first steps test the claim, the whole run shows the amplification.
+    A step where only one run is finite, or both are NaN, counts as an infinite difference.
+    Returns steps_compared, max_abs_diff, max_rel_diff (|a - p| / |p|),
+    first_steps_max_abs_diff, first_steps_max_rel_diff (over the first `first_steps` common
+    steps), first_steps_max_rel_diff_grad_norm, first_step_rel_above (the first step whose
+    relative difference exceeds ACCUM_DEVIATION, or None), and the arrays steps, abs_diff,
+    rel_diff (for plots; not in the JSON).
+    """
+    a = {r["step"]: r for r in accum}
+    p = {r["step"]: r for r in plain}
+    steps = sorted(set(a) & set(p))
+
+    def diffs(key: str) -> tuple[np.ndarray, np.ndarray]:
+        x = np.array([a[s][key] for s in steps], dtype=float)
+        y = np.array([p[s][key] for s in steps], dtype=float)
+        with np.errstate(all="ignore"):
+            d = np.where(x == y, 0.0, np.abs(x - y))
+            d = np.where(np.isnan(d), math.inf, d)
+            rel = np.where(d == 0, 0.0, d / np.abs(y))
+            rel = np.where(np.isnan(rel), math.inf, rel)
+        return d, rel
+
+    if not steps:
+        return {"steps_compared": 0, "max_abs_diff": None, "max_rel_diff": None,
+                "first_steps_max_abs_diff": None, "first_steps_max_rel_diff": None,
+                "first_steps_max_rel_diff_grad_norm": None, "first_step_rel_above": None,
+                "steps": np.array([]), "abs_diff": np.array([]), "rel_diff": np.array([])}
+    d, rel = diffs("train_loss")
+    _, rel_gn = diffs("grad_norm")
+    above = np.nonzero(rel > ACCUM_DEVIATION)[0]
+    n = min(first_steps, len(steps))
+    return {
+        "steps_compared": len(steps),
+        "max_abs_diff": float(d.max()), "max_rel_diff": float(rel.max()),
+        "first_steps_max_abs_diff": float(d[:n].max()),
+        "first_steps_max_rel_diff": float(rel[:n].max()),
+        "first_steps_max_rel_diff_grad_norm": float(rel_gn[:n].max()),
+        "first_step_rel_above": int(steps[above[0]]) if above.size else None,
+        "steps": np.array(steps, dtype=float), "abs_diff": d, "rel_diff": rel,
+    }
+
+
+def accumulation_verdict(first_steps_max_rel_diff: float | None, steps_compared: int) -> str:
+    """RULES["accumulation"]: matches when the first steps differ by less than
+    ACCUM_TOLERANCE (relative)."""
+    if not steps_compared or first_steps_max_rel_diff is None:
+        return NOT_COMPARABLE
+    return MATCHES if first_steps_max_rel_diff < ACCUM_TOLERANCE else DIFFERS
+
+
+def find_plain_run(accum: dict, candidates: list[dict]) -> dict | None:
+    """The plain (not accumulated) run that an accumulation run must reproduce.
+
+    Same scale, optimizer, model (width, depth, seq_len), data, seed, batch size and lr used,
+    micro-batch equal to the batch; from the stability stage first, then stability_lr, the
+    same lr_scaling preferred (at an equal lr used the rule does not change the computation).
+    """
+    def same(run: dict) -> bool:
+        return (run["stage"] in (BATCH_STAGE, LR_STAGE)
+                and all(run.get(k) == accum.get(k) for k in (
+                    "scale", "optimizer", "width", "depth", "seq_len", "data_fingerprint",
+                    "seed", "batch_size"))
+                and run["micro_batch_size"] in (None, run["batch_size"])
+                and math.isclose(run["lr"], accum["lr"], rel_tol=LR_RTOL))
+
+    found = sorted((r for r in candidates if same(r)), key=lambda r: (
+        r.get("lr_scaling") != accum.get("lr_scaling"), r["stage"] != BATCH_STAGE, r["run_dir"]))
+    return found[0] if found else None
+
+
+def accumulation_entry(accum: dict, plain: dict | None) -> dict:
+    """The comparison of one accumulation run with its plain run (`compare_curves`), with the
+    difference of the final validation losses and the verdict."""
+    entry = {
+        "accum_run_dir": accum["run_dir"], "plain_run_dir": plain["run_dir"] if plain else None,
+        "plain_stage": plain["stage"] if plain else None, "optimizer": accum["optimizer"],
+        "lr": accum["lr"], "lr_scaling": accum.get("lr_scaling"),
+        "batch_size": accum["batch_size"], "micro_batch_size": accum["micro_batch_size"],
+        "dtype": accum.get("dtype"), "status_accum": accum["status"],
+        "status_plain": plain["status"] if plain else None,
+        "first_steps": ACCUM_FIRST_STEPS, "tolerance": ACCUM_TOLERANCE,
+        "deviation_threshold": ACCUM_DEVIATION,
+    }
+    if plain is None:
+        return {**entry, **compare_curves([], []), "delta_val_loss": None,
+                "delta_val_loss_per_byte": None, "verdict": NO_PLAIN}
+    numbers = compare_curves(accum["metrics"], plain["metrics"])
+    return {**entry, **numbers,
+            "delta_val_loss": accum["val_loss"] - plain["val_loss"],
+            "delta_val_loss_per_byte": accum["val_loss_per_byte"] - plain["val_loss_per_byte"],
+            "verdict": accumulation_verdict(numbers["first_steps_max_rel_diff"],
+                                            numbers["steps_compared"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups and the whole analysis
+
+
+def scale_of(run: dict) -> str:
+    return str(run.get("scale") or f"w{run['width']}_d{run['depth']}_T{run['seq_len']}")
+
+
+def _most_common(values: list) -> Any:
+    values = [v for v in values if v is not None]
+    return Counter(values).most_common(1)[0][0] if values else None
+
+
+def lr_rule_warnings(rows: list[dict], base_lr: float | None, base_batch: int) -> list[str]:
+    """A warning per run whose lr used is not base_lr x f(B / base batch) of its lr_scaling."""
+    if base_lr is None:
+        return []
+    from critbatch.config import lr_multiplier  # the one definition of the scaling rules
+
+    out = []
+    for row in rows:
+        rule = row["lr_scaling"]
+        try:
+            expected = base_lr * lr_multiplier(rule, row["batch_size"], base_batch)
+        except KeyError:
+            continue
+        if not math.isclose(row["lr"], expected, rel_tol=LR_RTOL):
+            out.append(f"batch {row['batch_size']}: lr used {row['lr']:.4g} is not base lr "
+                       f"{base_lr:.4g} x {rule}({row['batch_size']}/{base_batch}) = "
+                       f"{expected:.4g} ({row['run_dir']})")
+    return out
+
+
+def analyse_group(key: tuple, runs: list[dict], lr_runs: list[dict], all_runs: list[dict],
+                  name: str) -> dict:
+    """One (scale, optimizer, lr_scaling) group: lr tuning, per-batch rows with verdicts,
+    accumulation comparisons and warnings. `runs` are the group's stability and
+    stability_accum runs, `lr_runs` the lr grid of its scale and optimizer, `all_runs` the
+    pool searched for the plain runs."""
+    scale, optimizer, lr_scaling = key
+    warnings: list[str] = []
+    batch_runs = sorted((r for r in runs if r["stage"] == BATCH_STAGE),
+                        key=lambda r: (r["batch_size"], r["seed"], r["lr"], r["run_dir"]))
+    accum_runs = sorted((r for r in runs if r["stage"] == ACCUM_STAGE),
+                        key=lambda r: r["run_dir"])
+    base_batch = (_most_common([r.get("base_batch_size") for r in runs + lr_runs])
+                  or _most_common([r["batch_size"] for r in lr_runs]) or DEFAULT_BASE_BATCH)
+    base_lr = (_most_common([r.get("base_lr") for r in batch_runs])  # older runs lack it
+               or _most_common([r["lr"] for r in batch_runs if r["batch_size"] == base_batch]))
+
+    completed = [r["steps"] for r in batch_runs + accum_runs if r["status"] == "completed"]
+    planned = max(completed or [r["steps"] for r in batch_runs + accum_runs] or [0])
+    window = tail_window(planned)
+
+    tuning = lr_tuning(lr_runs, base_batch) if lr_runs else None
+    if tuning:
+        warnings += tuning["warnings"]
+    else:
+        warnings.append(f"no {LR_STAGE} runs for {optimizer}: the lr tuning is not shown")
+    if (tuning and tuning["best_lr"] is not None and base_lr is not None
+            and not math.isclose(base_lr, tuning["best_lr"], rel_tol=LR_RTOL)):
+        warnings.append(f"the {BATCH_STAGE} runs used base lr {base_lr:.4g}, but the best lr of "
+                        f"the grid at batch {base_batch} is {tuning['best_lr']:.4g}")
+
+    rows = [batch_row(r, window) for r in batch_runs]
+    if not rows:
+        warnings.append(f"no {BATCH_STAGE} runs in this group yet: no per-batch verdicts")
+    for row in rows:
+        reason = divergence(row)
+        if reason:
+            row["verdict"], row["verdict_reason"] = "diverged", reason
+    reference = next((r for r in rows if r["batch_size"] == base_batch and r["verdict"] is None),
+                     None)
+    if rows and reference is None:
+        warnings.append(f"no run at the base batch {base_batch} that did not diverge: only the "
+                        "absolute grad-norm rule decides 'unstable'")
+    for row in rows:
+        if reference is not None:
+            row["grad_norm_cv_ratio"] = _ratio(row["grad_norm_cv"], reference["grad_norm_cv"])
+            row["loss_noise_ratio"] = _ratio(row["loss_noise"], reference["loss_noise"])
+        if row["verdict"] is None:
+            reason = instability(row)
+            row["verdict"] = "unstable" if reason else "stable"
+            row["verdict_reason"] = reason or ""
+    warnings += lr_rule_warnings(rows, base_lr, base_batch)
+
+    accumulation = []
+    for run in accum_runs:
+        if run["micro_batch_size"] in (None, run["batch_size"]):
+            warnings.append(f"{run['run_dir']} is in {ACCUM_STAGE} but does not accumulate "
+                            f"(micro-batch {run['micro_batch_size']} of batch {run['batch_size']})")
+        plain = find_plain_run(run, all_runs)
+        if plain is None:
+            warnings.append(f"no plain batch-{run['batch_size']} run with the same optimizer, "
+                            f"model, seed and lr {run['lr']:.4g} to compare {run['run_dir']} with")
+        entry = accumulation_entry(run, plain)
+        if plain is not None and entry["first_steps_max_rel_diff"] is not None and (
+                entry["steps_compared"] < ACCUM_FIRST_STEPS):
+            warnings.append(f"only {entry['steps_compared']} common steps between the "
+                            f"accumulation run and its plain run (wanted {ACCUM_FIRST_STEPS})")
+        accumulation.append(entry)
+    return {
+        "name": name, "scale": scale, "optimizer": optimizer, "lr_scaling": lr_scaling,
+        "base_batch_size": base_batch, "base_lr": base_lr,
+        "tail_window": {"steps": window, "planned_steps": planned, "rule": RULES["tail_window"]},
+        "lr_tuning": tuning, "per_batch": rows, "accumulation": accumulation,
+        "warnings": warnings,
+    }
+
+
+def analyse(runs: list[dict], left_out: list[dict] | None = None,
+            warnings: list[str] | None = None) -> dict:
+    """Group the runs of the three stages by (scale, optimizer, lr_scaling) and analyse each.
+
+    `runs` are `load_stability_runs` runs (summary + stage + metrics). The lr grid belongs to
+    (scale, optimizer): at the base batch every lr_scaling rule uses the same lr, so one grid
+    serves each scaling rule's group; an optimizer with only an lr grid gets a group of its
+    own. Returns {n_runs, groups, left_out, warnings (every group's, prefixed by its name),
+    curves ({run_dir: (steps, train_loss, grad_norm)} for the plots)}.
+    """
+    lr_runs: dict[tuple, list[dict]] = defaultdict(list)
+    by_key: dict[tuple, list[dict]] = defaultdict(list)
+    for run in runs:
+        if run["stage"] == LR_STAGE:
+            lr_runs[(scale_of(run), run["optimizer"])].append(run)
+        else:
+            by_key[(scale_of(run), run["optimizer"], run.get("lr_scaling") or "unknown")].append(
+                run)
+    for (scale, optimizer), grid in lr_runs.items():
+        if not any(k[:2] == (scale, optimizer) for k in by_key):
+            rule = _most_common([r.get("lr_scaling") for r in grid]) or "unknown"
+            by_key[(scale, optimizer, rule)] = []
+    several_scales = len({k[0] for k in by_key}) > 1
+    groups = []
+    for key in sorted(by_key):
+        name = f"{key[1]}, lr_scaling {key[2]}" + (f" ({key[0]})" if several_scales else "")
+        groups.append(analyse_group(key, by_key[key], lr_runs.get(key[:2], []), runs, name))
+    all_warnings = list(warnings or [])
+    all_warnings += [f"{g['name']}: {w}" for g in groups for w in g["warnings"]]
+    curves = {r["run_dir"]: (np.array([m["step"] for m in r["metrics"]], dtype=float),
+                             np.array([m["train_loss"] for m in r["metrics"]], dtype=float),
+                             np.array([m["grad_norm"] for m in r["metrics"]], dtype=float))
+              for r in runs}
+    return {"n_runs": len(runs), "groups": groups, "left_out": list(left_out or []),
+            "warnings": all_warnings, "curves": curves}
+
+
+def stability_document(result: dict, inputs: list[str]) -> dict:
+    """The public stability.json (strict JSON): schema_version, inputs, n_runs, rules,
+    thresholds, groups (GROUP_KEYS each), warnings, left_out."""
+    plot_only = ("steps", "abs_diff", "rel_diff")
+    groups = []
+    for g in result["groups"]:
+        doc = {k: g[k] for k in GROUP_KEYS}
+        doc["accumulation"] = [{k: v for k, v in e.items() if k not in plot_only}
+                               for e in g["accumulation"]]
+        if doc["lr_tuning"]:
+            doc["lr_tuning"] = {k: v for k, v in doc["lr_tuning"].items() if k != "warnings"}
+        groups.append(doc)
+    return json_clean({
+        "schema_version": SCHEMA_VERSION, "inputs": inputs, "n_runs": result["n_runs"],
+        "rules": RULES, "thresholds": THRESHOLDS, "groups": groups,
+        "warnings": result["warnings"], "left_out": result["left_out"],
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+# report.md
+
+
+def cell(x: Any, spec: str = ".4g") -> str:
+    """A table cell: '-' for None, 'NaN'/'inf' spelled out (a diverged number is a result)."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "NaN"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return format(x, spec)
+
+
+def lr_tuning_table(tuning: dict) -> str:
+    rows = [[cell(r["lr"], ".3g") + (" **best**" if r["best"] else ""),
+             cell(r["val_loss"], ".4f"), cell(r["val_loss_per_byte"], ".4f"), r["status"],
+             str(r["n_runs"])] for r in tuning["rows"]]
+    return md_table(["lr", "final val loss (nats/token)", "final val loss (nats/byte)", "status",
+                     "runs"], rows)
+
+
+def per_batch_tables(group: dict) -> str:
+    rows, why = [], []
+    for r in group["per_batch"]:
+        lr_ratio = (r["lr"] / group["base_lr"]) if group["base_lr"] else None
+        rows.append([str(r["batch_size"]), cell(r["lr"], ".3g"), cell(lr_ratio, ".3g"),
+                     str(r["steps"]), r["status"], cell(r["first_train_loss"], ".4f"),
+                     cell(r["final_train_loss"], ".4f"), cell(r["val_loss"], ".4f"),
+                     cell(r["val_loss_per_byte"], ".4f"), cell(r["tail_mean_train_loss"], ".4f"),
+                     cell(r["tail_var_train_loss"], ".3g"), cell(r["tail_mean_grad_norm"], ".3g"),
+                     cell(r["tail_var_grad_norm"], ".3g"), cell(r["max_grad_norm"], ".3g"),
+                     f"**{r['verdict']}**"])
+        window = (f"{r['tail_first_step']}-{r['tail_last_step']}" if r["tail_steps"]
+                  else "-")
+        why.append([str(r["batch_size"]), window, cell(r["grad_norm_cv"], ".3g"),
+                    cell(r["grad_norm_cv_ratio"], ".2f"), cell(r["loss_noise"], ".3g"),
+                    cell(r["loss_noise_ratio"], ".2f"), r["verdict"], r["verdict_reason"] or ""])
+    first = md_table(
+        ["batch (seq)", "lr used", "lr / base lr", "steps", "status",
+         "first train loss (nats/token)", "final train loss (nats/token)",
+         "final val loss (nats/token)", "final val loss (nats/byte)",
+         "tail mean train loss (nats/token)", "tail var train loss ((nats/token)^2)",
+         "tail mean grad norm", "tail var grad norm", "max grad norm", "verdict"], rows)
+    second = md_table(
+        ["batch (seq)", "tail (steps)", "tail grad-norm CV", "CV / reference",
+         "tail loss noise B x Var", "noise / reference", "verdict", "why"], why)
+    return first + "\n\nThe statistics behind the verdicts:\n\n" + second
+
+
+def accumulation_table(entries: list[dict]) -> str:
+    rows = []
+    for e in entries:
+        micro = e["micro_batch_size"] or e["batch_size"]
+        rows.append([f"{e['batch_size']} = {e['batch_size'] // micro} x {micro}",
+                     cell(e["lr"], ".3g"), e["plain_stage"] or "-",
+                     e["dtype"] or "-", str(e["steps_compared"]),
+                     cell(e["max_abs_diff"], ".3g"), cell(e["max_rel_diff"], ".3g"),
+                     cell(e["first_steps_max_abs_diff"], ".3g"),
+                     cell(e["first_steps_max_rel_diff"], ".3g"),
+                     cell(e["first_steps_max_rel_diff_grad_norm"], ".3g"),
+                     cell(e["first_step_rel_above"], "d"), cell(e["delta_val_loss"], "+.3g"),
+                     f"**{e['verdict']}**"])
+    return md_table(
+        ["batch (seq) = micro-batches x micro (seq)", "lr used", "plain run from", "dtype",
+         "steps compared", "max abs diff (nats/token)", "max rel diff",
+         f"first {ACCUM_FIRST_STEPS} steps: max abs diff (nats/token)",
+         f"first {ACCUM_FIRST_STEPS} steps: max rel diff",
+         f"first {ACCUM_FIRST_STEPS} steps: max rel diff of grad norm",
+         f"first step with rel diff > {ACCUM_DEVIATION:g}", "delta final val loss (nats/token)",
+         "verdict"], rows)
+
+
+def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
+                    elapsed_s: float) -> str:
+    lines = [
+        "# Small-batch stability report", "",
+        "**The question** (science.md section 6). `Var(g_B) = Var(g_1) / B`: how small can the "
+        "batch be before training becomes unstable or diverges, with the learning rate tuned "
+        "at the base batch and carried to the others by a scaling rule? And does gradient "
+        "accumulation (micro-batches summed into one step) reproduce the plain batch to float "
+        "precision, as it must? Batch sizes in sequences; losses in nats/token unless marked "
+        "nats/byte; steps are optimizer steps; grad norm is the global L2 norm of the gradient "
+        "before clipping.", "",
+        f"Inputs: {', '.join(inputs)}; {result['n_runs']} runs read, "
+        f"{len(result['left_out'])} left out; analysis took {elapsed_s:.1f} s.", "",
+        "## Rules", "",
+        f"- **Tail window**: {RULES['tail_window']}.",
+        f"- **diverged**: {RULES['diverged']}.",
+        f"- **unstable**: {RULES['unstable']}.",
+        f"- **stable**: {RULES['stable']}.",
+        f"- **Accumulation**: {RULES['accumulation']}.", "",
+        WHY_UNSTABLE, "",
+    ]
+    if not result["groups"]:
+        lines += ["No group to analyse.", ""]
+    for g in result["groups"]:
+        tw = g["tail_window"]
+        lines += [f"## {g['name']}", "",
+                  f"Base batch {g['base_batch_size']} sequences, base lr "
+                  f"{cell(g['base_lr'], '.4g')}, lr_scaling {g['lr_scaling']}. Tail window: "
+                  f"the last {tw['steps']} steps "
+                  f"(of {tw['planned_steps']} planned).", "",
+                  f"### Learning-rate tuning at batch {g['base_batch_size']}", ""]
+        if g["lr_tuning"]:
+            t = g["lr_tuning"]
+            edge = {"low": " (on the low edge of the grid)", "high": " (on the high edge of the "
+                    "grid)", "single": " (a one-lr grid)"}.get(t["edge"], "")
+            lines += [f"Best lr: {cell(t['best_lr'], '.3g')}{edge}.", "", lr_tuning_table(t), ""]
+        else:
+            lines += [f"No {LR_STAGE} runs for this optimizer.", ""]
+        lines += ["### Per batch size", ""]
+        lines += [per_batch_tables(g) if g["per_batch"] else f"No {BATCH_STAGE} runs.", ""]
+        lines += ["### Gradient accumulation versus the plain batch", ""]
+        lines += [accumulation_table(g["accumulation"]) if g["accumulation"]
+                  else f"No {ACCUM_STAGE} runs.", ""]
+        for e in g["accumulation"]:
+            lines += [f"- `{e['accum_run_dir']}` against `{e['plain_run_dir'] or 'nothing'}`: "
+                      f"**{e['verdict']}**.", ""]
+    lines += ["## Plots", ""]
+    for name, file in plots.items():
+        lines += [f"![{PLOTS[name]}]({file})", f"*{PLOTS[name]}.*", ""]
+    lines += ["## Warnings", ""]
+    lines += [f"- {w}" for w in result["warnings"]] or ["None."]
+    lines += ["", "## Runs left out", ""]
+    if result["left_out"]:
+        lines.append(md_table(["run", "reason", "detail"], [
+            [d["run_dir"], d["reason"], d["detail"]] for d in result["left_out"]]))
+    else:
+        lines.append("None.")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+
+
+def moving_average(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over `window` points (over the points so far for the first ones)."""
+    if window <= 1:
+        return values
+    sums = np.convolve(values, np.ones(window), mode="full")[: len(values)]
+    return sums / np.minimum(np.arange(1, len(values) + 1), window)
+
+
+def label_log_ticks(axis, values: list[float]) -> None:
+    """Label a log axis at `values` (rounded to 3 digits) when they span under a decade, where
+    matplotlib would label one tick or none."""
+    values = sorted(v for v in values if is_finite(v) and v > 0)
+    if not values or values[-1] / values[0] >= 10:
+        return
+    ticks = values if len(values) <= 6 else list(np.geomspace(values[0], values[-1], 5))
+    ticks = sorted({float(f"{t:.3g}") for t in ticks})
+    axis.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
+
+
+def _panels(n: int, title: str, cols_max: int = 3):
+    import matplotlib.pyplot as plt
+
+    n = max(1, n)
+    cols = min(cols_max, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    width_in, height_in = 5 * cols, 4 * rows
+    fig.subplots_adjust(left=0.8 / width_in, right=1 - 0.15 / width_in, bottom=0.55 / height_in,
+                        top=1 - 0.6 / height_in, wspace=0.32, hspace=0.45)
+    fig.suptitle(title, fontsize=9)
+    return fig, list(axes.flat[:n])
+
+
+def _batch_colors(groups: list[dict]) -> dict[int, Any]:
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch_size"] for g in groups for r in g["per_batch"]})
+    colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(batches))))
+    return dict(zip(batches, colors, strict=False))
+
+
+def plot_per_batch(result: dict, path: Path, which: int, ylabel: str, title: str,
+                   log_y: bool) -> None:
+    """Per-step curves (train loss: which=1, grad norm: which=2) per batch size, one panel
+    per group: every step faint, a moving average solid, an x where a diverged run ends."""
+    groups = result["groups"][:MAX_PANELS]
+    fig, axes = _panels(len(groups), title)
+    colors = _batch_colors(groups)
+    for g, ax in zip(groups, axes, strict=False):
+        tops, finite = [], []
+        for r in g["per_batch"]:
+            steps, values = result["curves"][r["run_dir"]][0], result["curves"][r["run_dir"]][which]
+            if not len(steps):
+                continue
+            values = np.where(np.isfinite(values), values, np.nan)
+            color = colors[r["batch_size"]]
+            smooth = max(1, min(10, len(values) // 10))
+            label = f"B={r['batch_size']}" + (f" ({r['verdict']})" if r["verdict"] != "stable"
+                                              else "")
+            ax.plot(steps, values, color=color, alpha=0.25, lw=0.6)
+            ax.plot(steps, moving_average(values, smooth), color=color, lw=1.4, label=label)
+            if r["verdict"] == "diverged" and np.isfinite(values).any():
+                last = np.nonzero(np.isfinite(values))[0][-1]
+                ax.plot([steps[last]], [values[last]], "x", color=color, ms=8)
+            if which == 1 and np.isfinite(values[0]):
+                tops.append(values[0])
+            finite += list(values[np.isfinite(values)])
+        if not g["per_batch"]:
+            empty_axes(ax, f"no {BATCH_STAGE} runs")
+        if tops:  # a diverging loss must not squash the others: stop the axis at 1.5 x start
+            ax.set_ylim(top=1.5 * max(tops))
+        log_axes(ax, x=True, y=log_y)
+        if log_y and finite:
+            label_log_ticks(ax.yaxis, list(np.geomspace(min(finite), max(finite), 5)))
+        label_axes(ax, "optimizer step (steps)", ylabel, g["name"], legend=bool(finite))
+    save_figure(fig, path)
+
+
+def plot_accumulation(result: dict, path: Path) -> None:
+    """Per comparison: the two train-loss curves (left) and |difference| per step on a log
+    axis with the tolerance ACCUM_TOLERANCE x |plain loss| (right)."""
+    import matplotlib.pyplot as plt
+
+    entries = [(g, e) for g in result["groups"] for e in g["accumulation"]
+               if e["plain_run_dir"]][:MAX_ACCUM_ROWS]
+    n = max(1, len(entries))
+    fig, axes = plt.subplots(n, 2, figsize=(11, 3.8 * n), squeeze=False)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.5 / (3.8 * n), top=1 - 0.6 / (3.8 * n),
+                        wspace=0.28, hspace=0.5)
+    fig.suptitle(PLOTS["accumulation"], fontsize=9)
+    if not entries:
+        axes[0, 1].set_visible(False)
+        empty_axes(axes[0, 0], "no accumulation run with a plain run to compare")
+        axes[0, 0].set_axis_off()
+    for (g, e), (left, right) in zip(entries, axes, strict=False):
+        s_p, loss_p, _ = result["curves"][e["plain_run_dir"]]
+        s_a, loss_a, _ = result["curves"][e["accum_run_dir"]]
+        left.plot(s_p, loss_p, "-", color="C0", lw=1.2, label=f"plain {e['batch_size']}")
+        left.plot(s_a, loss_a, "--", color="C1", lw=1.2,
+                  label=f"{e['batch_size'] // (e['micro_batch_size'] or 1)} x "
+                        f"{e['micro_batch_size']} accumulated")
+        log_axes(left)
+        label_axes(left, "optimizer step (steps)", "train loss (nats/token)",
+                   f"{g['name']}: {e['verdict']}")
+        diff = np.where(e["abs_diff"] > 0, e["abs_diff"], np.nan)
+        if np.isfinite(diff).any():
+            right.plot(e["steps"], diff, ".-", color="C3", lw=0.8, ms=3,
+                       label="|accumulated - plain|")
+            plain_at = dict(zip(s_p, loss_p, strict=False))
+            tol = [ACCUM_TOLERANCE * abs(plain_at.get(s, np.nan)) for s in e["steps"]]
+            right.plot(e["steps"], tol, ":", color="k", lw=1,
+                       label=f"{ACCUM_TOLERANCE:g} x plain loss (tolerance)")
+            log_axes(right, x=True, y=True)
+        else:
+            empty_axes(right, "identical at every step compared (|difference| = 0)")
+            log_axes(right)
+        label_axes(right, "optimizer step (steps)", "|train loss difference| (nats/token)",
+                   f"difference over {e['steps_compared']} steps",
+                   legend=bool(np.isfinite(diff).any()))
+    save_figure(fig, path)
+
+
+def plot_lr_tuning(result: dict, path: Path) -> None:
+    """Final validation loss against lr at the base batch, one line per lr grid; a star at
+    the best lr, an x (at the top of the axis) for an lr whose runs all diverged."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.6))
+    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.12, top=0.92)
+    seen, drawn, lrs = set(), 0, []
+    several_scales = len({g["scale"] for g in result["groups"]}) > 1
+    for g in result["groups"]:
+        t = g["lr_tuning"]
+        if not t or id(t) in seen:
+            continue
+        seen.add(id(t))
+        color = f"C{drawn}"
+        drawn += 1
+        ok = [r for r in t["rows"] if is_finite(r["val_loss"])]
+        lrs += [r["lr"] for r in t["rows"]]
+        label = g["optimizer"] + (f" ({g['scale']})" if several_scales else "")
+        ax.plot([r["lr"] for r in ok], [r["val_loss"] for r in ok], "o-", color=color,
+                label=f"{label}, batch {g['base_batch_size']}")
+        if t["best_lr"] is not None:
+            ax.plot([t["best_lr"]], [t["best_val_loss"]], "*", color=color, ms=13)
+        bad = [r["lr"] for r in t["rows"] if not is_finite(r["val_loss"])]
+        if bad and ok:
+            top = max(r["val_loss"] for r in ok)
+            ax.plot(bad, [top] * len(bad), "x", color=color, ms=9, label=f"{label}: diverged")
+    if not drawn:
+        empty_axes(ax, f"no {LR_STAGE} runs")
+    log_axes(ax)
+    label_log_ticks(ax.xaxis, sorted(set(lrs)))
+    label_axes(ax, "peak learning rate at the base batch (batch in sequences: see legend)",
+               "final validation loss (nats/token)", PLOTS["lr_tuning"] + " (star: best)",
+               legend=bool(drawn))
+    save_figure(fig, path)
+
+
+def write_plots(result: dict, out: Path) -> dict[str, str]:
+    """Every plot of PLOTS as `<name>.png` in `out`; returns {name: file name}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    if len(result["groups"]) > MAX_PANELS:
+        result["warnings"].append(f"plots show the first {MAX_PANELS} of "
+                                  f"{len(result['groups'])} groups")
+    plot_per_batch(result, out / "train_loss.png", 1, "train loss (nats/token)",
+                   PLOTS["train_loss"], log_y=False)
+    plot_per_batch(result, out / "grad_norm.png", 2, "grad norm before clipping (global L2)",
+                   PLOTS["grad_norm"], log_y=True)
+    plot_accumulation(result, out / "accumulation.png")
+    plot_lr_tuning(result, out / "lr_tuning.png")
+    return {name: f"{name}.png" for name in PLOTS}
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole pipeline
+
+
+def run_analysis(paths: list[str] | None = None, out: str | None = None,
+                 runs_root: str | Path = "runs") -> dict:
+    """Load, analyse and write the report folder; returns {"out", "result"}.
+
+    Raises ResultsError (one line for the user) when nothing can be analysed: a missing path,
+    no runs, or every run left out.
+    """
+    t0 = time.perf_counter()
+    if paths:
+        roots = [Path(p) for p in paths]
+        default = default_out(roots)
+    else:
+        roots, default, sentence = default_inputs(runs_root)
+        print(sentence, flush=True)
+    loaded = load_stability_runs(roots)
+    inputs = [str(p) for p in roots]
+    where = ", ".join(inputs)
+    if not loaded["runs"] and not loaded["left_out"]:
+        raise ResultsError(f"no runs found under {where} (no summary.json); pass run "
+                           "directories or stability sweep folders, or run the stability "
+                           "sweep first")
+    if not loaded["runs"]:
+        counts = Counter(d["reason"] for d in loaded["left_out"])
+        raise ResultsError(f"nothing to analyse under {where}: all {len(loaded['left_out'])} "
+                           "runs were left out (" + ", ".join(
+                               f"{n} {k}" for k, n in sorted(counts.items()))
+                           + f"); first: {loaded['left_out'][0]['detail']}")
+    result = analyse(loaded["runs"], loaded["left_out"], loaded["warnings"])
+    out_dir = Path(out) if out else default
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(result, out_dir)
+    write_json_atomic(out_dir / "stability.json", stability_document(result, inputs))
+    elapsed = time.perf_counter() - t0
+    (out_dir / "report.md").write_text(report_markdown(result, inputs, plots, elapsed))
+    print_summary(result, out_dir, time.perf_counter() - t0)
+    return {"out": out_dir, "result": result}
+
+
+def print_summary(result: dict, out: Path, elapsed_s: float) -> None:
+    print(f"{result['n_runs']} runs in {len(result['groups'])} group(s), "
+          f"{len(result['left_out'])} left out", flush=True)
+    for g in result["groups"]:
+        t = g["lr_tuning"]
+        tuned = (f"best lr {cell(t['best_lr'], '.3g')}" + (f" ({t['edge']} edge)"
+                 if t["edge"] in ("low", "high") else "")) if t else "no lr grid"
+        print(f"  {g['name']}: {tuned} at batch {g['base_batch_size']}; tail window "
+              f"{g['tail_window']['steps']} steps")
+        for r in g["per_batch"]:
+            print(f"    B={r['batch_size']:<4} lr={cell(r['lr'], '.3g'):<9} "
+                  f"val_loss={cell(r['val_loss'], '.4f'):<7} {r['verdict']}"
+                  + (f" ({r['verdict_reason']})" if r["verdict_reason"] else ""))
+        for e in g["accumulation"]:
+            print(f"    accumulation {e['batch_size']} as micro-batches of "
+                  f"{e['micro_batch_size']}: {e['verdict']} (first {ACCUM_FIRST_STEPS} steps: "
+                  f"max rel diff {cell(e['first_steps_max_rel_diff'], '.2g')})")
+    for w in result["warnings"]:
+        print(f"warning: {w}")
+    print(f"report: {out / 'report.md'} ({elapsed_s:.1f} s)", flush=True)
