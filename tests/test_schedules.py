@@ -208,7 +208,7 @@ def test_several_arms_of_a_kind_are_named_by_their_batch_range(tmp_path):
                           "constant large"]
     ramp_b = arms["ramp 16->64"]
     assert (ramp_b["batch_size_final"], ramp_b["batch_size_max"]) == (32, 64)
-    assert schedules.arm_cells(ramp_b)[1] == "16 -> 32 (35.31; max 64)"  # 1024 seq / 29 steps
+    assert schedules.arm_cells(ramp_b)[1] == "16 -> 64 (35.31; last step 32)"  # 1024 seq / 29 steps
     assert schedules.arm_cells(arms["ramp 16->32"])[1] == "16 -> 32 (25.6)"
 
 
@@ -322,6 +322,24 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
                   "## Runs left out", "arm=broken", "final online B_noise 150"):
         assert piece in text, piece
     assert "report:" in proc.stdout and "constant large" in proc.stdout
+
+
+def test_report_with_a_diverged_arm_and_a_missing_metrics_file(tmp_path):
+    write_study(tmp_path / "runs", optimizers=("adamw",))
+    (tmp_path / "runs" / "arm=ramp,optim=adamw" / "metrics.jsonl").unlink()
+    write_run(tmp_path / "runs", "arm=small,optim=muon", [16] * 8, 9.0, optimizer="muon",
+              status="diverged", curve=[])
+    write_run(tmp_path / "runs", "arm=ramp,optim=muon", RAMP, RAMP_LOSS, optimizer="muon",
+              schedule="ramp")
+    done = schedules.run_report([str(tmp_path / "runs")], str(tmp_path / "rep"))
+    doc = done["document"]
+    assert any("adamw ramp: no readable metrics.jsonl" in w for w in doc["warnings"])
+    assert any("muon: the constant-small run diverged" in w for w in doc["warnings"])
+    muon_ramp = next(a for a in doc["groups"][1]["arms"] if a["arm"] == "ramp")
+    assert muon_ramp["s_small_kind"] == "reference_diverged" and muon_ramp["s_small"] is None
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "constant small (diverged)" in text
+    assert "ramp: the constant-small run diverged: steps saved cannot be read" in text
 
 
 def test_default_paths_pick_the_latest_schedules_folder(tmp_path, monkeypatch, capsys,

@@ -424,10 +424,10 @@ def _count(x: float | None) -> str:
 
 def arm_cells(a: dict) -> list[str]:
     """A table row for one arm (see `arm_table`)."""
-    peak = a["batch_size_max"]
-    batch = (f"{a['batch_size_start']:g} -> {a['batch_size_final']:g} "
+    last = a["batch_size_final"]
+    batch = (f"{a['batch_size_start']:g} -> {a['batch_size_max']:g} "
              f"({fmt(a['batch_size_mean'], '.4g')}"
-             + (f"; max {peak:g})" if peak != a["batch_size_final"] else ")"))
+             + (f"; last step {last:g})" if last != a["batch_size_max"] else ")"))
     if a["s_small_kind"] == "reference":
         s_small, saved, pct = "reference", "-", "-"
     elif a["s_small_kind"] == "not_reached":
@@ -472,8 +472,10 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
              "points of its curve that bracket that loss (first crossing). Steps saved = "
              "S_small - the arm's steps, and as a % of S_small. Tokens vs small: the arm's "
              "tokens over the constant-small run's (1.00 at equal tokens). Batch: the first "
-             "and last step's (a scheduled run's last steps shrink to fit the token budget; "
-             "the largest is shown when it differs), mean = tokens / (steps x seq_len).", ""]
+             "step's -> the largest trained (the ramp's final batch, the most the adaptive "
+             "batch grew to), mean = tokens / (steps x seq_len); a scheduled run's last steps "
+             "shrink to fit the token budget exactly, and the last step's batch is shown when "
+             "smaller.", ""]
     for g in result["groups"]:
         lines += [f"### {g['name']}", ""]
         if g["reference"]:
