@@ -192,6 +192,21 @@ def test_divergence_and_instability_verdicts(tmp_path):
     assert group["tail_window"]["steps"] == 100 and group["base_batch_size"] == 64
 
 
+def test_a_run_without_metrics_is_judged_on_its_summary(tmp_path):
+    write_run(tmp_path, BATCH_STAGE, "b64", *scripted(64))
+    (write_run(tmp_path, BATCH_STAGE, "b4", *scripted(4), batch_size=4) / "metrics.jsonl").unlink()
+    write_run(tmp_path, BATCH_STAGE, "b1", *scripted(1), batch_size=1, status="diverged",
+              diverged_step=9)
+    (tmp_path / BATCH_STAGE / "smoke" / "b1" / "metrics.jsonl").write_text("")
+    result = analyse_dir(tmp_path)
+    rows = by_batch(result["groups"][0])
+    assert rows[4]["verdict"] == "stable" and rows[4]["tail_steps"] is None
+    assert "no per-step metrics" in rows[4]["verdict_reason"]
+    assert rows[1]["verdict"] == "diverged" and rows[1]["n_steps_logged"] == 0
+    assert any("b4: no metrics.jsonl" in w for w in result["warnings"])
+    assert any("b1: metrics.jsonl holds no rows" in w for w in result["warnings"])
+
+
 def test_short_runs_use_the_last_half_as_tail(tmp_path):
     for b in (4, 64):
         write_run(tmp_path, BATCH_STAGE, f"b{b}", *scripted(b, steps=100), batch_size=b)

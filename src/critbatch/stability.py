@@ -577,7 +577,9 @@ def analyse_group(key: tuple, runs: list[dict], lr_runs: list[dict], all_runs: l
         if row["verdict"] is None:
             reason = instability(row)
             row["verdict"] = "unstable" if reason else "stable"
-            row["verdict_reason"] = reason or ""
+            row["verdict_reason"] = reason or ("" if row["n_steps_logged"] else
+                                               "no per-step metrics: only the summary's status "
+                                               "and val loss were checked")
     warnings += lr_rule_warnings(rows, base_lr, base_batch)
 
     accumulation = []
@@ -642,8 +644,39 @@ def analyse(runs: list[dict], left_out: list[dict] | None = None,
 
 
 def stability_document(result: dict, inputs: list[str]) -> dict:
-    """The public stability.json (strict JSON): schema_version, inputs, n_runs, rules,
-    thresholds, groups (GROUP_KEYS each), warnings, left_out."""
+    """The public stability.json (strict JSON: NaN and inf become null).
+
+    {schema_version, inputs: [path], n_runs, rules: {tail_window, diverged, unstable, stable,
+     accumulation: sentence}, thresholds: {tail_steps, unstable_ratio, unstable_cv_floor,
+     unstable_cv_absolute, accum_first_steps, accum_tolerance, accum_deviation},
+     groups: [{name, scale, optimizer, lr_scaling, base_batch_size, base_lr,
+               tail_window: {steps, planned_steps, rule},
+               lr_tuning: null | {optimizer, batch_sizes, best_lr, best_val_loss,
+                                  edge: null|"low"|"high"|"single",
+                                  rows: [{lr, val_loss, val_loss_per_byte, status, n_runs,
+                                          run_dirs, best}]},
+               per_batch: [{run_dir, stage, seed, batch_size, micro_batch_size, lr, base_lr,
+                            lr_scaling, steps, status, status_reason, diverged_step, val_loss,
+                            val_loss_per_byte, n_steps_logged, first_train_loss,
+                            final_train_loss, first_nonfinite_step, max_grad_norm, tail_steps,
+                            tail_first_step, tail_last_step, tail_mean_train_loss,
+                            tail_var_train_loss, tail_mean_grad_norm, tail_var_grad_norm,
+                            grad_norm_cv, loss_noise, grad_norm_cv_ratio, loss_noise_ratio,
+                            verdict: "stable"|"unstable"|"diverged", verdict_reason}],
+               accumulation: [{accum_run_dir, plain_run_dir, plain_stage, optimizer, lr,
+                               lr_scaling, batch_size, micro_batch_size, dtype, status_accum,
+                               status_plain, first_steps, tolerance, deviation_threshold,
+                               steps_compared, max_abs_diff, max_rel_diff,
+                               first_steps_max_abs_diff, first_steps_max_rel_diff,
+                               first_steps_max_rel_diff_grad_norm, first_step_rel_above,
+                               delta_val_loss, delta_val_loss_per_byte, verdict}],
+               warnings: [sentence]}],
+     warnings: [sentence, every group's prefixed by its name],
+     left_out: [{run_dir, reason: "corrupt"|"incomplete"|"other sweep", detail}]}
+
+    Losses in nats/token (`_per_byte`: nats/byte), batch sizes in sequences, steps in optimizer
+    steps; relative differences are |accum - plain| / |plain|.
+    """
     plot_only = ("steps", "abs_diff", "rel_diff")
     groups = []
     for g in result["groups"]:
@@ -969,7 +1002,8 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
                                   f"{len(result['groups'])} groups")
     plot_per_batch(result, out / "train_loss.png", 1, "train loss (nats/token)",
                    PLOTS["train_loss"], log_y=False)
-    plot_per_batch(result, out / "grad_norm.png", 2, "grad norm before clipping (global L2)",
+    plot_per_batch(result, out / "grad_norm.png", 2,
+                   "L2 norm of d loss / d weights before clipping (nats/token)",
                    PLOTS["grad_norm"], log_y=True)
     plot_accumulation(result, out / "accumulation.png")
     plot_lr_tuning(result, out / "lr_tuning.png")
