@@ -28,7 +28,6 @@ the trainer or torch.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any, NamedTuple
 
 from critbatch.errors import ResultsError
 from critbatch.plotting import empty_axes, label_axes, log_axes, save_figure
-from critbatch.report import fmt, json_clean, md_table
+from critbatch.report import default_out, fmt, json_clean, md_table
 from critbatch.runs import is_finite, is_number, load_runs, read_metrics, write_json_atomic
 
 SWEEP = "schedules"
@@ -634,14 +633,6 @@ def latest_schedules_dir(runs_root: str | Path = "runs") -> Path | None:
         folder = path.parent.parent
         newest[folder] = max(newest.get(folder, 0.0), path.stat().st_mtime)
     return max(newest, key=newest.get) if newest else None
-
-
-def default_out(paths: list[Path]) -> Path:
-    """`<folder>/report` beside the common folder of the inputs (above a run directory)."""
-    common = Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
-    if (common / "summary.json").exists():
-        common = common.parent
-    return common / "report"
 
 
 def run_report(paths: list[str] | None = None, out: str | None = None,
