@@ -51,7 +51,8 @@ def test_run_directory_is_complete_and_self_describing(tiny_cfg, tmp_path):
     assert curve[-1]["val_loss"] == summary["val_loss"]
     rows = metrics(tmp_path / "run")
     assert [r["step"] for r in rows] == list(range(1, 81))
-    assert set(rows[0]) == {"step", "tokens", "lr", "train_loss", "grad_norm", "time_s"}
+    assert set(rows[0]) == {"step", "tokens", "batch_size", "lr", "train_loss", "grad_norm",
+                            "time_s"}
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["config"]["train"]["tokens"] == 20480
     assert saved["overrides"] == ["train.tokens=20480"]

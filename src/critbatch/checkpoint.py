@@ -58,6 +58,10 @@ class TrainState:
     elapsed_s: float = 0.0  # training wall time before this process started
     wandb_run_id: str | None = None
     resumed_at: list[int] = field(default_factory=list)  # steps this run was resumed from
+    tokens: int = 0  # training tokens seen
+    # a scheduled batch's changes, {step, tokens, batch_size}, and its controller's state
+    batch_changes: list[dict] = field(default_factory=list)
+    batch_plan: dict = field(default_factory=dict)
 
 
 def save(path: Path, model: torch.nn.Module, optimizers: list, cfg_dict: dict,
@@ -146,7 +150,8 @@ def restore(ckpt: dict, model: torch.nn.Module, optimizers: list, gns: NoiseEMA)
     torch.set_rng_state(ckpt["rng"]["cpu"])
     if "cuda" in ckpt["rng"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
-    state = TrainState(**{f.name: ckpt[f.name] for f in fields(TrainState)})
+    # fields added after a checkpoint was written take their defaults
+    state = TrainState(**{f.name: ckpt[f.name] for f in fields(TrainState) if f.name in ckpt})
     state.resumed_at.append(state.step)
     return state
 

@@ -24,6 +24,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 OPTIMIZERS = ("adamw", "muon")
 LR_SCALINGS = ("none", "sqrt", "linear")
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
+BATCH_SCHEDULES = ("constant", "ramp", "adaptive")
 DATA_NAMES = ("stdlib", "text_files", "tinystories", "fineweb_edu", "hub")
 LOGGER_MODES = ("offline", "online", "disabled")
 MAX_VOCAB = 65535  # token ids are cached as uint16
@@ -82,10 +83,29 @@ class GNSConfig:
 
 
 @dataclass
+class AdaptiveBatchConfig:
+    """`train.batch_schedule=adaptive`: the batch follows the online B_noise (batching.py)."""
+
+    interval_steps: int = 50  # optimizer steps at least between changes, and before the first
+    noise_factor: float = 1.0  # target batch = noise_factor x B_noise (McCandlish: B ~ B_noise)
+
+
+@dataclass
 class TrainConfig:
-    batch_size: int = 32  # sequences per optimizer step
-    micro_batch_size: int | None = None  # sequences per forward/backward; null = batch_size
+    batch_size: int = 32  # sequences per optimizer step (ramp: the final batch; adaptive: the cap)
+    # sequences per forward/backward; null = batch_size (constant) or batch_size_start (ramp;
+    # adaptive: half of it, since B_noise needs >= 2 micro-batches a step)
+    micro_batch_size: int | None = None
     tokens: int = 4_000_000  # token budget; steps = tokens // (batch_size * seq_len)
+    steps: int | None = None  # optimizer steps; when set, tokens = steps x batch_size x seq_len
+    # constant | ramp | adaptive. ramp: from batch_size_start to batch_size over the first
+    # ramp_fraction of the tokens; adaptive: follows noise_factor x B_noise within
+    # [batch_size_start, batch_size]. Both change the batch in powers of two of the
+    # micro-batch (accumulation, so memory stays flat) and rescale the lr by optim.lr_scaling.
+    batch_schedule: str = "constant"
+    batch_size_start: int | None = None  # ramp/adaptive: the first (and smallest) batch, sequences
+    ramp_fraction: float = 0.25  # ramp: share of the token budget over which the batch grows
+    adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
     warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
     schedule: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
     min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
@@ -120,6 +140,38 @@ class LoggerConfig:
 
 
 @dataclass
+class StabilityGrid:
+    """The small-batch stability study (sweeps/stability*.yaml; science.md section 6)."""
+
+    batch_sizes: str = "1,4,16,64,256"  # sequences
+    base_batch_size: int = 64  # sequences; the lr is tuned here, then carried by lr_scaling
+    lrs: dict[str, str] = field(  # lr grid per optimizer at base_batch_size
+        default_factory=lambda: {"adamw": "2e-3,4e-3,8e-3", "muon": "0.0075,0.015,0.03"}
+    )
+    lr_scaling: str = "sqrt"  # none | sqrt | linear: how the tuned lr is carried to other batches
+    steps: int = 500  # optimizer steps of every run (a fixed number, not a token budget)
+    micro_batch_size: int = 4  # the accumulation check: base_batch_size as micro-batches of this
+
+
+@dataclass
+class SchedulesGrid:
+    """The batch-schedule study (sweeps/schedules.yaml): four arms at equal tokens."""
+
+    small: int = 8  # sequences: the constant small batch, and where ramp and adaptive start
+    large: int = 128  # sequences: the constant large batch, the ramp's end, adaptive's cap
+    micro_batch_size: int = 4  # ramp and adaptive accumulate micro-batches of this
+    tokens: int = 1_572_864  # the budget of every arm (a multiple of large x seq_len)
+    lrs: dict[str, str] = field(  # lr per optimizer at the small batch (then optim.lr_scaling)
+        default_factory=lambda: {"adamw": "1.5e-3", "muon": "0.005"}
+    )
+    # measured on the cpu batch sweep: the best lr of both optimizers grows about as
+    # sqrt(batch) between 8 and 128 sequences (Muon: 0.005, 0.012, >= 0.02)
+    lr_scaling: str = "sqrt"
+    ramp_fraction: float = 0.25  # share of the tokens over which the ramp grows
+    interval_steps: int = 50  # adaptive: optimizer steps between batch changes, at least
+
+
+@dataclass
 class GridConfig:
     """What the sweeps in `sweeps/` vary at this scale, in Hydra's sweep syntax ("8,32,128").
 
@@ -137,6 +189,8 @@ class GridConfig:
         default_factory=lambda: {"adamw": "sqrt", "muon": "none"}
     )
     widths: str = "32,48,64,80,96"  # model widths of the widths sweep (heads must divide them)
+    stability: StabilityGrid = field(default_factory=StabilityGrid)
+    schedules: SchedulesGrid = field(default_factory=SchedulesGrid)
 
 
 @dataclass
@@ -157,7 +211,15 @@ def register_configs() -> None:
 
 
 def micro_batch_size(cfg: Config) -> int:
-    return cfg.train.micro_batch_size or cfg.train.batch_size
+    """Sequences per forward/backward (see `TrainConfig.micro_batch_size`)."""
+    t = cfg.train
+    if t.micro_batch_size:
+        return t.micro_batch_size
+    if t.batch_schedule == "constant" or not t.batch_size_start:
+        return t.batch_size
+    if t.batch_schedule == "adaptive":
+        return max(1, t.batch_size_start // 2)
+    return t.batch_size_start
 
 
 def wandb_group(cfg: Config) -> str:
@@ -166,8 +228,22 @@ def wandb_group(cfg: Config) -> str:
 
 
 def total_steps(cfg: Config) -> int:
-    """Optimizer steps the token budget pays for (whole steps only)."""
+    """Optimizer steps of a constant-batch run: `train.steps`, or the whole steps the token
+    budget pays for. (A scheduled batch's step count is only known once trained.)"""
+    if cfg.train.steps is not None:
+        return cfg.train.steps
     return cfg.train.tokens // (cfg.train.batch_size * cfg.model.seq_len)
+
+
+def token_budget(cfg: Config) -> int:
+    """Tokens the run trains: steps x batch x seq_len (constant), else `train.tokens`."""
+    if cfg.train.batch_schedule == "constant":
+        return total_steps(cfg) * cfg.train.batch_size * cfg.model.seq_len
+    return cfg.train.tokens
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 IDENTITY_EXEMPT = ("logger", "train.device", "train.compile", "train.log_every", "data.cache_dir",
@@ -227,6 +303,7 @@ def validate(cfg: Config) -> None:
             f"model.heads={m.heads} does not divide model.width={m.width}; "
             f"choose heads among {[h for h in range(1, m.width + 1) if m.width % h == 0][:8]}"
         )
+    _validate_batch_schedule(cfg)
     micro = micro_batch_size(cfg)
     if micro <= 0 or t.batch_size % micro:
         raise ConfigError(
@@ -234,7 +311,7 @@ def validate(cfg: Config) -> None:
             f"train.micro_batch_size={micro}; set a micro-batch size that divides it"
         )
     tokens_per_step = t.batch_size * m.seq_len
-    if t.tokens < tokens_per_step:
+    if t.batch_schedule == "constant" and t.steps is None and t.tokens < tokens_per_step:
         raise ConfigError(
             f"train.tokens={t.tokens} is less than one step "
             f"(batch_size x seq_len = {tokens_per_step} tokens); raise train.tokens"
@@ -265,6 +342,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.gns.ema={t.gns.ema} must lie in [0, 1) (e.g. 0.95)")
     if not 0 < d.val_fraction < 0.5:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must lie in (0, 0.5)")
+    if t.steps is not None and t.steps < 1:
+        raise ConfigError(f"train.steps={t.steps} must be >= 1 (or null: from train.tokens)")
     _choice("optim.name", o.name, OPTIMIZERS)
     _choice("optim.lr_scaling", o.lr_scaling, LR_SCALINGS)
     _choice("train.schedule", t.schedule, SCHEDULES)
@@ -275,6 +354,47 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.device={t.device} is not auto, cpu, cuda or cuda:N")
     if d.name == "text_files" and not d.paths:
         raise ConfigError("data=text_files needs data.paths, e.g. data.paths='[corpus/*.txt]'")
+
+
+def _validate_batch_schedule(cfg: Config) -> None:
+    t = cfg.train
+    _choice("train.batch_schedule", t.batch_schedule, BATCH_SCHEDULES)
+    if t.batch_schedule == "constant":
+        return
+    name = f"train.batch_schedule={t.batch_schedule}"
+    if t.steps is not None:
+        raise ConfigError(f"{name} takes a token budget (train.tokens), not train.steps; "
+                          "set train.steps=null")
+    if t.batch_size_start is None:
+        raise ConfigError(f"{name} needs train.batch_size_start (the first batch, sequences)")
+    start, end, micro = t.batch_size_start, t.batch_size, micro_batch_size(cfg)
+    if not 0 < start <= end:
+        raise ConfigError(f"train.batch_size_start={start} must lie in [1, train.batch_size={end}]")
+    for key, value in (("train.batch_size_start", start), ("train.batch_size", end)):
+        if value % micro or not is_power_of_two(value // micro):
+            raise ConfigError(
+                f"{key}={value} is not a power of two times train.micro_batch_size={micro}; "
+                f"{name} changes the batch in doublings of the micro-batch"
+            )
+    if t.tokens < start * cfg.model.seq_len:
+        raise ConfigError(f"train.tokens={t.tokens} is less than one step of "
+                          f"train.batch_size_start={start}; raise train.tokens")
+    if not 0 < t.ramp_fraction <= 1:
+        raise ConfigError(f"train.ramp_fraction={t.ramp_fraction} must lie in (0, 1]")
+    if t.batch_schedule == "adaptive":
+        if not t.gns.enabled:
+            raise ConfigError("train.batch_schedule=adaptive follows the online B_noise; "
+                              "set train.gns.enabled=true")
+        if start < 2 * micro:
+            raise ConfigError(
+                f"train.batch_schedule=adaptive measures B_noise from >= 2 micro-batches a step, "
+                f"but train.batch_size_start={start} is one micro-batch of {micro}; set "
+                f"train.micro_batch_size={start // 2 or 1} or raise train.batch_size_start"
+            )
+        if t.adaptive.interval_steps < 1:
+            raise ConfigError(f"train.adaptive.interval_steps={t.adaptive.interval_steps} "
+                              "must be >= 1")
+        _positive("train.adaptive.noise_factor", t.adaptive.noise_factor)
 
 
 def to_config(cfg: DictConfig) -> Config:

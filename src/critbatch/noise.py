@@ -97,10 +97,14 @@ class NoiseEMA:
     steps: int = 0  # updates taken
     skipped: int = 0  # spikes and non-finite steps left out
 
-    def update(self, g2_small: float, g2_big: float, loss: float) -> dict:
-        """Fold in one step; return that step's raw estimates and the averaged values."""
-        g2 = g2_estimate(g2_small, g2_big, self.b, self.big)
-        trace = trace_estimate(g2_small, g2_big, self.b, self.big)
+    def update(self, g2_small: float, g2_big: float, loss: float, big: int | None = None) -> dict:
+        """Fold in one step; return that step's raw estimates and the averaged values.
+
+        `big`: this step's batch when it differs from `self.big` (a scheduled batch).
+        """
+        big = big or self.big
+        g2 = g2_estimate(g2_small, g2_big, self.b, big)
+        trace = trace_estimate(g2_small, g2_big, self.b, big)
         spike = self.weight > 0 and g2_big > self.spike_factor * self.big_sum / self.weight
         if all(math.isfinite(v) for v in (g2, trace, loss)) and not spike:
             d = self.decay

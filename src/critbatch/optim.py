@@ -79,10 +79,8 @@ def lr_factor(step: int, total_steps: int, train: TrainConfig) -> float:
     warmup = train.warmup_steps
     if step < warmup:
         return (step + 1) / warmup
-    floor = train.min_lr_ratio
-    if train.schedule == "constant":
-        return 1.0
     if train.schedule == "wsd":
+        floor = train.min_lr_ratio
         decay_steps = max(1, round(train.wsd_decay_fraction * total_steps))
         start = max(warmup, total_steps - decay_steps)
         if step < start:
@@ -90,13 +88,47 @@ def lr_factor(step: int, total_steps: int, train: TrainConfig) -> float:
         progress = (step - start + 1) / max(1, total_steps - start)
         return 1.0 - (1.0 - floor) * min(1.0, progress)
     span = max(1, total_steps - 1 - warmup)
-    progress = min(1.0, (step - warmup) / span)
+    return _decay(min(1.0, (step - warmup) / span), train)
+
+
+def lr_factor_by_tokens(step: int, tokens_done: int, budget: int, train: TrainConfig) -> float:
+    """Multiplier of the peak lr for a scheduled batch, whose step count is not known ahead.
+
+    Warmup is still linear over `warmup_steps` optimizer steps; after it the decay follows
+    the share of the token budget trained before this step, `tokens_done / budget`, in
+    place of the share of the steps (wsd: constant until 1 - wsd_decay_fraction of it).
+    """
+    if step < train.warmup_steps:
+        return (step + 1) / train.warmup_steps
+    progress = min(1.0, tokens_done / budget)
+    if train.schedule == "wsd":
+        start = 1.0 - train.wsd_decay_fraction
+        if progress < start:
+            return 1.0
+        return 1.0 - (1.0 - train.min_lr_ratio) * (progress - start) / train.wsd_decay_fraction
+    return _decay(progress, train)
+
+
+def _decay(progress: float, train: TrainConfig) -> float:
+    """cosine, linear or constant from 1 at progress 0 to min_lr_ratio at progress 1."""
+    floor = train.min_lr_ratio
+    if train.schedule == "constant":
+        return 1.0
     if train.schedule == "linear":
         return 1.0 - (1.0 - floor) * progress
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def batch_lr_ratio(optim: OptimConfig, batch_size: int, built_for: int) -> float:
+    """lr at `batch_size` over the lr the optimizers were built for (batch `built_for`), by
+    `optim.lr_scaling`; 1.0 exactly when the two batches agree."""
+    if batch_size == built_for:
+        return 1.0
+    return lr_multiplier(optim.lr_scaling, batch_size, built_for)
+
+
 def set_lr(optimizers: list, factor: float) -> None:
+    """Set every param group's lr to its `peak_lr` x `factor`."""
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["peak_lr"] * factor

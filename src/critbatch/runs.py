@@ -3,7 +3,8 @@
 A run directory holds:
 
 - `summary.json`  final results (keys in `SUMMARY_KEYS`), written atomically at the end;
-- `metrics.jsonl` one line per optimizer step (`step, tokens, lr, train_loss, grad_norm, time_s`);
+- `metrics.jsonl` one line per optimizer step (`step, tokens, batch_size, lr, train_loss,
+                  grad_norm, time_s`; `tokens` cumulative, `batch_size` that step's);
 - `config.json`   the resolved config, and Hydra's `.hydra/` (composed config, overrides);
 - `checkpoint.pt` the model weights, the config that built them and the step, plus the
                   optimizer and loop state a killed run resumes from (critbatch/checkpoint.py);

@@ -25,6 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from critbatch import checkpoint, runs
+from critbatch.batching import BatchPlan
 from critbatch.config import (
     CONF_DIR,
     Config,
@@ -47,7 +48,14 @@ from critbatch.distributed import (
 from critbatch.errors import ConfigError, CritbatchError, ResultsError, fail, user_errors
 from critbatch.model import GPT, param_count
 from critbatch.noise import MicroGradNorms, NoiseEMA
-from critbatch.optim import build_optimizers, lr_factor, set_lr, used_lr
+from critbatch.optim import (
+    batch_lr_ratio,
+    build_optimizers,
+    lr_factor,
+    lr_factor_by_tokens,
+    set_lr,
+    used_lr,
+)
 
 log = logging.getLogger("critbatch")
 
@@ -125,26 +133,36 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     optimizers = build_optimizers(model, cfg.optim, t.batch_size, device.type)
     lr = used_lr(cfg.optim, t.batch_size)
 
-    steps = total_steps(cfg)
+    scheduled = t.batch_schedule != "constant"
+    plan = BatchPlan(cfg)  # the batch of every step (constant, ramp or adaptive)
+    budget = plan.budget  # tokens
+    steps = total_steps(cfg) if not scheduled else None  # a scheduled run's: known at its end
     micro = micro_batch_size(cfg)
+    if ranks.parallel and scheduled:
+        raise ConfigError(f"train.batch_schedule={t.batch_schedule} runs in one process; "
+                          "use train.batch_schedule=constant under torchrun")
     if t.batch_size % (ranks.world * micro):
         raise ConfigError(
             f"train.batch_size={t.batch_size} does not split into {ranks.world} ranks x "
             f"micro-batches of {micro}; pick a batch size divisible by {ranks.world * micro}"
         )
-    local = t.batch_size // ranks.world  # sequences this rank trains on per step
+    local = t.batch_size // ranks.world  # sequences this rank trains on per step (constant)
     accum = local // micro
-    tokens_per_step = t.batch_size * m.seq_len
-    evals = set(eval_steps(steps, t.eval_points))
+    # evaluations: log-spaced in tokens; at the steps eval_steps picks for a constant batch
+    eval_at = [s * plan.start * m.seq_len
+               for s in eval_steps(budget // (plan.start * m.seq_len), t.eval_points)]
     val = val_windows(data.val, m.seq_len, t.eval_tokens)
     # gradient noise scale: the step's batch is the big batch; the small one is each rank's
     # share under torchrun, else each micro-batch of gradient accumulation
-    gns_on = t.gns.enabled and (ranks.parallel or accum >= 2)
+    gns_on = t.gns.enabled and (ranks.parallel or plan.end // micro >= 2)
     small = local if ranks.parallel else micro
     micro_norms = MicroGradNorms(model.parameters(), accum) if gns_on and not ranks.parallel \
         else None
     gns = NoiseEMA(t.gns.ema, b=small, big=t.batch_size)
     state = checkpoint.restore(ckpt, model, optimizers, gns) if ckpt else checkpoint.TrainState()
+    if state.step and not state.tokens:  # a checkpoint from before token counting: constant
+        state.tokens = state.step * t.batch_size * m.seq_len
+    plan.restore(state.batch_plan)
 
     log.info(
         f"data={cfg.data.name}: {data.train.size / 1e6:.2f}M train tokens, "
@@ -158,11 +176,21 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         f"optim: {cfg.optim.name}, lr {lr:.3g} (optim.lr {cfg.optim.lr:g}, scaling "
         f"{cfg.optim.lr_scaling}), {t.schedule} schedule, warmup {t.warmup_steps} steps"
     )
-    log.info(
-        f"train: {steps} steps x {t.batch_size} sequences x {m.seq_len} tokens = "
-        f"{steps * tokens_per_step / 1e6:.3f}M tokens; {accum} micro-batch(es) of {micro}; "
-        f"device {device}, {str(amp_dtype).removeprefix('torch.')}, compile {compile_model}"
-    )
+    where = (f"device {device}, {str(amp_dtype).removeprefix('torch.')}, "
+             f"compile {compile_model}")
+    if scheduled:
+        how = (f"linear in tokens over the first {t.ramp_fraction:.0%} of them"
+               if t.batch_schedule == "ramp" else
+               f"following {t.adaptive.noise_factor:g} x B_noise, changed at most every "
+               f"{t.adaptive.interval_steps} steps")
+        log.info(f"train: {t.batch_schedule} batch {plan.start} -> {t.batch_size} sequences "
+                 f"({how}) x {m.seq_len} tokens, {budget / 1e6:.3f}M tokens; micro-batches of "
+                 f"{micro}; lr x {cfg.optim.lr_scaling} rule at each change; {where}")
+    else:
+        log.info(
+            f"train: {steps} steps x {t.batch_size} sequences x {m.seq_len} tokens = "
+            f"{budget / 1e6:.3f}M tokens; {accum} micro-batch(es) of {micro}; {where}"
+        )
     if ranks.parallel:
         log.info(f"data-parallel: {ranks.world} ranks x {local} sequences")
     log.info(f"gns: B_noise tracked from small batches of {small} (ema {t.gns.ema})"
@@ -196,22 +224,34 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         settings=wandb.Settings(console="off", silent=True),
     )
     curve, losses = state.curve, state.losses  # eval points; train loss per step
-    pending: list[tuple] = []  # per step: step, lr, then loss, grad norm, |g_b|^2 (tensors), time
+    pending: list[tuple] = []  # per step: step, tokens, batch, lr, loss, grad norm, |g_b|^2, time
     status, reason, diverged_step = state.status, state.status_reason, state.diverged_step
     saver = checkpoint.Every(t.checkpoint_every_steps, t.checkpoint_every_minutes, state.step)
     t0 = time.perf_counter() - state.elapsed_s
-    start = state.step if status == "completed" else steps  # a diverged run is over
+    step, tokens_done, changes = state.step, state.tokens, state.batch_changes
+    eval_at = [x for x in eval_at if x > tokens_done]
+    batch_size = plan.next(step, tokens_done, gns.b_noise) if status == "completed" else 0
     with finishing(wandb_run), logging_redirect_tqdm():
-        bar = tqdm(total=steps, initial=state.step, desc="train", unit="step",
+        # the bar counts tokens when the step count is not known ahead
+        bar = tqdm(total=steps or budget, initial=state.step if steps else tokens_done,
+                   desc="train", unit="step" if steps else "tok", unit_scale=not steps,
                    disable=None if ranks.main else True)
-        for step in range(start, steps):
-            factor = lr_factor(step, steps, t)
+        while batch_size:  # 0 once the budget is spent or the run diverged
+            if scheduled:
+                factor = lr_factor_by_tokens(step, tokens_done, budget, t)
+                factor *= batch_lr_ratio(cfg.optim, batch_size, t.batch_size)
+            else:
+                factor = lr_factor(step, steps, t)
             set_lr(optimizers, factor)
-            batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)  # (B, T+1)
+            local = batch_size // ranks.world
+            accum = local // micro
+            batch = sample_batch(data.train, m.seq_len, batch_size, t.seed, step)  # (B, T+1)
             batch = batch[ranks.rank * local : (ranks.rank + 1) * local]  # this rank's share
             batch = batch.to(device, non_blocking=True)
             loss_sum = torch.zeros((), device=device)
             micro_sq = torch.zeros((), device=device)  # sum over micro-batches of |g_b|^2
+            if micro_norms is not None:
+                micro_norms.accum = accum
             for i in range(accum):
                 x = batch[i * micro : (i + 1) * micro, :-1]  # (micro, T)
                 y = batch[i * micro : (i + 1) * micro, 1:]
@@ -231,19 +271,24 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             for opt in optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            pending.append((step + 1, factor * lr, loss_sum / accum, grad_norm, small_sq,
-                            time.perf_counter() - t0))
-            bar.update()
+            step, tokens_done = step + 1, tokens_done + batch_size * m.seq_len
+            pending.append((step, tokens_done, batch_size, accum, factor * lr, loss_sum / accum,
+                            grad_norm, small_sq, time.perf_counter() - t0))
+            bar.update(1 if steps else batch_size * m.seq_len)
 
-            done = step + 1
-            save_now = ranks.main and done < steps and saver.due(done)  # after a flush
-            if save_now or done in evals or done % t.log_every == 0 or done == steps:
-                rows = _flush(pending, tokens_per_step)
+            done = step
+            last = plan.is_last(tokens_done)
+            eval_now = last or (eval_at and tokens_done >= eval_at[0])
+            save_now = ranks.main and not last and saver.due(done)  # after a flush
+            if save_now or eval_now or done % t.log_every == 0 or last:
+                rows = _flush(pending)
                 pending.clear()
                 for row in rows:
-                    g2_small = row.pop("small_grad_sq")
-                    if gns_on:  # |g_B|^2 is the pre-clipping norm of the accumulated gradient
-                        row.update(gns.update(g2_small, row["grad_norm"] ** 2, row["train_loss"]))
+                    g2_small, row_accum = row.pop("small_grad_sq"), row.pop("accum")
+                    if gns_on and (ranks.parallel or row_accum >= 2):
+                        # |g_B|^2 is the pre-clipping norm of the accumulated gradient
+                        row.update(gns.update(g2_small, row["grad_norm"] ** 2, row["train_loss"],
+                                              big=row["batch_size"]))
                 if ranks.main:
                     runs.append_jsonl(metrics_path, rows)
                 for row in rows:
@@ -254,13 +299,14 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 reason = is_diverged(losses, losses[0], t.diverge_factor, t.diverge_window)
                 if reason:
                     status, diverged_step = "diverged", done
-                    log.warning(f"step:{done}/{steps} diverged: {reason}; stopping")
-            if done in evals and status == "completed":
+                    log.warning(f"step:{done}/{steps or '?'} diverged: {reason}; stopping")
+            if eval_now and status == "completed":
+                eval_at = [x for x in eval_at if x > tokens_done]
                 t_eval = time.perf_counter()
                 val_loss = evaluate(step_model, val, micro, device, autocast)
                 point = {
                     "step": done,
-                    "tokens": done * tokens_per_step,
+                    "tokens": tokens_done,
                     "val_loss": val_loss,
                     "val_loss_per_byte": val_loss / data.bytes_per_token,
                     "eval_time_s": time.perf_counter() - t_eval,
@@ -269,25 +315,33 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 wandb_run.log({k: point[k] for k in ("tokens", "val_loss", "val_loss_per_byte")},
                               step=done)
                 log.info(
-                    f"step:{done}/{steps} tokens:{point['tokens'] / 1e6:.3f}M "
+                    f"step:{done}/{steps or '?'} tokens:{point['tokens'] / 1e6:.3f}M "
                     f"val_loss:{val_loss:.4f} val_loss_per_byte:{point['val_loss_per_byte']:.4f} "
                     f"train_loss:{losses[-1]:.4f} lr:{factor * lr:.3g}"
+                    + (f" batch:{batch_size}" if scheduled else "")
                 )
             if status == "diverged":
                 break
+            previous, batch_size = batch_size, plan.next(step, tokens_done, gns.b_noise)
+            if scheduled and batch_size and batch_size != previous:
+                changes.append({"step": step, "tokens": tokens_done, "batch_size": batch_size})
+                log.info(f"step:{step} tokens:{tokens_done / 1e6:.3f}M batch {previous} -> "
+                         f"{batch_size} sequences" + (f" (B_noise {gns.b_noise:.0f})"
+                                                      if gns.b_noise is not None else ""))
             if save_now:
                 snap = checkpoint.TrainState(done, curve, losses, status, reason, diverged_step,
                                              time.perf_counter() - t0, wandb_run.id,
-                                             state.resumed_at)
+                                             state.resumed_at, tokens_done, changes, plan.state())
                 saver.record(done, checkpoint.save(ckpt_path, model, optimizers, resolved, gns,
                                                    snap))
         bar.close()
 
         wall_time = time.perf_counter() - t0
-        done_steps = diverged_step or steps
+        done_steps = step
         if ranks.main:  # the final checkpoint: the weights other programs read, and the state
             snap = checkpoint.TrainState(done_steps, curve, losses, status, reason, diverged_step,
-                                         wall_time, wandb_run.id, state.resumed_at)
+                                         wall_time, wandb_run.id, state.resumed_at, tokens_done,
+                                         changes, plan.state())
             saver.record(done_steps, checkpoint.save(ckpt_path, model, optimizers, resolved, gns,
                                                      snap))
         train_seconds = max(1e-9, wall_time - _eval_time(curve))
@@ -310,7 +364,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "batch_size": t.batch_size,
             "micro_batch_size": micro,
             "steps": done_steps,
-            "tokens": done_steps * tokens_per_step,
+            "tokens": tokens_done,
             "warmup_steps": t.warmup_steps,
             "schedule": t.schedule,
             "bytes_per_token": data.bytes_per_token,
@@ -318,7 +372,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "val_loss_per_byte": final["val_loss_per_byte"] if final else float("nan"),
             "curve": [{k: p[k] for k in runs.CURVE_KEYS} for p in curve],
             "wall_time_s": wall_time,
-            "tokens_per_s": done_steps * tokens_per_step / train_seconds,
+            "tokens_per_s": tokens_done / train_seconds,
             "data_name": cfg.data.name,
             "data_fingerprint": data.fingerprint,
             "git_revision": runs.git_revision(),
@@ -328,6 +382,15 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             "status_reason": reason,
             "diverged_step": diverged_step,
             "lr_scaling": cfg.optim.lr_scaling,
+            "base_lr": cfg.optim.lr,  # the lr at base_batch_size, before lr_scaling
+            "base_batch_size": cfg.optim.base_batch_size,
+            # batch schedule (constant: start = final = mean = batch_size, no changes)
+            "batch_schedule": t.batch_schedule,
+            "batch_size_start": plan.start,
+            "batch_size_final": _final_batch(plan.start, changes),  # the last step's
+            "batch_size_max": max([plan.start] + [c["batch_size"] for c in changes]),
+            "batch_size_mean": tokens_done / max(1, done_steps) / m.seq_len,
+            "batch_changes": changes,  # {step, tokens, batch_size}: the batch from `step` on
             "min_lr_ratio": t.min_lr_ratio,
             "device": str(device),
             "dtype": str(amp_dtype).removeprefix("torch."),
@@ -381,23 +444,30 @@ def _eval_time(curve: list[dict]) -> float:
     return sum(p["eval_time_s"] for p in curve)
 
 
-def _flush(pending: list[tuple], tokens_per_step: int) -> list[dict]:
+def _final_batch(start: int, changes: list[dict]) -> int:
+    return changes[-1]["batch_size"] if changes else start
+
+
+def _flush(pending: list[tuple]) -> list[dict]:
     """Turn buffered per-step tensors into metrics rows with one host sync."""
     if not pending:
         return []
-    values = torch.stack([torch.stack([p[2].float(), p[3].float(), p[4].float()])
+    values = torch.stack([torch.stack([p[5].float(), p[6].float(), p[7].float()])
                           for p in pending]).tolist()
     return [
         {
             "step": step,
-            "tokens": step * tokens_per_step,
+            "tokens": tokens,
+            "batch_size": batch_size,  # sequences this step
             "lr": lr,
             "train_loss": loss,
             "grad_norm": gnorm,
             "time_s": elapsed,
+            "accum": accum,  # micro-batches this step (used, then dropped)
             "small_grad_sq": small_sq,  # mean |g_b|^2 over the small batches (0 when gns off)
         }
-        for (step, lr, *_, elapsed), (loss, gnorm, small_sq) in zip(pending, values, strict=True)
+        for (step, tokens, batch_size, accum, lr, *_, elapsed), (loss, gnorm, small_sq)
+        in zip(pending, values, strict=True)
     ]
 
 
