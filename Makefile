@@ -9,10 +9,11 @@ JOBS ?= auto
 OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint format train sweep-batch sweep-widths wandb-sync clean
+.PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-stability \
+        sweep-schedules wandb-sync clean
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 install: $(STAMP) ## create .venv/ with torch (CPU build) and critbatch[dev]; fast when done
 
@@ -51,6 +52,12 @@ sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, 
 
 sweep-widths: install ## Kaplan's B_crit(L) law: every width's baseline + batch grid, report [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep widths --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+
+sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumulation check, report [SCALE= JOBS= OPT=]
+	$(PY) -m critbatch.sweep stability --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+
+sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive [SCALE= JOBS= OPT=]
+	$(PY) -m critbatch.sweep schedules --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
 wandb-sync: install ## upload the offline W&B runs under runs/ (after `wandb login`)
 	@runs=$$(find runs -type d -name 'offline-run-*' -path '*/wandb/*' 2>/dev/null); \

@@ -21,7 +21,7 @@ STAGES = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
 
 
 def test_every_stage_belongs_to_an_experiment_and_says_what_it_answers():
-    used = {stage for stages, _ in EXPERIMENTS.values() for stage in stages}
+    used = {stage for exp in EXPERIMENTS.values() for stage in exp.stages}
     assert used == set(STAGES)
     for stage in STAGES:
         first = (SWEEPS_DIR / f"{stage}.yaml").read_text().splitlines()[0]
@@ -141,3 +141,39 @@ def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():
     assert parse_jobs("3", "cpu") == 3
     with pytest.raises(ConfigError, match="JOBS=0"):
         parse_jobs("0", "cpu")
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
+def test_stability_plan_at_every_scale(scale):
+    tuning = plan_stage("stability_lr", scale, "adamw", [])
+    assert {j.cfg.train.batch_size for j in tuning} == {64}
+    assert len({j.cfg.optim.lr for j in tuning}) == 3
+    study = plan_stage("stability", scale, "muon", ["optim.lr=0.02"])
+    assert sorted(j.cfg.train.batch_size for j in study) == [1, 4, 16, 64, 256]
+    for job in study:  # a fixed number of steps; the lr is carried from 64 by sqrt
+        cfg = job.cfg
+        assert cfg.train.steps == cfg.grid.stability.steps and cfg.optim.lr == 0.02
+        assert (cfg.optim.lr_scaling, cfg.optim.base_batch_size) == ("sqrt", 64)
+    assert "optim.lr=0.02" in study[0].run_dir.name
+    (accum,) = plan_stage("stability_accum", scale, "adamw", ["optim.lr=0.004"])
+    assert (accum.cfg.train.batch_size, accum.cfg.train.micro_batch_size) == (64, 4)
+    linear = plan_stage("stability", scale, "adamw", ["optim.lr_scaling=linear"])
+    assert {j.cfg.optim.lr_scaling for j in linear} == {"linear"}
+
+
+@pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
+def test_schedule_arms_train_equal_tokens(scale):
+    for optimizer in ("adamw", "muon"):
+        jobs = {j.run_dir.name.split(",")[0]: j for j in plan_stage("schedules", scale,
+                                                                  optimizer, [])}
+        assert set(jobs) == {"arm=constant_small", "arm=constant_large", "arm=ramp",
+                             "arm=adaptive"}
+        grid = jobs["arm=ramp"].cfg.grid.schedules
+        assert len({j.tokens for j in jobs.values()}) == 1  # equal tokens, exactly
+        assert jobs["arm=constant_small"].cfg.train.batch_size == grid.small
+        assert jobs["arm=constant_large"].cfg.train.batch_size == grid.large
+        for arm in ("ramp", "adaptive"):
+            t = jobs[f"arm={arm}"].cfg.train
+            assert (t.batch_schedule, t.batch_size_start, t.batch_size) == (arm, grid.small,
+                                                                            grid.large)
+        assert {j.cfg.optim.base_batch_size for j in jobs.values()} == {grid.small}

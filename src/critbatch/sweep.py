@@ -1,12 +1,14 @@
 """Run a whole experiment: its Hydra multiruns, the noise measurement, and the report.
 
 `python -m critbatch.sweep batch --scale cpu --jobs 1 --opt adamw,muon` (what
-`make sweep-batch` calls) runs, in order:
+`make sweep-batch` calls; likewise widths, stability and schedules) runs, in order:
 
 1. the multiruns of the experiment (`sweeps/<stage>.yaml`, one per optimizer),
-   skipping every run whose directory already holds a valid summary.json;
-2. `python -m critbatch.noise` on the baseline's largest-budget run, per optimizer;
-3. `python analysis/fit_bcrit.py` over the experiment's run directories;
+   skipping every run whose directory already holds a valid summary.json; a stage
+   that carries a tuned lr gets the best lr of the tuning stage as `optim.lr`;
+2. `python -m critbatch.noise` on the baseline's largest-budget run, per optimizer
+   (batch and widths);
+3. the experiment's analysis script over its run directories;
 
 and prints where the report is. Run directories are `runs/<stage>/<scale>/<overrides>`,
 named by their override values, so a second call trains nothing and an interrupted
@@ -27,15 +29,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from critbatch import runs
-from critbatch.config import CONF_DIR, Config, register_configs, to_config
+from critbatch.config import CONF_DIR, Config, register_configs, to_config, token_budget
 from critbatch.errors import ConfigError, ResultsError, user_errors
 
 REPO = CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
-ANALYSIS_SCRIPT = REPO / "analysis" / "fit_bcrit.py"
-EXPERIMENTS = {  # experiment -> (stages in order, stage whose largest budget gets B_noise)
-    "batch": (("baseline", "batch"), "baseline"),
-    "widths": (("widths", "widths_batch"), "widths"),
+ANALYSIS_DIR = REPO / "analysis"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    stages: tuple[str, ...]  # sweeps/<stage>.yaml, run in this order
+    analysis: str  # analysis/<script> over the stages' folders
+    noise_stage: str | None = None  # its largest-budget run gets the offline B_noise
+    tuning_stage: str | None = None  # the later stages train at its best optim.lr
+    report: str = ""  # the stage whose folder holds the report (runs/<it>/<scale>/report)
+
+    @property
+    def report_stage(self) -> str:
+        return self.report or self.stages[-1]
+
+
+EXPERIMENTS = {
+    "batch": Experiment(("baseline", "batch"), "fit_bcrit.py", noise_stage="baseline"),
+    "widths": Experiment(("widths", "widths_batch"), "fit_bcrit.py", noise_stage="widths"),
+    "stability": Experiment(("stability_lr", "stability", "stability_accum"), "stability.py",
+                            tuning_stage="stability_lr", report="stability"),
+    "schedules": Experiment(("schedules",), "schedules.py"),
 }
 RUN_OVERHEAD_S = 2.0  # per-run start-up, eval and checkpoint time, for the estimate
 
@@ -58,9 +78,7 @@ class Job:
 
     @property
     def tokens(self) -> int:
-        c = self.cfg
-        steps = c.train.tokens // (c.train.batch_size * c.model.seq_len)
-        return steps * c.train.batch_size * c.model.seq_len
+        return token_budget(self.cfg)
 
 
 def resolve_scale(scale: str) -> str:
@@ -88,7 +106,7 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
     try:
         with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
             root = compose(stage, overrides=search + cli, return_hydra_config=True)
-            params = [f"{k}={v}" for k, v in root.hydra.sweeper.params.items()]
+            params = [f"{k}={v}" for k, v in (root.hydra.sweeper.params or {}).items()]
             parsed = OverridesParser.create().parse_overrides(params + cli)
             jobs = []
             for overrides in BasicSweeper.split_arguments(parsed, None)[0]:
@@ -170,41 +188,89 @@ def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_
     return subprocess.call(cmd, env=env)
 
 
+def final_loss(job: Job) -> float:
+    """A finished job's final val loss (nats/token); inf when it diverged."""
+    loss = runs.read_summary(job.run_dir)["val_loss"]
+    return loss if math.isfinite(loss) else math.inf
+
+
 def noise_target(jobs: list[Job], stage: str, optimizer: str) -> Job | None:
     """The baseline's largest-budget run (best lr among those completed) for B_noise."""
     done = [j for j in jobs if j.stage == stage and j.optimizer == optimizer and j.done]
     if not done:
         return None
     top = max(j.tokens for j in done)
-
-    def final_loss(job: Job) -> float:
-        loss = runs.read_summary(job.run_dir)["val_loss"]
-        return loss if math.isfinite(loss) else math.inf
-
     return min((j for j in done if j.tokens == top), key=final_loss)
+
+
+def tuned_lr(jobs: list[Job], stage: str, optimizer: str) -> float | None:
+    """`optim.lr` of the tuning stage's best finished run (lowest final val loss), or None
+    while none of its runs has finished without diverging."""
+    done = [j for j in jobs if j.stage == stage and j.optimizer == optimizer and j.done]
+    best = min(done, key=final_loss, default=None)
+    if best is None or final_loss(best) == math.inf:
+        return None
+    return best.cfg.optim.lr
+
+
+def stage_extra(exp: Experiment, stage: str, optimizer: str, plan: list[Job],
+                extra: list[str]) -> list[str] | None:
+    """The overrides of one stage: `extra`, plus the tuned lr for the stages after a tuning
+    stage (None when the tuning stage has no usable run yet)."""
+    if exp.tuning_stage is None or stage == exp.tuning_stage:
+        return extra
+    lr = tuned_lr(plan, exp.tuning_stage, optimizer)
+    return None if lr is None else [*extra, f"optim.lr={lr!r}"]
+
+
+def plan_experiment(exp: Experiment, scale: str, optimizers: list[str], extra: list[str],
+                    plan: list[Job] | None = None) -> list[Job]:
+    """Every job of the experiment that can be planned now (a stage waiting for its tuned lr
+    is planned at its tuning grid's middle lr, as an estimate, until the lr is known)."""
+    jobs: list[Job] = []
+    for stage, opt in itertools.product(exp.stages, optimizers):
+        overrides = stage_extra(exp, stage, opt, (plan or []) + jobs, extra)
+        if overrides is None:
+            grid = [j.cfg.optim.lr for j in jobs if (j.stage, j.optimizer) ==
+                    (exp.tuning_stage, opt)]
+            overrides = [*extra, f"optim.lr={grid[len(grid) // 2]!r}"] if grid else extra
+        jobs += plan_stage(stage, scale, opt, overrides)
+    return jobs
 
 
 def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: list[str],
                    extra: list[str]) -> int:
     """Every stage of an experiment; returns how many runs or stages did not complete."""
-    stages, noise_stage = EXPERIMENTS[experiment]
+    exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
-    plan = [j for stage, opt in itertools.product(stages, optimizers)
-            for j in plan_stage(stage, scale, opt, extra)]
+    plan = plan_experiment(exp, scale, optimizers, extra)
     print_plan(experiment, scale, plan, jobs_at_once)
     device = "cuda" if scale == "gpu" else "cpu"
     t0 = time.perf_counter()
-    for stage, optimizer in itertools.product(stages, optimizers):
+    problems = []
+    for stage, optimizer in itertools.product(exp.stages, optimizers):
+        overrides = stage_extra(exp, stage, optimizer, plan, extra)
+        if overrides is None:
+            problems.append(f"{stage} (optim={optimizer}) not run: every run of "
+                            f"{exp.tuning_stage} diverged or failed, so no lr to carry")
+            plan = [j for j in plan if (j.stage, j.optimizer) != (stage, optimizer)]
+            continue
+        if stage != exp.tuning_stage and exp.tuning_stage:  # the tuned lr is known now
+            plan = [j for j in plan if (j.stage, j.optimizer) != (stage, optimizer)]
+            plan += plan_stage(stage, scale, optimizer, overrides)
+            print(f"== {stage} (optim={optimizer}): {overrides[-1]}, the best of "
+                  f"{exp.tuning_stage}")
         part = [j for j in plan if (j.stage, j.optimizer) == (stage, optimizer)]
         if all(j.done for j in part):
             print(f"== {stage} (optim={optimizer}): all {len(part)} runs complete, skipped")
             continue
-        launch_stage(stage, scale, optimizer, extra, jobs_at_once, device)
+        launch_stage(stage, scale, optimizer, overrides, jobs_at_once, device)
 
     failed = [j for j in plan if not j.done]
-    problems = [f"run did not complete (see its train.log): {j.run_dir}" for j in failed]
+    problems += [f"run did not complete (see its train.log): {j.run_dir}" for j in failed]
 
-    if importlib.util.find_spec("critbatch.noise") is not None:
+    if exp.noise_stage and importlib.util.find_spec("critbatch.noise") is not None:
+        noise_stage = exp.noise_stage
         for optimizer in optimizers:
             target = noise_target(plan, noise_stage, optimizer)
             if target is None:
@@ -216,13 +282,14 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
             if subprocess.call([sys.executable, "-m", "critbatch.noise", str(target.run_dir)]):
                 problems.append(f"the noise measurement failed on {target.run_dir}")
 
-    report_dir = Path("runs") / stages[-1] / scale / "report"
-    if ANALYSIS_SCRIPT.exists():
-        sweep_dirs = sorted({str(j.run_dir.parent) for j in plan})
-        print(f"\n== analysis: python {ANALYSIS_SCRIPT.relative_to(REPO)} "
+    report_dir = Path("runs") / exp.report_stage / scale / "report"
+    script = ANALYSIS_DIR / exp.analysis
+    if script.exists():
+        sweep_dirs = sorted({str(j.run_dir.parent) for j in plan if j.run_dir.parent.exists()})
+        print(f"\n== analysis: python {script.relative_to(REPO)} "
               f"{' '.join(sweep_dirs)} --out {report_dir}", flush=True)
-        if subprocess.call([sys.executable, str(ANALYSIS_SCRIPT), *sweep_dirs,
-                            "--out", str(report_dir)]):
+        if subprocess.call([sys.executable, str(script), *sweep_dirs, "--out",
+                            str(report_dir)]):
             problems.append("the analysis failed (its message is above)")
     minutes = (time.perf_counter() - t0) / 60
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
