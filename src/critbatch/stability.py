@@ -100,7 +100,10 @@ WHY_UNSTABLE = (
     "spikes or oscillation. A step's train loss averages B independent sequences, so its "
     "sampling variance is Var_1/B and B x Var is the same at every batch size for a stable run; "
     "the fitted parabola is removed first because a loss that is still falling is a trend, "
-    "not noise.")
+    "not noise. Caveat: B x Var assumes the spread of the per-sequence losses is alike at every "
+    "batch size, which holds when the runs reach similar losses; a run far behind the "
+    "reference (near initialisation every sequence's loss is close to ln V) shows less noise, "
+    "so there the rule errs toward 'stable'.")
 PLOTS = {
     "train_loss": "Train loss versus step per batch size (faint: every step; solid: moving "
                   "average)",
@@ -851,18 +854,20 @@ def label_log_ticks(axis, values: list[float]) -> None:
 
 
 def _panels(n: int, title: str, cols_max: int = 3):
+    import textwrap
+
     import matplotlib.pyplot as plt
 
     n = max(1, n)
     cols = min(cols_max, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    width_in, height_in = 6 * cols, 4.2 * rows
+    fig, axes = plt.subplots(rows, cols, figsize=(width_in, height_in), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
-    width_in, height_in = 5 * cols, 4 * rows
     fig.subplots_adjust(left=0.8 / width_in, right=1 - 0.15 / width_in, bottom=0.55 / height_in,
-                        top=1 - 0.6 / height_in, wspace=0.32, hspace=0.45)
-    fig.suptitle(title, fontsize=9)
+                        top=1 - 0.75 / height_in, wspace=0.3, hspace=0.5)
+    fig.suptitle(textwrap.fill(title, 16 * width_in), fontsize=9)
     return fig, list(axes.flat[:n])
 
 
@@ -902,8 +907,8 @@ def plot_per_batch(result: dict, path: Path, which: int, ylabel: str, title: str
             finite += list(values[np.isfinite(values)])
         if not g["per_batch"]:
             empty_axes(ax, f"no {BATCH_STAGE} runs")
-        if tops:  # a diverging loss must not squash the others: stop the axis at 1.5 x start
-            ax.set_ylim(top=1.5 * max(tops))
+        if tops and max(finite) > 1.5 * max(tops):  # a diverging loss must not squash the
+            ax.set_ylim(top=1.5 * max(tops))            # others: stop the axis at 1.5 x start
         log_axes(ax, x=True, y=log_y)
         if log_y and finite:
             label_log_ticks(ax.yaxis, list(np.geomspace(min(finite), max(finite), 5)))
@@ -1003,7 +1008,7 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
     plot_per_batch(result, out / "train_loss.png", 1, "train loss (nats/token)",
                    PLOTS["train_loss"], log_y=False)
     plot_per_batch(result, out / "grad_norm.png", 2,
-                   "L2 norm of d loss / d weights before clipping (nats/token)",
+                   "gradient L2 norm before clipping (nats/token)",
                    PLOTS["grad_norm"], log_y=True)
     plot_accumulation(result, out / "accumulation.png")
     plot_lr_tuning(result, out / "lr_tuning.png")
