@@ -172,6 +172,23 @@ def test_diverged_and_nan_runs_are_left_out(tmp_path):
     assert any("10 diverged" in w and "1 NaN" in w for w in result["fits"]["warnings"])
 
 
+def test_a_scheduled_batch_run_is_left_out_by_name_not_fitted_at_its_cap(tmp_path):
+    synthetic_sweep(tmp_path)
+    dirs, _ = runs.find_run_dirs([tmp_path])
+    ramp = tmp_path / "ramp_run"
+    ramp.mkdir()
+    summary = read_summary(dirs[-1])
+    summary.update(batch_schedule="ramp", batch_size_start=16, batch_size_max=256,
+                   batch_size_mean=97.3, steps=411)
+    runs.write_json_atomic(ramp / "summary.json", summary)
+    result = analyse_dir(tmp_path)
+    (left,) = [d for d in result["left_out"] if d["reason"] == "scheduled batch"]
+    assert left["run_dir"] == str(ramp)
+    assert "16 -> 256 sequences, mean 97.3, 411 steps" in left["detail"]
+    assert all(r["run_dir"] != str(ramp) for r in result["fits"]["per_run"])
+    assert all(rel_err(r["b_crit"]) < 0.10 for r in result["fits"]["per_run"])
+
+
 def test_edge_optimum_is_flagged(tmp_path):
     synthetic_sweep(tmp_path, lr_grid_shift=2.0)  # the best lr is 4x the grid centre: beyond it
     result = analyse_dir(tmp_path)

@@ -63,7 +63,8 @@ def split_runs(runs: list[dict]) -> tuple[dict[tuple, list[dict]], list[dict], l
     (GROUP_KEYS). Left out, each with a reason: `diverged` (status), `NaN` (a completed run
     whose final loss is not finite), `incomplete` (no eval point or no tokens) and
     `mismatched` (a data fingerprint that differs from the majority of its group: same
-    corpus name, different text or tokenizer). Returns (groups, left_out, warnings).
+    corpus name, different text or tokenizer) and `scheduled batch` (a ramp or adaptive
+    batch: no one batch size). Returns (groups, left_out, warnings).
     """
     groups: dict[tuple, list[dict]] = defaultdict(list)
     left_out, warnings = [], []
@@ -77,6 +78,13 @@ def split_runs(runs: list[dict]) -> tuple[dict[tuple, list[dict]], list[dict], l
         elif not is_finite(run["val_loss"]):
             left_out.append({"run_dir": where, "reason": "NaN",
                              "detail": f"final val_loss is {run['val_loss']}"})
+        elif run.get("batch_schedule", "constant") != "constant":
+            left_out.append({"run_dir": where, "reason": "scheduled batch", "detail": (
+                f"a {run['batch_schedule']} batch ({run.get('batch_size_start')} -> "
+                f"{run.get('batch_size_max', run['batch_size'])} sequences, mean "
+                f"{run.get('batch_size_mean', float('nan')):.1f}, {run['steps']:,} steps for "
+                f"{run['tokens']:,} tokens) has no single batch size to fit B_crit at; "
+                "python analysis/schedules.py compares it by its steps and tokens")})
         elif not run["curve"] or not run["tokens"] or not run["batch_size"]:
             left_out.append({"run_dir": where, "reason": "incomplete",
                              "detail": "no eval point, tokens or batch_size recorded"})
