@@ -84,6 +84,26 @@ def test_resume_after_an_interruption_is_bitwise_the_uninterrupted_run(
     assert summary["b_noise"] is not None
 
 
+@pytest.mark.parametrize("schedule", ["ramp", "adaptive"])
+def test_a_scheduled_batch_resumes_bitwise(tiny_cfg, tmp_path, monkeypatch, schedule):
+    """The batch plan (tokens so far, the adaptive controller, its changes) survives a kill."""
+    cfg = tiny_cfg("optim=muon", f"train.batch_schedule={schedule}", "train.batch_size_start=8",
+                   "train.batch_size=32", "train.micro_batch_size=4", "train.tokens=32768",
+                   "train.ramp_fraction=0.5", "train.adaptive.interval_steps=4",
+                   "train.warmup_steps=3", "train.log_every=3", "train.checkpoint_every_steps=6",
+                   "train.eval_points=5")
+    reference = train(cfg, tmp_path / "reference")
+    assert len({r["batch_size"] for r in runs.read_metrics(tmp_path / "reference")}) >= 2
+    interrupt_at(monkeypatch, 20)
+    with pytest.raises(Interrupted):
+        train(cfg, tmp_path / "resumed")
+    monkeypatch.undo()
+    summary = train(cfg, tmp_path / "resumed")
+    assert summary["resumed_at"] == [18]
+    assert comparable(tmp_path / "resumed") == comparable(tmp_path / "reference")
+    assert summary["batch_changes"] == reference["batch_changes"]
+
+
 def _cli(run_dir: Path, overrides: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "critbatch.train", *overrides,
                              f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
