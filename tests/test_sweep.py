@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -177,3 +178,48 @@ def test_schedule_arms_train_equal_tokens(scale):
             assert (t.batch_schedule, t.batch_size_start, t.batch_size) == (arm, grid.small,
                                                                             grid.large)
         assert {j.cfg.optim.base_batch_size for j in jobs.values()} == {grid.small}
+
+
+def _study(name: str, cwd: Path, cache_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "critbatch.sweep", name, "--scale", "smoke", "--opt",
+           "adamw,muon", f"data.cache_dir={cache_dir}", "logger.mode=disabled", *extra]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_stability_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
+    proc = _study("stability", tmp_path, cache_dir, "grid.stability.steps=40")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = tmp_path / "runs/stability/smoke/report"
+    for name in ("report.md", "stability.json", "train_loss.png", "grad_norm.png",
+                 "accumulation.png", "lr_tuning.png"):
+        assert (report / name).stat().st_size > 0, name
+    doc = json.loads((report / "stability.json").read_text())
+    assert sorted(g["optimizer"] for g in doc["groups"]) == ["adamw", "muon"]
+    for group in doc["groups"]:
+        assert [r["batch_size"] for r in group["per_batch"]] == [1, 4, 16, 64, 256]
+        assert all(r["steps"] == 40 and r["verdict"] for r in group["per_batch"])
+        (accum,) = group["accumulation"]
+        assert accum["verdict"].startswith("matches")
+        assert accum["first_steps_max_rel_diff"] < 1e-5
+        assert group["base_lr"] == group["lr_tuning"]["best_lr"]  # the tuned lr was carried
+
+
+@pytest.mark.slow
+def test_schedule_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
+    proc = _study("schedules", tmp_path, cache_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    report = tmp_path / "runs/schedules/smoke/report"
+    for name in ("report.md", "schedules.json", "batch_vs_tokens.png", "loss_vs_steps.png",
+                 "loss_vs_tokens.png"):
+        assert (report / name).stat().st_size > 0, name
+    doc = json.loads((report / "schedules.json").read_text())
+    assert sorted(g["optimizer"] for g in doc["groups"]) == ["adamw", "muon"]
+    for group in doc["groups"]:
+        arms = {a["arm"]: a for a in group["arms"]}
+        assert set(arms) == {"constant small", "constant large", "ramp", "adaptive"}
+        assert {a["tokens"] for a in arms.values()} == {65536}  # equal tokens, exactly
+        small = arms["constant small"]["steps"]
+        assert small == 65536 // (4 * 32)
+        for name in ("ramp", "adaptive", "constant large"):
+            assert arms[name]["steps"] < small and arms[name]["s_small_kind"]
