@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Compare batch-size schedules (constant, ramp, adaptive) at equal tokens and write the report.
 
-    python analysis/schedules.py [PATHS...] [--out DIR]
+    python analysis/schedules.py [PATHS...] [--out DIR] [--wandb offline|online|disabled]
 
 PATHS are run directories or folders searched recursively for summary.json (default: the
 most recently written runs/schedules/<scale> folder). Writes report.md, schedules.json and
 the plots to --out (default: <that folder>/report/). The work is done by
-`critbatch.schedules.run_report`; this file only parses arguments.
+`critbatch.schedules.run_analysis`; this file only parses arguments.
 """
 
 from __future__ import annotations
@@ -14,16 +14,21 @@ from __future__ import annotations
 import argparse
 
 from critbatch.errors import user_errors
-from critbatch.schedules import run_report
+from critbatch.schedules import run_analysis
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", help="run directories or sweep folders")
     parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
+    parser.add_argument("--wandb", dest="wandb_mode", default="offline",
+                        choices=("offline", "online", "disabled"),
+                        help="how to log the report to W&B (default: offline)")
+    parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
     args = parser.parse_args(argv)
     with user_errors():
-        run_report(args.paths, args.out)
+        run_analysis(args.paths, args.out, wandb_mode=args.wandb_mode,
+                     project=args.project)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Analyse the small-batch stability study and write its report (science.md section 6).
 
-    python analysis/stability.py [PATHS...] [--out DIR]
+    python analysis/stability.py [PATHS...] [--out DIR] [--wandb offline|online|disabled]
 
 PATHS are run directories or folders searched recursively for summary.json (default: the
 stability stages of the most recently written scale: runs/stability_lr/<scale>,
@@ -22,9 +22,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", help="run directories or stability sweep folders")
     parser.add_argument("--out", help="report folder (default: runs/stability/<scale>/report)")
+    parser.add_argument("--wandb", dest="wandb_mode", default="offline",
+                        choices=("offline", "online", "disabled"),
+                        help="how to log the report to W&B (default: offline)")
+    parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
     args = parser.parse_args(argv)
     with user_errors():
-        run_analysis(args.paths, args.out)
+        run_analysis(args.paths, args.out, wandb_mode=args.wandb_mode,
+                     project=args.project)
 
 
 if __name__ == "__main__":

@@ -304,6 +304,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
     out = tmp_path / "rep"
     for name in ("report.md", "schedules.json", *(f"{p}.png" for p in schedules.PLOTS)):
         assert (out / name).stat().st_size > 0, name
+    assert list((out / "wandb").glob("offline-run-*")), "W&B analysis run not logged offline"
     doc = json.loads((out / "schedules.json").read_text(), parse_constant=no_nan)
     assert set(doc) == {"version", "question", "inputs", "n_runs", "caveat", "groups",
                         "warnings", "left_out"}
@@ -331,7 +332,7 @@ def test_report_with_a_diverged_arm_and_a_missing_metrics_file(tmp_path):
               status="diverged", curve=[])
     write_run(tmp_path / "runs", "arm=ramp,optim=muon", RAMP, RAMP_LOSS, optimizer="muon",
               schedule="ramp")
-    done = schedules.run_report([str(tmp_path / "runs")], str(tmp_path / "rep"))
+    done = schedules.run_analysis([str(tmp_path / "runs")], str(tmp_path / "rep"))
     doc = done["document"]
     assert any("adamw ramp: no readable metrics.jsonl" in w for w in doc["warnings"])
     assert any("muon: the constant-small run diverged" in w for w in doc["warnings"])
@@ -372,7 +373,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, capsys, analysis_c
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("critbatch: error: ")
     with pytest.raises(ResultsError):
-        schedules.run_report(args or None, str(tmp_path / "rep"),
+        schedules.run_analysis(args or None, str(tmp_path / "rep"),
                              runs_root=str(tmp_path / "runs"))
 
 
@@ -380,8 +381,8 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     write_study(tmp_path, optimizers=("adamw",))
     code = "\n".join([
         "import sys",
-        "from critbatch.schedules import run_report",
-        f"run_report([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r})",
+        "from critbatch.schedules import run_analysis",
+        f"run_analysis([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r})",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
         " or m == 'critbatch.train'))",
     ])

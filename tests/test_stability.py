@@ -349,6 +349,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
         assert (out / name).stat().st_size > 0, name
     assert f"report: {out / 'report.md'}" in proc.stdout
     assert "B=1" in proc.stdout and "diverged" in proc.stdout
+    assert list((out / "wandb").glob("offline-run-*")), "W&B analysis run not logged offline"
 
     doc = strict_json((out / "stability.json").read_text())
     assert set(doc) == {"schema_version", "inputs", "n_runs", "rules", "thresholds", "groups",

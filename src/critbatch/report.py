@@ -471,46 +471,71 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
 
 
 def wandb_group(groups: list[dict]) -> str:
-    """The W&B group the analysed runs were logged in, as the trainer chose it.
-
-    The trainer uses `logger.group or sweep or "single"`; logger.group is read from the
-    config.json of each group's first run (the sweeps set it, e.g. "batch-cpu").
-    """
+    """The W&B group the analysed runs were logged in, as the trainer chose it (the group
+    holding most of the runs; see `logged_group`)."""
     names = Counter()
     for g in groups:
-        run_dir = Path(g["cells"][0].run_dir) if g["cells"] else None
-        config = read_config(run_dir) if run_dir is not None else None
-        logger_group = (config.get("logger") or {}).get("group") if config else None
-        names[logger_group or g["sweep"] or "single"] += g["n_runs"]
+        run_dir = g["cells"][0].run_dir if g["cells"] else None
+        names[logged_group(run_dir, g["sweep"])] += g["n_runs"]
     return names.most_common(1)[0][0] if names else "single"
+
+
+def logged_group(run_dir: str | Path | None, sweep: str | None = None) -> str:
+    """The W&B group a run was logged in: the trainer uses `logger.group or sweep or
+    "single"`, and logger.group is read back from the run's config.json (the sweeps set it,
+    e.g. "batch-cpu")."""
+    config = read_config(run_dir) if run_dir is not None else None
+    return ((config.get("logger") or {}).get("group") if config else None) or sweep or "single"
+
+
+def publish_report(out: Path, *, name: str, group: str, mode: str, project: str,
+                   config: dict, images: dict[str, str], files: list[str],
+                   summary: dict | None = None, tables: dict | None = None) -> str | None:
+    """Log a report folder as a W&B run (job_type "analysis") in the experiment's group.
+
+    `images`: {key: png file in `out`}, logged as images; `tables`: {key: (columns, rows)};
+    `files` (report.md, the JSON, the plots) go into one artifact named `<name>-report`.
+    Returns the run id, or None when `mode` is "disabled" or W&B fails -- a warning then,
+    never an error: the report folder is complete without W&B.
+    """
+    if mode == "disabled":
+        return None
+    try:
+        import wandb
+
+        run = wandb.init(mode=mode, project=project, group=group, job_type="analysis",
+                         name=name, dir=str(out), config=config,
+                         settings=wandb.Settings(console="off", silent=True))
+        with run:
+            run.log({key: wandb.Image(str(out / file)) for key, file in images.items()})
+            for key, (columns, rows) in (tables or {}).items():
+                run.log({key: wandb.Table(columns=list(columns), data=[
+                    [json_clean(v) for v in row] for row in rows])})
+            run.summary.update(summary or {})
+            artifact = wandb.Artifact(f"{name}-report", type="report")
+            for file in files:
+                artifact.add_file(str(out / file))
+            run.log_artifact(artifact)
+            return run.id
+    except Exception as err:  # W&B problems must not lose the report
+        print(f"warning: W&B logging failed ({err}); the report folder is complete", flush=True)
+        return None
 
 
 def log_to_wandb(result: dict, out: Path, plots: dict[str, str], mode: str, project: str,
                  inputs: list[str]) -> str | None:
-    """Log the report as a W&B run (job_type analysis) in the sweep's group; its id or None."""
-    if mode == "disabled":
-        return None
-    import wandb
-
+    """Log the B_crit report as a W&B run (job_type analysis) in the sweep's group."""
     fits = result["fits"]
-    run = wandb.init(mode=mode, project=project, group=wandb_group(result["groups"]),
-                     job_type="analysis", name="fit_bcrit", dir=str(out),
-                     config={"inputs": inputs, "n_runs": result["n_runs"]},
-                     settings=wandb.Settings(console="off", silent=True))
-    with run:
-        run.log({name: wandb.Image(str(out / file)) for name, file in plots.items()})
-        if fits["per_run"]:
-            cols = [c for c in PER_RUN_COLUMNS if c != "note"]
-            run.log({"per_run": wandb.Table(columns=cols, data=[
-                [json_clean(r.get(c)) for c in cols] for r in fits["per_run"]])})
-        k = fits["kaplan"]
-        run.summary.update({"kaplan_b_star_tokens": k["b_star_tokens"],
-                            "kaplan_exponent": k["exponent"], "n_warnings": len(fits["warnings"])})
-        artifact = wandb.Artifact("bcrit-report", type="report")
-        for name in ("report.md", "fits.json", "bcrit.csv", *plots.values()):
-            artifact.add_file(str(out / name))
-        run.log_artifact(artifact)
-        return run.id
+    cols = [c for c in PER_RUN_COLUMNS if c != "note"]
+    k = fits["kaplan"]
+    return publish_report(
+        out, name="fit_bcrit", group=wandb_group(result["groups"]), mode=mode, project=project,
+        config={"inputs": inputs, "n_runs": result["n_runs"]}, images=plots,
+        files=["report.md", "fits.json", "bcrit.csv", *plots.values()],
+        tables={"per_run": (cols, [[r.get(c) for c in cols] for r in fits["per_run"]])}
+        if fits["per_run"] else None,
+        summary={"kaplan_b_star_tokens": k["b_star_tokens"], "kaplan_exponent": k["exponent"],
+                 "n_warnings": len(fits["warnings"])})
 
 
 def run_analysis(paths: list[str] | None = None, out: str | None = None,
@@ -558,10 +583,7 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
     write_csv(result["fits"]["per_run"], out_dir / "bcrit.csv")
     (out_dir / "report.md").write_text(
         report_markdown(result, inputs, plots, time.perf_counter() - t0))
-    try:
-        log_to_wandb(result, out_dir, plots, wandb_mode, project, inputs)
-    except Exception as err:  # W&B problems must not lose the report
-        print(f"warning: W&B logging failed ({err}); the report folder is complete", flush=True)
+    log_to_wandb(result, out_dir, plots, wandb_mode, project, inputs)
     print_summary(result, out_dir, time.perf_counter() - t0)
     return {"out": out_dir, "result": result}
 

@@ -19,7 +19,7 @@ overstates what an annealed small-batch run would need, and steps saved are an u
 estimate. When L is below every point of the small curve, S_small(L) > steps_small, and
 steps_small - steps_arm is reported as a lower bound.
 
-`run_report` (what `analysis/schedules.py` calls) loads the runs, analyses them and writes
+`run_analysis` (what `analysis/schedules.py` calls) loads the runs, analyses them and writes
 `report.md`, `schedules.json` (strict JSON, schema in `schedules_document`) and the plots of
 `PLOTS`. Batch sizes in sequences; losses in nats/token unless `_per_byte`. Never imports
 the trainer or torch.
@@ -35,7 +35,14 @@ from typing import Any, NamedTuple
 
 from critbatch.errors import ResultsError
 from critbatch.plotting import empty_axes, label_axes, log_axes, save_figure
-from critbatch.report import default_out, fmt, json_clean, md_table
+from critbatch.report import (
+    default_out,
+    fmt,
+    json_clean,
+    logged_group,
+    md_table,
+    publish_report,
+)
 from critbatch.runs import is_finite, is_number, load_runs, read_metrics, write_json_atomic
 
 SWEEP = "schedules"
@@ -43,6 +50,9 @@ DOCUMENT_VERSION = 1  # of schedules.json
 KINDS = ("constant", "ramp", "adaptive")
 SMALL, LARGE = "constant small", "constant large"
 TOKENS_TOLERANCE = 0.01  # an arm whose tokens differ from the small arm's by more is flagged
+WANDB_COLUMNS = ("group", "arm", "batch_size_start", "batch_size_max", "batch_size_mean", "steps",
+                 "tokens", "val_loss", "val_loss_per_byte", "s_small", "steps_saved",
+                 "steps_saved_percent")
 MAX_BNOISE_POINTS = 400  # B_noise points drawn per arm (thinned evenly)
 MODEL_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth")
 PLOTS = {
@@ -635,8 +645,9 @@ def latest_schedules_dir(runs_root: str | Path = "runs") -> Path | None:
     return max(newest, key=newest.get) if newest else None
 
 
-def run_report(paths: list[str] | None = None, out: str | None = None,
-               runs_root: str = "runs") -> dict:
+def run_analysis(paths: list[str] | None = None, out: str | None = None,
+                 runs_root: str = "runs", wandb_mode: str = "offline",
+                 project: str = "critbatch") -> dict:
     """Load, analyse and write the report folder; returns {"out", "result", "document"}.
 
     Raises ResultsError (one line for the user) when nothing can be analysed: a missing
@@ -670,6 +681,15 @@ def run_report(paths: list[str] | None = None, out: str | None = None,
     write_json_atomic(out_dir / "schedules.json", document)
     (out_dir / "report.md").write_text(
         report_markdown(result, inputs, plots, time.perf_counter() - t0))
+    first = loaded["runs"][0]
+    arms = [(g["name"], *(a.get(c) for c in WANDB_COLUMNS[1:]))
+            for g in result["groups"] for a in g["arms"]]
+    publish_report(out_dir, name="schedules", group=logged_group(first["run_dir"],
+                                                                 first["sweep"]),
+                   mode=wandb_mode, project=project,
+                   config={"inputs": inputs, "n_runs": result["n_runs"]}, images=plots,
+                   files=["report.md", "schedules.json", *plots.values()],
+                   tables={"arms": (WANDB_COLUMNS, arms)})
     print_summary(result, out_dir, time.perf_counter() - t0)
     return {"out": out_dir, "result": result, "document": document}
 

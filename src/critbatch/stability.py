@@ -57,6 +57,8 @@ ACCUM_DEVIATION = 1e-4  # "the curves separate": the first step whose difference
 LR_RTOL = 1e-6  # relative tolerance when comparing learning rates read back from JSON
 MAX_PANELS = 6  # groups drawn per figure
 MAX_ACCUM_ROWS = 4  # accumulation comparisons drawn
+WANDB_COLUMNS = ("group", "batch_size", "lr", "steps", "status", "val_loss",
+                 "val_loss_per_byte", "tail_var_train_loss", "tail_var_grad_norm", "verdict")
 
 VERDICTS = ("stable", "unstable", "diverged")
 MATCHES, DIFFERS, NO_PLAIN, NOT_COMPARABLE = (
@@ -1020,7 +1022,8 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
 
 
 def run_analysis(paths: list[str] | None = None, out: str | None = None,
-                 runs_root: str | Path = "runs") -> dict:
+                 runs_root: str | Path = "runs", wandb_mode: str = "offline",
+                 project: str = "critbatch") -> dict:
     """Load, analyse and write the report folder; returns {"out", "result"}.
 
     Raises ResultsError (one line for the user) when nothing can be analysed: a missing path,
@@ -1053,6 +1056,13 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
     write_json_atomic(out_dir / "stability.json", stability_document(result, inputs))
     elapsed = time.perf_counter() - t0
     (out_dir / "report.md").write_text(report_markdown(result, inputs, plots, elapsed))
+    first = loaded["runs"][0]
+    report.publish_report(
+        out_dir, name="stability", group=report.logged_group(first["run_dir"], first["sweep"]),
+        mode=wandb_mode, project=project, config={"inputs": inputs, "n_runs": result["n_runs"]},
+        images=plots, files=["report.md", "stability.json", *plots.values()],
+        tables={"per_batch": (WANDB_COLUMNS, [[g["name"], *(r.get(c) for c in WANDB_COLUMNS[1:])]
+                                              for g in result["groups"] for r in g["per_batch"]])})
     print_summary(result, out_dir, time.perf_counter() - t0)
     return {"out": out_dir, "result": result}
 
