@@ -144,10 +144,15 @@ class MicroGradNorms:
 
         |g_i|^2 = accum^2 sum_params |incoming grad|^2.
 
-    The hook only reads it (the gradient and its accumulation are unchanged) while it is
-    still in cache, right after backward computed it: one norm per parameter, summed on the
-    device, no host sync. The big batch costs nothing: |g_B|^2 is the square of the
-    pre-clipping norm that `clip_grad_norm_` returns anyway.
+    The hooks only collect these incoming gradients (a list append: the gradient and its
+    accumulation are unchanged); `pop`, right after the micro-batch's backward, takes their
+    total norm in one multi-tensor kernel (`torch.nn.utils.get_total_norm`) on the device, no
+    host sync. Holding them until then costs one gradient's worth of memory. (A norm in
+    each hook, as first written, launched ~40 small kernels per micro-batch; measured on the
+    bench's gns shape, one thread, interleaved: +4.4% and +8.7% on the accumulation against
+    +2.3% and +4.2% for this, in two runs under different load.)
+    The big batch costs nothing: |g_B|^2 is the square of the pre-clipping norm that
+    `clip_grad_norm_` returns anyway.
 
     Future path (not implemented): under data parallelism (torchrun) each rank's local
     gradient before the all-reduce is another small batch for free (science.md section 2).
@@ -155,18 +160,15 @@ class MicroGradNorms:
 
     def __init__(self, params: Iterable[torch.nn.Parameter], accum: int) -> None:
         self.accum = accum
-        self.sq: torch.Tensor | None = None  # sum of |incoming grad|^2 since the last pop
-        self.handles = [p.register_hook(self._hook) for p in params if p.requires_grad]
+        self.grads: list[torch.Tensor] = []  # incoming gradients of the running backward
+        self.handles = [p.register_hook(self.grads.append) for p in params if p.requires_grad]
 
     @torch.no_grad()
-    def _hook(self, grad: torch.Tensor) -> None:
-        sq = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
-        self.sq = sq if self.sq is None else self.sq + sq
-
     def pop(self) -> torch.Tensor:
         """|g_i|^2 (0-d tensor) of the micro-batch whose backward just ran."""
-        sq, self.sq = self.sq, None
-        return sq * self.accum**2
+        norm = torch.nn.utils.get_total_norm(self.grads, norm_type=2.0)
+        self.grads.clear()
+        return norm.float().square() * self.accum**2
 
     def remove(self) -> None:
         """Detach the hooks (the model is then as if never tracked)."""
