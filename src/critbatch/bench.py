@@ -408,9 +408,10 @@ def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
             t_optim = time.perf_counter() - clock
             clock = time.perf_counter()
             zero = torch.zeros((), device=device)
-            pending.append((step + 1, 1.0, zero, grad_norm, zero, 0.0))
+            pending.append((step + 1, (step + 1) * tokens_per_step, t.batch_size, accum, 1.0,
+                            zero, grad_norm, zero, 0.0))
             if (step + 1) % t.log_every == 0:
-                runs.append_jsonl(metrics, _flush(pending, tokens_per_step))
+                runs.append_jsonl(metrics, _flush(pending))
                 pending.clear()
             t_log = time.perf_counter() - clock
             if step < warmup:
