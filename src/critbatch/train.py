@@ -276,11 +276,10 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                             grad_norm, small_sq, time.perf_counter() - t0))
             bar.update(1 if steps else batch_size * m.seq_len)
 
-            done = step
             last = plan.is_last(tokens_done)
             eval_now = last or (eval_at and tokens_done >= eval_at[0])
-            save_now = ranks.main and not last and saver.due(done)  # after a flush
-            if save_now or eval_now or done % t.log_every == 0 or last:
+            save_now = ranks.main and not last and saver.due(step)  # after a flush
+            if save_now or eval_now or step % t.log_every == 0 or last:
                 rows = _flush(pending)
                 pending.clear()
                 for row in rows:
@@ -298,14 +297,14 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 bar.set_postfix(train_loss=f"{losses[-1]:.3f}")
                 reason = is_diverged(losses, losses[0], t.diverge_factor, t.diverge_window)
                 if reason:
-                    status, diverged_step = "diverged", done
-                    log.warning(f"step:{done}/{steps or '?'} diverged: {reason}; stopping")
+                    status, diverged_step = "diverged", step
+                    log.warning(f"step:{step}/{steps or '?'} diverged: {reason}; stopping")
             if eval_now and status == "completed":
                 eval_at = [x for x in eval_at if x > tokens_done]
                 t_eval = time.perf_counter()
                 val_loss = evaluate(step_model, val, micro, device, autocast)
                 point = {
-                    "step": done,
+                    "step": step,
                     "tokens": tokens_done,
                     "val_loss": val_loss,
                     "val_loss_per_byte": val_loss / data.bytes_per_token,
@@ -313,9 +312,9 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 }
                 curve.append(point)
                 wandb_run.log({k: point[k] for k in ("tokens", "val_loss", "val_loss_per_byte")},
-                              step=done)
+                              step=step)
                 log.info(
-                    f"step:{done}/{steps or '?'} tokens:{point['tokens'] / 1e6:.3f}M "
+                    f"step:{step}/{steps or '?'} tokens:{point['tokens'] / 1e6:.3f}M "
                     f"val_loss:{val_loss:.4f} val_loss_per_byte:{point['val_loss_per_byte']:.4f} "
                     f"train_loss:{losses[-1]:.4f} lr:{factor * lr:.3g}"
                     + (f" batch:{batch_size}" if scheduled else "")
@@ -329,10 +328,10 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                          f"{batch_size} sequences" + (f" (B_noise {gns.b_noise:.0f})"
                                                       if gns.b_noise is not None else ""))
             if save_now:
-                snap = checkpoint.TrainState(done, curve, losses, status, reason, diverged_step,
+                snap = checkpoint.TrainState(step, curve, losses, status, reason, diverged_step,
                                              time.perf_counter() - t0, wandb_run.id,
                                              state.resumed_at, tokens_done, changes, plan.state())
-                saver.record(done, checkpoint.save(ckpt_path, model, optimizers, resolved, gns,
+                saver.record(step, checkpoint.save(ckpt_path, model, optimizers, resolved, gns,
                                                    snap))
         bar.close()
 
