@@ -67,6 +67,12 @@ class AdaptiveBatch:
     estimate (sequences, None while unresolved). The batch changes only when the rounded
     target differs from it and at least `interval` steps have passed since the last
     change (or since the start: the estimate needs that long to settle).
+
+    The trainer folds each step's gradient norms into the estimate when it flushes its
+    metrics (every `train.log_every` steps, at evaluations and checkpoints: one host sync
+    then, none per step), so the controller sees an estimate at most that many steps old,
+    and its choices depend on that cadence as well as on the data (deterministically: a
+    resumed run makes the same choices).
     """
 
     low: int  # sequences; the first batch and the floor
