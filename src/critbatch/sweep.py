@@ -121,47 +121,67 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
     return jobs
 
 
-def measure_tokens_per_s(cfg: Config, seconds: float = 0.5) -> float:
-    """Training tokens/s of `cfg` (model, batch, optimizer) on random tokens, on the bench device.
+def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None = None) -> float:
+    """Training tokens/s of `cfg` (model, batch, optimizer) on random tokens, on the bench device,
+    with `threads` torch threads (as each of several jobs at once will have).
 
     Uses the benchmark's training step, so the estimate and `make bench` time the same thing.
     """
+    import torch
+
     from critbatch.bench import Stepper, bench_device
 
-    stepper = Stepper(cfg, bench_device())
-    stepper.step()  # warm-up
-    steps, elapsed = 0, 0.0
-    while elapsed < seconds:
-        elapsed += sum(stepper.step())
-        steps += 1
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        stepper = Stepper(cfg, bench_device())
+        stepper.step()  # warm-up
+        steps, elapsed = 0, 0.0
+        while elapsed < seconds:
+            elapsed += sum(stepper.step())
+            steps += 1
+    finally:
+        torch.set_num_threads(before)
     return steps * cfg.train.batch_size * cfg.model.seq_len / elapsed
 
 
-def estimate_seconds(jobs: list[Job]) -> float:
-    """Wall time of the jobs from tokens/s measured on this machine (per model shape and batch)."""
+def estimate_seconds(jobs: list[Job], jobs_at_once: int = 1, threads: int | None = None) -> float:
+    """Wall time of the jobs from tokens/s measured on this machine (per model shape and batch).
+
+    Stages run one after the other; within one, Hydra's launcher hands the runs in order to
+    `jobs_at_once` workers, each taking the next run when it is free, so a stage lasts as
+    long as its busiest worker (one long run can keep the others idle).
+    """
     rates: dict[tuple, float] = {}
     total = 0.0
-    for job in jobs:
-        m, t = job.cfg.model, job.cfg.train
-        key = (m.width, m.depth, m.heads, m.seq_len, t.batch_size, job.cfg.data.vocab_size)
-        if key not in rates:
-            rates[key] = measure_tokens_per_s(job.cfg)
-        total += job.tokens / rates[key] + RUN_OVERHEAD_S
+    for stage in dict.fromkeys((j.stage, j.optimizer) for j in jobs):
+        workers = [0.0] * jobs_at_once
+        for job in (j for j in jobs if (j.stage, j.optimizer) == stage):
+            m, t = job.cfg.model, job.cfg.train
+            key = (m.width, m.depth, m.heads, m.seq_len, t.batch_size, job.cfg.data.vocab_size)
+            if key not in rates:
+                rates[key] = measure_tokens_per_s(job.cfg, threads=threads)
+            free = workers.index(min(workers))
+            workers[free] += job.tokens / rates[key] + RUN_OVERHEAD_S
+        total += max(workers)
     return total
 
 
-def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int) -> None:
+def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
+               device: str = "cpu") -> None:
     todo = [j for j in jobs if not j.done]
     print(f"sweep-{experiment} at scale={scale}: {len(jobs)} runs, {len(jobs) - len(todo)} "
           f"already complete, {len(todo)} to train")
     for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in jobs):
         part = [j for j in jobs if (j.stage, j.optimizer) == (stage, optimizer)]
         left = sum(not j.done for j in part)
-        print(f"  {stage:<13} optim={optimizer:<6} {len(part):>3} runs ({left} to train) "
+        print(f"  {stage:<15} optim={optimizer:<6} {len(part):>3} runs ({left} to train) "
               f"-> {part[0].run_dir.parent}")
     if todo:
         tokens = sum(j.tokens for j in todo)
-        seconds = estimate_seconds(todo) / min(jobs_at_once, len(todo))
+        threads = job_threads(jobs_at_once) if device == "cpu" else None
+        seconds = estimate_seconds(todo, jobs_at_once, threads)
         print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {seconds / 60:.1f} min "
               f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
               flush=True)
@@ -173,6 +193,11 @@ def _device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU"
 
 
+def job_threads(jobs_at_once: int) -> int:
+    """CPU threads each of `jobs_at_once` jobs gets: the cores split between them."""
+    return max(1, (os.cpu_count() or 1) // jobs_at_once)
+
+
 def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,
                  device: str) -> int:
     """Run one Hydra multirun in a child process; its jobs skip runs already complete."""
@@ -182,7 +207,7 @@ def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_
     if jobs_at_once > 1:
         cmd += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs_at_once}"]
         if device == "cpu":  # split the cores between the jobs
-            threads = max(1, (os.cpu_count() or 1) // jobs_at_once)
+            threads = job_threads(jobs_at_once)
             env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     print(f"\n== {stage} (optim={optimizer}): python {' '.join(cmd[1:])}", flush=True)
     return subprocess.call(cmd, env=env)
@@ -244,8 +269,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
     plan = plan_experiment(exp, scale, optimizers, extra)
-    print_plan(experiment, scale, plan, jobs_at_once)
     device = "cuda" if scale == "gpu" else "cpu"
+    print_plan(experiment, scale, plan, jobs_at_once, device)
     t0 = time.perf_counter()
     problems = []
     for stage, optimizer in itertools.product(exp.stages, optimizers):
