@@ -170,8 +170,14 @@ def test_divergence_and_instability_verdicts(tmp_path):
     rising = list(np.linspace(5.0, 6.5, STEPS))  # never 2x the first loss: not stopped
     write_run(tmp_path, BATCH_STAGE, "b2", rising, batch_size=2)
     loss, gn = scripted(4)
-    gn = [g * (3.0 if i % 10 == 0 else 1.0) for i, g in enumerate(gn)]  # grad-norm spikes
+    gn = [g * (8.0 if i % 10 == 0 else 1.0) for i, g in enumerate(gn)]  # grad-norm spikes
     write_run(tmp_path, BATCH_STAGE, "b4", loss, gn, batch_size=4)
+    # the grad-norm CV grows as sqrt(B_ref / B) under sampling noise alone: stable
+    write_run(tmp_path, BATCH_STAGE, "b3", *scripted(3, gn_cv=0.05 * math.sqrt(64 / 3)),
+              batch_size=3)
+    # 4x more variation than sampling noise explains: unstable
+    write_run(tmp_path, BATCH_STAGE, "b6", *scripted(6, gn_cv=4 * 0.05 * math.sqrt(64 / 6)),
+              batch_size=6)
     write_run(tmp_path, BATCH_STAGE, "b8", *scripted(8, noise=0.4 * 3), batch_size=8)
     write_run(tmp_path, BATCH_STAGE, "b32", *scripted(32)[:1], batch_size=32, status="diverged",
               diverged_step=25)
@@ -181,8 +187,13 @@ def test_divergence_and_instability_verdicts(tmp_path):
     assert "step 31" in rows[1]["verdict_reason"]
     assert rows[2]["verdict"] == "diverged" and "first-step" in rows[2]["verdict_reason"]
     assert rows[32]["verdict"] == "diverged" and "step 25" in rows[32]["verdict_reason"]
-    assert rows[4]["verdict"] == "unstable" and "grad-norm CV" in rows[4]["verdict_reason"]
-    assert rows[4]["grad_norm_cv_ratio"] > 3
+    assert rows[4]["verdict"] == "unstable" and "tail's median" in rows[4]["verdict_reason"]
+    assert 7 < rows[4]["tail_spike_ratio"] < 8  # 8x a value 5% below a median 5% above it
+    assert rows[3]["verdict"] == "stable", rows[3]
+    assert rows[3]["grad_norm_cv_ratio"] == pytest.approx(math.sqrt(64 / 3))
+    assert rows[3]["grad_norm_cv_excess"] == pytest.approx(1)
+    assert rows[6]["verdict"] == "unstable" and "grad-norm CV" in rows[6]["verdict_reason"]
+    assert rows[6]["grad_norm_cv_excess"] == pytest.approx(4)
     assert rows[8]["verdict"] == "unstable" and "loss noise" in rows[8]["verdict_reason"]
     assert rows[8]["loss_noise_ratio"] == pytest.approx(9, rel=0.1)  # 3x the amplitude
     for b in (16, 64, 256):  # noise 1/sqrt(B): the same B x Var, the same grad-norm CV
