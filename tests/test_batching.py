@@ -60,20 +60,34 @@ def test_ramp_follows_the_line_rounded_down_to_doublings():
 def test_adaptive_controller_follows_clips_and_waits():
     ctl = AdaptiveBatch(low=8, high=128, unit=4, interval=10)
     script = {  # step -> scripted B_noise (sequences)
-        0: 40.0, 5: 40.0,  # before the first interval: stays at 8
+        0: 40.0, 5: 40.0,  # before the first decision: stays at 8
         10: 40.0,  # follows: nearest doubling of 40 is 32
-        12: 200.0,  # wants 128 but only 2 steps since the change
+        12: 200.0,  # wants 128, but only every 10 steps is a decision
         20: 200.0,  # clipped to the cap
         30: 1.0,  # clipped to the floor
-        40: None, 41: math.nan,  # no estimate: unchanged
-        45: 5.9,  # rounds to 8 = the current batch: no change counted
-        50: 24.0,  # 24 is 2^2.58 x 4 -> 32 (nearest in log)
+        40: None, 50: math.nan,  # no estimate: unchanged
+        51: 24.0,  # not a decision step
+        60: 5.9,  # rounds to 8 = the current batch: no change counted
+        70: 24.0,  # 24 is 2^2.58 x 4 -> 32 (nearest in log)
     }
     seen = {step: ctl.update(step, b) for step, b in script.items()}
-    assert seen == {0: 8, 5: 8, 10: 32, 12: 32, 20: 128, 30: 8, 40: 8, 41: 8, 45: 8, 50: 32}
-    assert ctl.last_change == 50
+    assert seen == {0: 8, 5: 8, 10: 32, 12: 32, 20: 128, 30: 8, 40: 8, 50: 8, 51: 8, 60: 8,
+                    70: 32}
+    assert ctl.last_change == 70
     # every batch it chose is a power of two of the micro-batch inside the bounds
     assert all(8 <= b <= 128 and math.log2(b / 4).is_integer() for b in seen.values())
+
+
+def test_adaptive_choices_do_not_depend_on_the_logging_cadence(tiny_cfg, tmp_path):
+    """The controller decides on fixed steps, after bringing B_noise up to date there."""
+    common = ("train.batch_schedule=adaptive", "train.batch_size_start=8",
+              "train.batch_size=64", "train.micro_batch_size=4", "train.tokens=24576",
+              "train.adaptive.interval_steps=4", "train.eval_points=3")
+    a = train(tiny_cfg(*common, "train.log_every=1"), tmp_path / "every_step")
+    b = train(tiny_cfg(*common, "train.log_every=7"), tmp_path / "every_7")
+    assert a["batch_changes"] and a["batch_changes"] == b["batch_changes"]
+    assert all(c["step"] % 4 == 0 for c in a["batch_changes"][:-2])  # the fill may come anytime
+    assert a["val_loss"] == b["val_loss"]
 
 
 def test_noise_factor_scales_the_target():
@@ -191,10 +205,10 @@ def test_adaptive_run_follows_its_online_noise_scale(tiny_cfg, tmp_path):
     changes = summary["batch_changes"]
     assert changes, "the batch never moved"
     steps = [c["step"] for c in changes]
-    # at most one change per interval, except the final fill of the budget
+    # decisions every 5 steps only, except the final fill of the budget
     fills = [c for c in changes if c["tokens"] + c["batch_size"] * 32 * 2 > 32768]
     regular = [s for s, c in zip(steps, changes, strict=True) if c not in fills]
-    assert all(b - a >= 5 for a, b in zip(regular, regular[1:], strict=False)) and regular[0] >= 5
+    assert all(s % 5 == 0 for s in regular) and regular[0] >= 5
     assert all(8 <= r["batch_size"] <= 64 for r in rows[: regular[-1]])
     assert summary["b_noise"] is not None
 

@@ -14,7 +14,7 @@ et al. 2025 report 43% fewer steps with a batch warmup.
   power of two times the micro-batch (so each doubling starts once the line reaches it).
 - `adaptive`: `noise_factor x B_noise` from the online tracker, clipped to
   [batch_size_start, batch_size], rounded to the nearest power of two times the
-  micro-batch, changed at most every `interval_steps` optimizer steps.
+  micro-batch, decided every `interval_steps` optimizer steps (so changed at most that often).
 
 Every batch is a whole number of micro-batches (gradient accumulation), so memory stays
 flat while the batch grows. The trainer rescales the lr at every change by
@@ -63,16 +63,16 @@ def ramp_batch_size(tokens_done: int, budget: int, start: int, end: int, fractio
 class AdaptiveBatch:
     """The noise-adaptive controller: the batch follows `factor x B_noise`.
 
-    `update(step, b_noise)` is called before each optimizer step with the latest online
-    estimate (sequences, None while unresolved). The batch changes only when the rounded
-    target differs from it and at least `interval` steps have passed since the last
-    change (or since the start: the estimate needs that long to settle).
+    `update(step, b_noise)` is called before each optimizer step (`step` = steps taken)
+    with the online estimate (sequences, None while unresolved). It decides only after
+    every `interval` steps (never at step 0: the estimate needs that long to settle), and
+    the batch changes when the rounded target differs from it.
 
-    The trainer folds each step's gradient norms into the estimate when it flushes its
-    metrics (every `train.log_every` steps, at evaluations and checkpoints: one host sync
-    then, none per step), so the controller sees an estimate at most that many steps old,
-    and its choices depend on that cadence as well as on the data (deterministically: a
-    resumed run makes the same choices).
+    Deciding on a fixed cadence keeps the choices a function of the training alone: the
+    trainer folds the steps' gradient norms into the estimate when it flushes its metrics
+    (one host sync, not one per step), and it flushes at every decision step
+    (`BatchPlan.decides`), so the estimate the controller reads there is the same whatever
+    `train.log_every` or the checkpoint timing; a resumed run makes the same choices.
     """
 
     low: int  # sequences; the first batch and the floor
@@ -91,8 +91,12 @@ class AdaptiveBatch:
         clipped = min(self.high, max(self.low, self.factor * b_noise))
         return min(self.high, max(self.low, pow2_nearest(clipped, self.unit)))
 
+    def decides(self, step: int) -> bool:
+        """True at the steps where the controller may change the batch."""
+        return step > 0 and step % self.interval == 0
+
     def update(self, step: int, b_noise: float | None) -> int:
-        if b_noise is None or not math.isfinite(b_noise) or step - self.last_change < self.interval:
+        if not self.decides(step) or b_noise is None or not math.isfinite(b_noise):
             return self.batch
         wanted = self.target(b_noise)
         if wanted != self.batch:
@@ -138,6 +142,11 @@ class BatchPlan:
         else:
             wanted = self.controller.update(step, b_noise)
         return wanted if wanted <= left else pow2_floor(left, self.micro)
+
+    def decides(self, step: int) -> bool:
+        """True when the batch of the step after `step` steps may follow a new B_noise (the
+        trainer brings the estimate up to date first)."""
+        return self.kind == "adaptive" and self.controller.decides(step)
 
     def is_last(self, tokens_done: int) -> bool:
         """True when no step fits after `tokens_done` tokens."""

@@ -86,7 +86,7 @@ class GNSConfig:
 class AdaptiveBatchConfig:
     """`train.batch_schedule=adaptive`: the batch follows the online B_noise (batching.py)."""
 
-    interval_steps: int = 50  # optimizer steps at least between changes, and before the first
+    interval_steps: int = 50  # the batch is decided after every this many optimizer steps
     noise_factor: float = 1.0  # target batch = noise_factor x B_noise (McCandlish: B ~ B_noise)
 
 

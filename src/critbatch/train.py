@@ -181,7 +181,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     if scheduled:
         how = (f"linear in tokens over the first {t.ramp_fraction:.0%} of them"
                if t.batch_schedule == "ramp" else
-               f"following {t.adaptive.noise_factor:g} x B_noise, changed at most every "
+               f"following {t.adaptive.noise_factor:g} x B_noise, decided every "
                f"{t.adaptive.interval_steps} steps")
         log.info(f"train: {t.batch_schedule} batch {plan.start} -> {t.batch_size} sequences "
                  f"({how}) x {m.seq_len} tokens, {budget / 1e6:.3f}M tokens; micro-batches of "
@@ -279,7 +279,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
             last = plan.is_last(tokens_done)
             eval_now = last or (eval_at and tokens_done >= eval_at[0])
             save_now = ranks.main and not last and saver.due(step)  # after a flush
-            if save_now or eval_now or step % t.log_every == 0 or last:
+            if save_now or eval_now or step % t.log_every == 0 or last or plan.decides(step):
                 rows = _flush(pending)
                 pending.clear()
                 for row in rows:
