@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from critbatch.config import config_differences
+from critbatch.config import run_differences
 from critbatch.errors import CritbatchError
 from critbatch.noise import NoiseEMA
 
@@ -127,10 +127,7 @@ def load(path: Path, cfg_dict: dict) -> dict | None:
         first = (str(err).splitlines() or [type(err).__name__])[0]
         raise CheckpointError(f"{path} cannot be read ({first}); delete it to train the run "
                               "from the start") from None
-    differing = config_differences(
-        {k: v for k, v in saved_cfg.items() if k != "grid"},
-        {k: v for k, v in cfg_dict.items() if k != "grid"},
-    )
+    differing = run_differences(saved_cfg, cfg_dict)
     if differing:
         raise CheckpointError(
             f"{path} was written by a different config ({', '.join(differing)}); refusing to "

@@ -269,6 +269,13 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
+def run_differences(saved: dict, current: dict) -> list[str]:
+    """Dotted keys in which a run's saved resolved config differs from `current` (both as
+    dicts), leaving out the sweep grids (`grid`: only what a run trained with counts)."""
+    return config_differences({k: v for k, v in saved.items() if k != "grid"},
+                              {k: v for k, v in current.items() if k != "grid"})
+
+
 def lr_multiplier(rule: str, batch_size: int, base_batch_size: int) -> float:
     """f(B / B_base) of `optim.lr_scaling`: 1, sqrt(B / B_base) or B / B_base."""
     ratio = batch_size / base_batch_size

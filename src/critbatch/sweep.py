@@ -25,11 +25,18 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from critbatch import runs
-from critbatch.config import CONF_DIR, Config, register_configs, to_config, token_budget
+from critbatch.config import (
+    CONF_DIR,
+    Config,
+    register_configs,
+    run_differences,
+    to_config,
+    token_budget,
+)
 from critbatch.errors import ConfigError, ResultsError, user_errors
 
 REPO = CONF_DIR.parent
@@ -75,6 +82,13 @@ class Job:
             return True
         except ResultsError:
             return False
+
+    @property
+    def differences(self) -> list[str]:
+        """Keys in which the finished run already in `run_dir` differs from this job's config
+        (a grid changed since it was trained); empty when none is there or they agree."""
+        saved = runs.read_config(self.run_dir) if self.done else None
+        return run_differences(saved, asdict(self.cfg)) if saved else []
 
     @property
     def tokens(self) -> int:
@@ -166,6 +180,32 @@ def estimate_seconds(jobs: list[Job], jobs_at_once: int = 1, threads: int | None
             workers[free] += job.tokens / rates[key] + RUN_OVERHEAD_S
         total += max(workers)
     return total
+
+
+def unplanned_runs(jobs: list[Job]) -> dict[Path, list[Path]]:
+    """Finished run directories in the plan's stage folders that the plan does not name (an
+    older grid, a different lr_scaling): {folder: [run dirs]}, for the folders that have any."""
+    planned = {j.run_dir.resolve() for j in jobs}
+    found = {}
+    for folder in sorted({j.run_dir.parent for j in jobs}):
+        finished = runs.find_run_dirs([folder])[0] if folder.exists() else []
+        extra = [d for d in finished if d.resolve() not in planned]
+        if extra:
+            found[folder] = extra
+    return found
+
+
+def check_finished(jobs: list[Job]) -> None:
+    """ConfigError when a planned run directory holds a finished run of another config (its
+    grid changed since): the sweep would skip it and the report would mix the two."""
+    stale = [(j, keys) for j in jobs if (keys := j.differences)]
+    if stale:
+        job, keys = stale[0]
+        raise ConfigError(
+            f"{job.run_dir} holds a finished run of a different config ({', '.join(keys)})"
+            + (f", and {len(stale) - 1} more run(s) like it" if len(stale) > 1 else "")
+            + f"; move {job.run_dir.parent} away (or pass hydra.sweep.dir=...) to train this plan"
+        )
 
 
 def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
@@ -269,6 +309,7 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
     plan = plan_experiment(exp, scale, optimizers, extra)
+    check_finished(plan)
     device = "cuda" if scale == "gpu" else "cpu"
     print_plan(experiment, scale, plan, jobs_at_once, device)
     t0 = time.perf_counter()
@@ -283,6 +324,7 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
         if stage != exp.tuning_stage and exp.tuning_stage:  # the tuned lr is known now
             plan = [j for j in plan if (j.stage, j.optimizer) != (stage, optimizer)]
             plan += plan_stage(stage, scale, optimizer, overrides)
+            check_finished(plan)
             print(f"== {stage} (optim={optimizer}): {overrides[-1]}, the best of "
                   f"{exp.tuning_stage}")
         part = [j for j in plan if (j.stage, j.optimizer) == (stage, optimizer)]
@@ -307,6 +349,9 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
             if subprocess.call([sys.executable, "-m", "critbatch.noise", str(target.run_dir)]):
                 problems.append(f"the noise measurement failed on {target.run_dir}")
 
+    notes = [f"{folder} holds {len(extra_runs)} finished run(s) outside this plan (e.g. "
+             f"{extra_runs[0].name}); the report reads every run in the folder"
+             for folder, extra_runs in unplanned_runs(plan).items()]
     report_dir = Path("runs") / exp.report_stage / scale / "report"
     script = ANALYSIS_DIR / exp.analysis
     if script.exists():
@@ -319,6 +364,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     minutes = (time.perf_counter() - t0) / 60
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
           f"complete in {minutes:.1f} min")
+    for note in notes:
+        print(f"note: {note}")
     for problem in problems:
         print(f"warning: {problem}")
     if (report_dir / "report.md").exists():

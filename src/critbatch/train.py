@@ -29,10 +29,10 @@ from critbatch.batching import BatchPlan
 from critbatch.config import (
     CONF_DIR,
     Config,
-    config_differences,
     explain_compose_error,
     micro_batch_size,
     register_configs,
+    run_differences,
     to_config,
     total_steps,
     wandb_group,
@@ -519,10 +519,7 @@ def finished_run(run_dir: Path, cfg: Config) -> bool:
     saved = runs.read_config(run_dir)
     if saved is None:
         return False  # results without their config: train again
-    differing = config_differences(
-        {k: v for k, v in saved.items() if k != "grid"},
-        {k: v for k, v in asdict(cfg).items() if k != "grid"},
-    )
+    differing = run_differences(saved, asdict(cfg))
     if differing:
         raise ConfigError(
             f"{run_dir} holds a finished run of a different config ({', '.join(differing)}); "
