@@ -253,6 +253,10 @@ def test_an_offset_of_1e_3_is_detected():
     assert c["first_steps_max_rel_diff"] == pytest.approx(1e-3 / min(loss[:10]), rel=1e-6)
     assert c["first_step_rel_above"] == 1
     assert stability.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS) == DIFFERS
+    # under bf16 autocast the same offset is rounding
+    bf16 = stability.accum_tolerance("bfloat16")
+    assert stability.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS, bf16) == MATCHES
+    assert stability.accum_tolerance(None) == stability.accum_tolerance("float32") == 1e-5
     # the same offset from step 20 on: the first 10 steps still match, the separation is found
     late = [x + (1e-3 if i >= 19 else 0.0) for i, x in enumerate(loss)]
     c = compare_curves(rows_of(late), rows_of(loss))

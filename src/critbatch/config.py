@@ -393,10 +393,11 @@ def _validate_batch_schedule(cfg: Config) -> None:
             raise ConfigError("train.batch_schedule=adaptive follows the online B_noise; "
                               "set train.gns.enabled=true")
         if start < 2 * micro:
+            fix = (f"set train.micro_batch_size={start // 2}" if start >= 2 else
+                   "raise train.batch_size_start to 2 or more")
             raise ConfigError(
                 f"train.batch_schedule=adaptive measures B_noise from >= 2 micro-batches a step, "
-                f"but train.batch_size_start={start} is one micro-batch of {micro}; set "
-                f"train.micro_batch_size={start // 2 or 1} or raise train.batch_size_start"
+                f"but train.batch_size_start={start} is one micro-batch of {micro}; {fix}"
             )
         if t.adaptive.interval_steps < 1:
             raise ConfigError(f"train.adaptive.interval_steps={t.adaptive.interval_steps} "

@@ -91,16 +91,17 @@ def lr_factor(step: int, total_steps: int, train: TrainConfig) -> float:
     return _decay(min(1.0, (step - warmup) / span), train)
 
 
-def lr_factor_by_tokens(step: int, tokens_done: int, budget: int, train: TrainConfig) -> float:
+def lr_factor_by_tokens(step: int, tokens_after: int, budget: int, train: TrainConfig) -> float:
     """Multiplier of the peak lr for a scheduled batch, whose step count is not known ahead.
 
     Warmup is still linear over `warmup_steps` optimizer steps; after it the decay follows
-    the share of the token budget trained before this step, `tokens_done / budget`, in
-    place of the share of the steps (wsd: constant until 1 - wsd_decay_fraction of it).
+    the share of the token budget trained by the end of this step, `tokens_after / budget`,
+    in place of the share of the steps (so the last step reaches min_lr_ratio; wsd:
+    constant until 1 - wsd_decay_fraction of it).
     """
     if step < train.warmup_steps:
         return (step + 1) / train.warmup_steps
-    progress = min(1.0, tokens_done / budget)
+    progress = min(1.0, tokens_after / budget)
     if train.schedule == "wsd":
         start = 1.0 - train.wsd_decay_fraction
         if progress < start:

@@ -460,7 +460,7 @@ def arm_cells(a: dict) -> list[str]:
             s_small, saved, pct]
 
 
-ARM_HEADER = ["arm", "batch start -> final (mean), seq", "peak lr", "steps", "tokens",
+ARM_HEADER = ["arm", "batch start -> largest (mean; last step), seq", "peak lr", "steps", "tokens",
               "tokens vs small", "final val loss (nats/token)", "nats/byte",
               "delta vs small (nats/byte)", "S_small at that loss (steps)", "steps saved",
               "% saved"]

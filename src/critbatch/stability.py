@@ -53,7 +53,9 @@ UNSTABLE_CV_FLOOR = 0.1  # ... when the grad-norm CV itself is at least this
 TAIL_SPIKE_RATIO = 5.0  # a tail grad norm above this x the tail's median is a spike: unstable
 SPIKE_FACTOR = 10.0  # whole run: steps whose grad norm exceeds this x the run's median (counted)
 ACCUM_FIRST_STEPS = 10  # steps over which accumulation must match the plain batch
-ACCUM_TOLERANCE = 1e-5  # relative train-loss difference allowed over those steps
+ACCUM_TOLERANCE = 1e-5  # relative train-loss difference allowed over those steps (fp32)
+# ... and under autocast, whose rounding is coarser (bf16 keeps 8 bits of mantissa)
+ACCUM_TOLERANCE_BY_DTYPE = {"float32": ACCUM_TOLERANCE, "float16": 1e-3, "bfloat16": 1e-2}
 ACCUM_DEVIATION = 1e-4  # "the curves separate": the first step whose difference exceeds this
 LR_RTOL = 1e-6  # relative tolerance when comparing learning rates read back from JSON
 MAX_PANELS = 6  # groups drawn per figure
@@ -86,7 +88,9 @@ RULES = {
     "stable": "neither diverged nor unstable",
     "accumulation": (
         f"{MATCHES} when the largest relative train-loss difference |accum - plain| / |plain| "
-        f"over the first {ACCUM_FIRST_STEPS} steps is below {ACCUM_TOLERANCE:g}; else "
+        f"over the first {ACCUM_FIRST_STEPS} steps is below {ACCUM_TOLERANCE:g} in float32 "
+        f"(float16 {ACCUM_TOLERANCE_BY_DTYPE['float16']:g}, bfloat16 "
+        f"{ACCUM_TOLERANCE_BY_DTYPE['bfloat16']:g}); else "
         f"{DIFFERS}. The plain run has the same optimizer, model, data, seed, batch size and lr "
         "used (stage stability first, then stability_lr; the same lr_scaling preferred)"),
 }
@@ -459,26 +463,33 @@ def compare_curves(accum: list[dict], plain: list[dict],
     }
 
 
-def accumulation_verdict(first_steps_max_rel_diff: float | None, steps_compared: int) -> str:
-    """RULES["accumulation"]: matches when the first steps differ by less than
-    ACCUM_TOLERANCE (relative)."""
+def accum_tolerance(dtype: str | None) -> float:
+    """The relative tolerance of the accumulation check for the runs' compute dtype."""
+    return ACCUM_TOLERANCE_BY_DTYPE.get(dtype or "float32", ACCUM_TOLERANCE)
+
+
+def accumulation_verdict(first_steps_max_rel_diff: float | None, steps_compared: int,
+                         tolerance: float = ACCUM_TOLERANCE) -> str:
+    """RULES["accumulation"]: matches when the first steps differ by less than `tolerance`
+    (relative; `accum_tolerance` of the dtype)."""
     if not steps_compared or first_steps_max_rel_diff is None:
         return NOT_COMPARABLE
-    return MATCHES if first_steps_max_rel_diff < ACCUM_TOLERANCE else DIFFERS
+    return MATCHES if first_steps_max_rel_diff < tolerance else DIFFERS
 
 
 def find_plain_run(accum: dict, candidates: list[dict]) -> dict | None:
     """The plain (not accumulated) run that an accumulation run must reproduce.
 
-    Same scale, optimizer, model (width, depth, seq_len), data, seed, batch size and lr used,
-    micro-batch equal to the batch; from the stability stage first, then stability_lr, the
-    same lr_scaling preferred (at an equal lr used the rule does not change the computation).
+    Same scale, optimizer, model (width, depth, seq_len), data, seed, batch size, lr used,
+    steps, warmup, lr schedule and dtype, micro-batch equal to the batch; from the stability
+    stage first, then stability_lr, the same lr_scaling preferred (at an equal lr used the
+    rule does not change the computation).
     """
     def same(run: dict) -> bool:
         return (run["stage"] in (BATCH_STAGE, LR_STAGE)
                 and all(run.get(k) == accum.get(k) for k in (
                     "scale", "optimizer", "width", "depth", "seq_len", "data_fingerprint",
-                    "seed", "batch_size"))
+                    "seed", "batch_size", "steps", "warmup_steps", "schedule", "dtype"))
                 and run["micro_batch_size"] in (None, run["batch_size"])
                 and math.isclose(run["lr"], accum["lr"], rel_tol=LR_RTOL))
 
@@ -497,7 +508,7 @@ def accumulation_entry(accum: dict, plain: dict | None) -> dict:
         "batch_size": accum["batch_size"], "micro_batch_size": accum["micro_batch_size"],
         "dtype": accum.get("dtype"), "status_accum": accum["status"],
         "status_plain": plain["status"] if plain else None,
-        "first_steps": ACCUM_FIRST_STEPS, "tolerance": ACCUM_TOLERANCE,
+        "first_steps": ACCUM_FIRST_STEPS, "tolerance": accum_tolerance(accum.get("dtype")),
         "deviation_threshold": ACCUM_DEVIATION,
     }
     if plain is None:
@@ -508,7 +519,7 @@ def accumulation_entry(accum: dict, plain: dict | None) -> dict:
             "delta_val_loss": accum["val_loss"] - plain["val_loss"],
             "delta_val_loss_per_byte": accum["val_loss_per_byte"] - plain["val_loss_per_byte"],
             "verdict": accumulation_verdict(numbers["first_steps_max_rel_diff"],
-                                            numbers["steps_compared"])}
+                                            numbers["steps_compared"], entry["tolerance"])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -968,9 +979,9 @@ def plot_accumulation(result: dict, path: Path) -> None:
             right.plot(e["steps"], diff, ".-", color="C3", lw=0.8, ms=3,
                        label="|accumulated - plain|")
             plain_at = dict(zip(s_p, loss_p, strict=False))
-            tol = [ACCUM_TOLERANCE * abs(plain_at.get(s, np.nan)) for s in e["steps"]]
+            tol = [e["tolerance"] * abs(plain_at.get(s, np.nan)) for s in e["steps"]]
             right.plot(e["steps"], tol, ":", color="k", lw=1,
-                       label=f"{ACCUM_TOLERANCE:g} x plain loss (tolerance)")
+                       label=f"{e['tolerance']:g} x plain loss (tolerance)")
             log_axes(right, x=True, y=True)
         else:
             empty_axes(right, "identical at every step compared (|difference| = 0)")

@@ -196,7 +196,8 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
     log.info(f"gns: B_noise tracked from small batches of {small} (ema {t.gns.ema})"
              if gns_on else "gns: off (needs train.gns.enabled and >= 2 micro-batches a step)")
     if ckpt:
-        log.info(f"resumed from {ckpt_path} at step {state.step}/{steps}")
+        log.info(f"resumed from {ckpt_path} at step {state.step}/{steps or '?'} "
+                 f"({state.tokens / 1e6:.3f}M tokens)")
 
     metrics_path = run_dir / "metrics.jsonl"
     if ranks.main:
@@ -238,7 +239,7 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                    disable=None if ranks.main else True)
         while batch_size:  # 0 once the budget is spent or the run diverged
             if scheduled:
-                factor = lr_factor_by_tokens(step, tokens_done, budget, t)
+                factor = lr_factor_by_tokens(step, tokens_done + batch_size * m.seq_len, budget, t)
                 factor *= batch_lr_ratio(cfg.optim, batch_size, t.batch_size)
             else:
                 factor = lr_factor(step, steps, t)
