@@ -379,8 +379,10 @@ def lr_tuning(runs: list[dict], base_batch_size: int) -> dict:
                                   if ok else math.nan),
             "status": "completed" if ok else "diverged", "n_runs": len(group),
             "run_dirs": sorted(r["run_dir"] for r in group), "best": False})
-        if len(ok) > 1:
-            warnings.append(f"{len(ok)} runs at lr {lr:.3g}: their mean val loss is used")
+        losses = {r["val_loss"] for r in ok}
+        if len(losses) > 1:  # seeds, say; a run repeated under another lr rule is not news
+            warnings.append(f"{len(ok)} runs at lr {lr:.3g} with different final losses: their "
+                            "mean val loss is used")
     optimizer = runs[0]["optimizer"]
     batch_sizes = sorted({r["batch_size"] for r in runs})
     if batch_sizes != [base_batch_size]:
