@@ -43,7 +43,8 @@ PARETO_TARGETS = 5  # target losses per Pareto frontier
 # The sweeps that fill each gap (make targets; see sweeps/).
 FIX_BASELINE = "`make sweep-batch` (its baseline sweep trains the smallest batch at four budgets)"
 FIX_BATCH = "`make sweep-batch` (batch sizes x learning rates at the main budget)"
-FIX_PARETO = "`make sweep-widths` (several budgets per batch size)"
+FIX_PARETO = ("the baseline stage at a second batch size too, e.g. `python -m critbatch.train "
+              "--config-dir sweeps --config-name baseline scale=cpu train.batch_size=32`")
 
 
 # ---------------------------------------------------------------------------------------------
