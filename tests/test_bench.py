@@ -55,7 +55,10 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     targets = {t["target"]: t for t in results["targets"]}
     assert len(targets) == 7
     measured = [t for t in targets.values() if t["measured"] is not None]
-    assert len(measured) == 4 and all(isinstance(t["met"], bool) for t in measured)
+    assert len(measured) == 4
+    for t in measured:  # a cost measured far below zero (4 steps on a busy machine) is noise:
+        undetermined = t["met"] is None and t["measured"] < 0  # undetermined, not met
+        assert isinstance(t["met"], bool) or undetermined, t
     printed = capsys.readouterr().out
     assert "| preset |" in printed and "| target |" in printed
 
