@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from critbatch.errors import user_errors
-from critbatch.report import run_analysis
+from critbatch.report import add_wandb_arguments, run_analysis
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,10 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--from-wandb", metavar="ENTITY/PROJECT",
                         help="read the runs from the W&B API instead of local files")
     parser.add_argument("--group", help="with --from-wandb: only this W&B group")
-    parser.add_argument("--wandb", dest="wandb_mode", default="offline",
-                        choices=("offline", "online", "disabled"),
-                        help="how to log the analysis run to W&B (default: offline)")
-    parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
+    add_wandb_arguments(parser)
     args = parser.parse_args(argv)
     with user_errors():
         if args.group and not args.from_wandb:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from critbatch.errors import user_errors
+from critbatch.report import add_wandb_arguments
 from critbatch.schedules import run_analysis
 
 
@@ -21,10 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", help="run directories or sweep folders")
     parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
-    parser.add_argument("--wandb", dest="wandb_mode", default="offline",
-                        choices=("offline", "online", "disabled"),
-                        help="how to log the report to W&B (default: offline)")
-    parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
+    add_wandb_arguments(parser)
     args = parser.parse_args(argv)
     with user_errors():
         run_analysis(args.paths, args.out, wandb_mode=args.wandb_mode,

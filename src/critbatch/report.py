@@ -538,6 +538,22 @@ def log_to_wandb(result: dict, out: Path, plots: dict[str, str], mode: str, proj
                  "n_warnings": len(fits["warnings"])})
 
 
+def all_left_out(where: str, left_out: list[dict]) -> ResultsError:
+    """The one-line error of an analysis whose every run was left out (with the reasons)."""
+    counts = Counter(d["reason"] for d in left_out)
+    return ResultsError(f"nothing to analyse under {where}: all {len(left_out)} runs were left "
+                        "out (" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                        + f"); first: {left_out[0]['detail']}")
+
+
+def add_wandb_arguments(parser) -> None:
+    """--wandb and --project, as every analysis script takes them."""
+    parser.add_argument("--wandb", dest="wandb_mode", default="offline",
+                        choices=("offline", "online", "disabled"),
+                        help="how to log the report to W&B (default: offline)")
+    parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
+
+
 def run_analysis(paths: list[str] | None = None, out: str | None = None,
                  baseline_batch: int | None = None, from_wandb: str | None = None,
                  group: str | None = None, wandb_mode: str = "offline",
@@ -571,11 +587,7 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
                            "directories or a sweep folder, or run make sweep-batch")
     result = bcrit.analyse(runs, baseline_batch, left_out=left_out, warnings=loaded["warnings"])
     if not result["groups"]:
-        counts = Counter(d["reason"] for d in result["left_out"])
-        raise ResultsError(f"nothing to analyse under {where}: all {len(result['left_out'])} "
-                           "runs were left out (" + ", ".join(
-                               f"{n} {k}" for k, n in sorted(counts.items()))
-                           + f"); first: {result['left_out'][0]['detail']}")
+        raise all_left_out(where, result["left_out"])
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = write_plots(result, out_dir)
     fits = fits_document(result)

@@ -1076,11 +1076,7 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
                            "directories or stability sweep folders, or run the stability "
                            "sweep first")
     if not loaded["runs"]:
-        counts = Counter(d["reason"] for d in loaded["left_out"])
-        raise ResultsError(f"nothing to analyse under {where}: all {len(loaded['left_out'])} "
-                           "runs were left out (" + ", ".join(
-                               f"{n} {k}" for k, n in sorted(counts.items()))
-                           + f"); first: {loaded['left_out'][0]['detail']}")
+        raise report.all_left_out(where, loaded["left_out"])
     result = analyse(loaded["runs"], loaded["left_out"], loaded["warnings"])
     out_dir = Path(out) if out else default
     out_dir.mkdir(parents=True, exist_ok=True)
