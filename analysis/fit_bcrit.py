@@ -7,15 +7,15 @@
 PATHS are run directories or folders searched recursively for summary.json (default: the
 latest sweep under runs/ and its companion stage). Writes report.md, plots, fits.json and
 bcrit.csv to --out (default: <sweep dir>/report/) and logs them to W&B (offline by default).
-The work is done by `critbatch.report.run_analysis`; this file only parses arguments.
+The work is done by `critbatch.analysis.bcrit_report.run_analysis`; this file only parses arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from critbatch.analysis.bcrit_report import add_wandb_arguments, run_analysis
 from critbatch.errors import user_errors
-from critbatch.report import add_wandb_arguments, run_analysis
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,16 +6,16 @@
 PATHS are run directories or folders searched recursively for summary.json (default: the
 most recently written runs/schedules/<scale> folder). Writes report.md, schedules.json and
 the plots to --out (default: <that folder>/report/). The work is done by
-`critbatch.schedules.run_analysis`; this file only parses arguments.
+`critbatch.analysis.schedules.run_analysis`; this file only parses arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from critbatch.analysis.bcrit_report import add_wandb_arguments
+from critbatch.analysis.schedules import run_analysis
 from critbatch.errors import user_errors
-from critbatch.report import add_wandb_arguments
-from critbatch.schedules import run_analysis
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,16 +7,16 @@ PATHS are run directories or folders searched recursively for summary.json (defa
 stability stages of the most recently written scale: runs/stability_lr/<scale>,
 runs/stability/<scale>, runs/stability_accum/<scale>, whichever exist). Writes report.md,
 stability.json and the plots to --out (default: runs/stability/<scale>/report).
-The work is done by `critbatch.stability.run_analysis`; this file only parses arguments.
+The work is done by `critbatch.analysis.stability.run_analysis`; this file only parses arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from critbatch.analysis.bcrit_report import add_wandb_arguments
+from critbatch.analysis.stability import run_analysis
 from critbatch.errors import user_errors
-from critbatch.report import add_wandb_arguments
-from critbatch.stability import run_analysis
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.config import Config
-from critbatch.data import stdlib_dir
-from critbatch.train import check_overrides
+from critbatch.training.cli import check_overrides
+from critbatch.training.config import Config
+from critbatch.training.data import stdlib_dir
 
 SAMPLE_PACKAGES = ("json", "email", "logging")  # real Python text, about 0.5 MB
 

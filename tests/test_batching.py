@@ -7,18 +7,18 @@ import math
 
 import pytest
 
-from critbatch import runs
-from critbatch.batching import (
+from critbatch.analysis import results as runs
+from critbatch.errors import ConfigError
+from critbatch.science.rules import (
     AdaptiveBatch,
-    BatchPlan,
+    lr_multiplier,
     pow2_floor,
     pow2_nearest,
     ramp_batch_size,
 )
-from critbatch.config import lr_multiplier
-from critbatch.errors import ConfigError
-from critbatch.optim import batch_lr_ratio, lr_factor, lr_factor_by_tokens
-from critbatch.train import train
+from critbatch.training.batching import BatchPlan
+from critbatch.training.loop import train
+from critbatch.training.optim import batch_lr_ratio, lr_factor, lr_factor_by_tokens
 
 
 def test_lr_scaling_rule_values():

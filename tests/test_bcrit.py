@@ -10,10 +10,21 @@ import time
 import numpy as np
 import pytest
 
-from critbatch import bcrit, runs
-from critbatch.bcrit import SyntheticTruth, analyse, synthetic_sweep
+from critbatch import files
+from critbatch.analysis import bcrit, synthetic
+from critbatch.analysis import results as runs
+from critbatch.analysis.bcrit import analyse
+from critbatch.analysis.results import (
+    NOISE_KEYS,
+    SUMMARY_KEYS,
+    load_runs,
+    read_summary,
+    validate_summary,
+)
+from critbatch.analysis.synthetic import synthetic_sweep
 from critbatch.errors import ResultsError
-from critbatch.runs import NOISE_KEYS, SUMMARY_KEYS, load_runs, read_summary, validate_summary
+from critbatch.science import fits, laws
+from critbatch.science.synthetic import SyntheticTruth
 
 TRUE_B_CRIT = 200.0  # sequences (SyntheticTruth default)
 
@@ -48,12 +59,12 @@ def test_refine_best_lr_finds_the_parabola_vertex():
     lrs = [1e-3, 2e-3, 4e-3, 8e-3]
     true_lr = 2.7e-3
     losses = [3.0 + 0.1 * (math.log(lr) - math.log(true_lr)) ** 2 for lr in lrs]
-    lr, loss, edge = bcrit.refine_best_lr(lrs, losses)
+    lr, loss, edge = fits.refine_best_lr(lrs, losses)
     assert edge is None
     assert lr == pytest.approx(true_lr, rel=1e-9) and loss == pytest.approx(3.0, abs=1e-12)
-    assert bcrit.refine_best_lr(lrs, [4, 3, 2, 1]) == (8e-3, 1, "high")
-    assert bcrit.refine_best_lr(lrs, [1, 2, 3, 4]) == (1e-3, 1, "low")
-    assert bcrit.refine_best_lr([1e-3], [2.0])[2] == "single"
+    assert fits.refine_best_lr(lrs, [4, 3, 2, 1]) == (8e-3, 1, "high")
+    assert fits.refine_best_lr(lrs, [1, 2, 3, 4]) == (1e-3, 1, "low")
+    assert fits.refine_best_lr([1e-3], [2.0])[2] == "single"
 
 
 def test_per_run_bcrit_recovered_and_naive_formula_is_not(batch_sweep):
@@ -69,7 +80,7 @@ def test_per_run_bcrit_recovered_and_naive_formula_is_not(batch_sweep):
     # the corrected formula is exact given exact E_eff: r from the model itself
     truth = SyntheticTruth()
     r_true = (1 + 64 / truth.b_crit) / (1 + 16 / truth.b_crit)
-    assert bcrit.bcrit_corrected(64, 16, r_true) == pytest.approx(truth.b_crit)
+    assert laws.bcrit_corrected(64, 16, r_true) == pytest.approx(truth.b_crit)
 
 
 def test_extrapolated_point_is_flagged(batch_sweep):
@@ -101,10 +112,10 @@ def test_pareto_bcrit_recovered(tmp_path):
 def test_fit_pareto_exact_on_the_model():
     b_crit, s_min = 300.0, 1000.0
     batches = np.array([8, 32, 128, 512, 2048])
-    fit = bcrit.fit_pareto(batches, s_min * (1 + b_crit / batches))
+    fit = laws.fit_pareto(batches, s_min * (1 + b_crit / batches))
     assert fit["b_crit"] == pytest.approx(b_crit, rel=1e-6)
     assert fit["s_min"] == pytest.approx(s_min, rel=1e-6)
-    two = bcrit.fit_pareto(batches[:2], s_min * (1 + b_crit / batches[:2]))
+    two = laws.fit_pareto(batches[:2], s_min * (1 + b_crit / batches[:2]))
     assert two["b_crit"] == pytest.approx(b_crit, rel=1e-6) and two["b_crit_low"] is None
 
 
@@ -112,7 +123,7 @@ def test_kaplan_exponent_recovered_from_noisy_points():
     rng = np.random.default_rng(0)
     losses = np.geomspace(2.5, 6.0, 24)
     b_tokens = 2e8 / losses**4.8 * np.exp(rng.normal(0, 0.15, losses.size))
-    fit = bcrit.fit_kaplan(losses, b_tokens)
+    fit = laws.fit_kaplan(losses, b_tokens)
     assert abs(fit["exponent"] - 4.8) < 0.3
     assert fit["exponent_low"] < 4.8 < fit["exponent_high"]
     assert fit["b_star_tokens_low"] < 2e8 < fit["b_star_tokens_high"]
@@ -135,7 +146,7 @@ def test_kaplan_points_are_marked_by_kind(batch_sweep, tmp_path):
     write_noise(dirs[0], 226.0, 3.0)
     summary = json.loads((dirs[1] / "summary.json").read_text())
     summary.update(b_noise=150.0, b_noise_tokens=150.0 * 64, b_noise_loss=3.2)
-    runs.write_json_atomic(dirs[1] / "summary.json", summary)
+    files.write_json_atomic(dirs[1] / "summary.json", summary)
     kaplan = analyse_dir(tmp_path)["fits"]["kaplan"]
     kinds = kaplan["n_by_kind"]
     assert kinds["b_noise"] == 1 and kinds["b_noise_online"] == 1
@@ -162,7 +173,7 @@ def test_diverged_and_nan_runs_are_left_out(tmp_path):
     nan_dir.mkdir()
     summary = read_summary(dirs[0])
     summary.update(val_loss=float("nan"), lr=0.05)
-    runs.write_json_atomic(nan_dir / "summary.json", summary)
+    files.write_json_atomic(nan_dir / "summary.json", summary)
     result = analyse_dir(tmp_path)
     reasons = [d["reason"] for d in result["left_out"]]
     assert reasons.count("diverged") == 10 and reasons.count("NaN") == 1
@@ -180,7 +191,7 @@ def test_a_scheduled_batch_run_is_left_out_by_name_not_fitted_at_its_cap(tmp_pat
     summary = read_summary(dirs[-1])
     summary.update(batch_schedule="ramp", batch_size_start=16, batch_size_max=256,
                    batch_size_mean=97.3, steps=411)
-    runs.write_json_atomic(ramp / "summary.json", summary)
+    files.write_json_atomic(ramp / "summary.json", summary)
     result = analyse_dir(tmp_path)
     (left,) = [d for d in result["left_out"] if d["reason"] == "scheduled batch"]
     assert left["run_dir"] == str(ramp)
@@ -235,7 +246,7 @@ def test_mismatched_fingerprint_is_left_out(tmp_path):
     dirs, _ = runs.find_run_dirs([tmp_path])
     summary = read_summary(dirs[3])
     summary["data_fingerprint"] = "0" * 64
-    runs.write_json_atomic(dirs[3] / "summary.json", summary)
+    files.write_json_atomic(dirs[3] / "summary.json", summary)
     result = analyse_dir(tmp_path)
     assert [(d["run_dir"], d["reason"]) for d in result["left_out"]] == [
         (str(dirs[3]), "mismatched")]
@@ -262,7 +273,7 @@ def test_corrupt_and_incomplete_runs_are_recorded(tmp_path):
 
 def test_summary_from_wandb_matches_local_summary(tmp_path):
     truth = SyntheticTruth()
-    local = validate_summary(bcrit.synthetic_summary(truth, batch_size=64, tokens=2**20,
+    local = validate_summary(synthetic.synthetic_summary(truth, batch_size=64, tokens=2**20,
                                                      lr=1e-3))
     config = {"model": {"width": 64, "depth": 2, "heads": 2, "seq_len": 64},
               "data": {"name": "synthetic", "vocab_size": 2048},
@@ -297,7 +308,7 @@ def test_latest_sweep_dir(tmp_path):
 @pytest.mark.slow
 def test_thousand_runs_analysed_fast(tmp_path):
     t0 = time.perf_counter()
-    result = bcrit.benchmark(tmp_path, n_runs=1000)
+    result = synthetic.benchmark(tmp_path, n_runs=1000)
     assert result["n_runs"] >= 1000
     assert result["load_s"] + result["analyse_s"] < 10, result
     assert time.perf_counter() - t0 < 30
@@ -314,7 +325,7 @@ def test_single_lr_cells_are_named(tmp_path):
 def test_no_measurable_cost_when_r_is_at_most_one():
     truth = SyntheticTruth()
     budgets = [2**21, 2**22, 2**23, 2**24]
-    curve = bcrit.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
+    curve = fits.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
     cell = bcrit.Cell(batch_size=64, tokens=2**23, lr=1e-3, bytes_per_token=3.0,
                       loss=truth.final_loss(16, 2**23) - 0.001, loss_sigma=0.0005,
                       run_dir="r", edge=None, edge_diverged=False)
@@ -330,7 +341,7 @@ def test_no_measurable_cost_when_r_is_at_most_one():
 
 
 def test_kaplan_fit_on_a_degenerate_spread_gives_no_interval_instead_of_overflowing():
-    from critbatch.bcrit import fit_kaplan
+    from critbatch.science.laws import fit_kaplan
 
     # three B_crit estimates at nearly one loss: the slope, and so log B*, are enormous
     fit = fit_kaplan([6.0, 6.1, 6.05], [1e3, 1e1, 1e5])

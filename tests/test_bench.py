@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from critbatch import bench
-from critbatch.config import ModelConfig, OptimConfig
-from critbatch.model import GPT
-from critbatch.optim import adamw_options, build_optimizers
+from critbatch.training.config import ModelConfig, OptimConfig
+from critbatch.training.model import GPT
+from critbatch.training.optim import adamw_options, build_optimizers
 
 
 def positive(value) -> bool:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from critbatch import train as train_module
-from critbatch.config import CONF_DIR, lr_multiplier, total_steps
 from critbatch.errors import ConfigError
-from critbatch.train import check_overrides
+from critbatch.science.rules import lr_multiplier
+from critbatch.training import cli as train_module
+from critbatch.training.cli import check_overrides
+from critbatch.training.config import CONF_DIR, total_steps
 
 GROUP_OPTIONS = sorted(
     (group.name, path.stem) for group in CONF_DIR.iterdir() if group.is_dir()

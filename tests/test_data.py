@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch import data as data_module
-from critbatch.config import DataConfig
-from critbatch.data import (
+from critbatch.errors import DataError
+from critbatch.training import data as data_module
+from critbatch.training.config import DataConfig
+from critbatch.training.data import (
     encode_documents,
     is_val_document,
     load_hub_documents,
@@ -22,7 +23,6 @@ from critbatch.data import (
     train_tokenizer,
     val_windows,
 )
-from critbatch.errors import DataError
 
 
 def text_cfg(corpus: Path, cache: Path, **kw) -> DataConfig:

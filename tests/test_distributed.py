@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from critbatch import runs
-from critbatch.train import train
+from critbatch.analysis import results as runs
+from critbatch.training.loop import train
 
 
 @pytest.mark.slow

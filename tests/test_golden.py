@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from critbatch.train import check_overrides, train
+from critbatch.training.cli import check_overrides
+from critbatch.training.loop import train
 
 GOLDEN = Path(__file__).parent / "assets" / "golden_smoke.json"
 VAL_RTOL = 1e-5  # relative, on every evaluation's val_loss (nats/token)

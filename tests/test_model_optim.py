@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from critbatch.config import ModelConfig, OptimConfig, TrainConfig
-from critbatch.model import GPT, param_count
-from critbatch.optim import build_optimizers, lr_factor, used_lr
+from critbatch.training.config import ModelConfig, OptimConfig, TrainConfig
+from critbatch.training.model import GPT, param_count
+from critbatch.training.optim import build_optimizers, lr_factor, used_lr
 
 WIDTHS = (128, 192, 256, 320, 384)
 

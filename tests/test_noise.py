@@ -13,25 +13,14 @@ import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
-from critbatch import runs
-from critbatch.data import prepare_data, sample_batch
+from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError
-from critbatch.model import GPT
-from critbatch.noise import (
-    TABLE_HEADER,
-    MicroGradNorms,
-    NoiseEMA,
-    estimate,
-    g2_estimate,
-    group_sums,
-    main,
-    measure_run,
-    micro_batch_gradients,
-    noise_scale,
-    table_row,
-    trace_estimate,
-)
-from critbatch.train import train
+from critbatch.science.noise import NoiseEMA, estimate, g2_estimate, noise_scale, trace_estimate
+from critbatch.training.data import prepare_data, sample_batch
+from critbatch.training.gns import MicroGradNorms, group_sums, micro_batch_gradients
+from critbatch.training.loop import train
+from critbatch.training.model import GPT
+from critbatch.training.noise_program import TABLE_HEADER, main, measure_run, table_row
 
 CPU = torch.device("cpu")
 NO_AMP = torch.autocast("cpu", enabled=False)
@@ -153,7 +142,7 @@ def exact_case(corpus_dir, cache_dir):
 
     Returns (cfg, model, dataset (N, T+1), per-example gradients (N, P) float64).
     """
-    from critbatch.train import check_overrides
+    from critbatch.training.cli import check_overrides
 
     cfg = check_overrides([
         "scale=smoke", "data=text_files", f"data.paths=[{corpus_dir}/*.txt]",

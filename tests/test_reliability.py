@@ -25,13 +25,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from critbatch import checkpoint, runs
-from critbatch import train as train_module
-from critbatch.config import DataConfig
-from critbatch.data import cache_key, corpus_fingerprint, load_local_documents, prepare_data
+from critbatch.analysis import results as runs
 from critbatch.errors import ResultsError
-from critbatch.noise import load_checkpoint
-from critbatch.train import train
+from critbatch.training import checkpoint
+from critbatch.training import cli as train_module
+from critbatch.training import loop as train_loop
+from critbatch.training.config import DataConfig
+from critbatch.training.data import (
+    cache_key,
+    corpus_fingerprint,
+    load_local_documents,
+    prepare_data,
+)
+from critbatch.training.loop import train
+from critbatch.training.noise_program import load_checkpoint
 
 TIMING_KEYS = {"wall_time_s", "tokens_per_s", "resumed_at", "checkpoint_saves",
                "checkpoint_time_s", "wandb_run_id",
@@ -51,14 +58,14 @@ class Interrupted(Exception):
 
 def interrupt_at(monkeypatch, step: int) -> None:
     """Make the next train() stop (like a kill) when it draws the batch of `step`."""
-    real = train_module.sample_batch
+    real = train_loop.sample_batch
 
     def sample(ids, seq_len, batch_size, seed, s):
         if s == step:
             raise Interrupted(s)
         return real(ids, seq_len, batch_size, seed, s)
 
-    monkeypatch.setattr(train_module, "sample_batch", sample)
+    monkeypatch.setattr(train_loop, "sample_batch", sample)
 
 
 @pytest.mark.parametrize("optim", ["adamw", "muon"])
@@ -163,8 +170,8 @@ SAVE_THEN_DIE = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     import torch
-    from critbatch import checkpoint
-    from critbatch.noise import NoiseEMA
+    from critbatch.training import checkpoint
+    from critbatch.science.noise import NoiseEMA
 
     path = Path(sys.argv[1])
     model = torch.nn.Linear(4, 4)
@@ -283,7 +290,7 @@ def test_an_unreadable_checkpoint_is_one_line(tiny_overrides, tmp_path, monkeypa
 LOCK_AND_SLEEP = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from critbatch.data import file_lock
+    from critbatch.training.data import file_lock
 
     with file_lock(Path(sys.argv[1])):
         print("locked", flush=True)
@@ -318,7 +325,8 @@ def test_a_lock_left_by_a_killed_process_is_recovered(corpus_dir, tmp_path):
 
 def _summary(tmp_path: Path, name: str) -> Path:
     """A run directory with a valid summary.json (a synthetic run's)."""
-    from critbatch.bcrit import SyntheticTruth, synthetic_summary
+    from critbatch.analysis.synthetic import synthetic_summary
+    from critbatch.science.synthetic import SyntheticTruth
 
     run_dir = tmp_path / name
     run_dir.mkdir()
@@ -382,7 +390,7 @@ def test_a_diverging_lr_in_a_sweep_is_left_out_by_name(tiny_overrides, tmp_path)
 
 
 def test_a_field_added_to_the_schema_later_is_not_a_difference():
-    from critbatch.config import config_differences
+    from critbatch.training.config import config_differences
 
     old = {"train": {"batch_size": 8}, "model": {"width": 32}}
     new = {"train": {"batch_size": 8, "new_setting": 3}, "model": {"width": 32}}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from critbatch import report
-from critbatch.bcrit import synthetic_sweep
+from critbatch.analysis import bcrit_report as report
+from critbatch.analysis.synthetic import synthetic_sweep
 from critbatch.errors import ResultsError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,8 +140,8 @@ def test_json_clean_makes_strict_json():
 
 def test_wandb_group_follows_the_trainer(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64,), sweep="batch")
-    from critbatch.bcrit import analyse
-    from critbatch.runs import load_runs
+    from critbatch.analysis.bcrit import analyse
+    from critbatch.analysis.results import load_runs
 
     result = analyse(load_runs([tmp_path], progress=False)["runs"])
     assert report.wandb_group(result["groups"]) == "batch"  # no config.json: the sweep name
@@ -155,10 +155,10 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64,))
     code = "\n".join([
         "import sys",
-        "from critbatch.report import run_analysis",
+        "from critbatch.analysis.bcrit_report import run_analysis",
         f"run_analysis([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r}, wandb_mode='disabled')",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
-        " or m == 'critbatch.train'))",
+        " or m.startswith('critbatch.training')))",
     ])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from critbatch import schedules
+from critbatch.analysis import schedules
+from critbatch.analysis.results import SCHEMA_VERSION, load_runs
 from critbatch.errors import ResultsError
-from critbatch.runs import SCHEMA_VERSION, load_runs, write_json_atomic
+from critbatch.files import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "analysis" / "schedules.py"
@@ -381,10 +382,10 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     write_study(tmp_path, optimizers=("adamw",))
     code = "\n".join([
         "import sys",
-        "from critbatch.schedules import run_analysis",
+        "from critbatch.analysis.schedules import run_analysis",
         f"run_analysis([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r})",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
-        " or m == 'critbatch.train'))",
+        " or m.startswith('critbatch.training')))",
     ])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)

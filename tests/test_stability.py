@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch import stability
-from critbatch.runs import SCHEMA_VERSION, SUMMARY_KEYS, read_summary
-from critbatch.stability import (
+from critbatch.analysis import stability
+from critbatch.analysis.results import SCHEMA_VERSION, SUMMARY_KEYS, read_summary
+from critbatch.analysis.stability import (
     ACCUM_STAGE,
     BATCH_STAGE,
     DIFFERS,
@@ -405,10 +405,10 @@ def test_default_paths_and_no_torch(tmp_path):
     os.utime(older / "summary.json", (old, old))
     code = "\n".join([
         "import sys",
-        "from critbatch.stability import run_analysis",
+        "from critbatch.analysis.stability import run_analysis",
         "run_analysis()",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
-        " or m == 'critbatch.train'))",
+        " or m.startswith('critbatch.training')))",
     ])
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from critbatch import runs
-from critbatch.config import CONF_DIR, register_configs
+from critbatch import files
+from critbatch.analysis import results as runs
 from critbatch.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
+from critbatch.training.config import CONF_DIR, register_configs
 
 REPO = CONF_DIR.parent
 STAGES = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
@@ -228,8 +229,9 @@ def test_schedule_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
 def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, monkeypatch):
     from dataclasses import asdict
 
-    from critbatch.bcrit import SyntheticTruth, synthetic_summary
+    from critbatch.analysis.synthetic import synthetic_summary
     from critbatch.errors import ConfigError
+    from critbatch.science.synthetic import SyntheticTruth
     from critbatch.sweep import check_finished, unplanned_runs
 
     monkeypatch.chdir(tmp_path)
@@ -237,19 +239,19 @@ def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, mo
     ramp = next(j for j in jobs if j.cfg.train.batch_schedule == "ramp")
     ramp.run_dir.mkdir(parents=True)
     summary = synthetic_summary(SyntheticTruth(), batch_size=64, tokens=32768, lr=4e-3)
-    runs.write_json_atomic(ramp.run_dir / "summary.json", summary)
+    files.write_json_atomic(ramp.run_dir / "summary.json", summary)
     old = asdict(ramp.cfg)
     old["train"]["tokens"] = 32768  # trained before grid.schedules.tokens changed
-    runs.write_json_atomic(ramp.run_dir / "config.json", {"config": old, "overrides": []})
+    files.write_json_atomic(ramp.run_dir / "config.json", {"config": old, "overrides": []})
     with pytest.raises(ConfigError) as err:
         check_finished(jobs)
     message = str(err.value)
     assert str(ramp.run_dir) in message and "(train.tokens)" in message and "\n" not in message
     old["train"]["tokens"] = ramp.cfg.train.tokens  # the same config: a finished run, reused
-    runs.write_json_atomic(ramp.run_dir / "config.json", {"config": old, "overrides": []})
+    files.write_json_atomic(ramp.run_dir / "config.json", {"config": old, "overrides": []})
     check_finished(jobs)
     assert unplanned_runs(jobs) == {}
     other = ramp.run_dir.parent / "arm=retired,optim=adamw"
     other.mkdir()
-    runs.write_json_atomic(other / "summary.json", summary)
+    files.write_json_atomic(other / "summary.json", summary)
     assert unplanned_runs(jobs) == {ramp.run_dir.parent: [other]}

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from critbatch import runs
-from critbatch.config import ModelConfig
-from critbatch.data import prepare_data, val_windows
-from critbatch.model import GPT
-from critbatch.train import eval_steps, evaluate, is_diverged, train
+from critbatch.analysis import results as runs
+from critbatch.training.config import ModelConfig
+from critbatch.training.data import prepare_data, val_windows
+from critbatch.training.loop import eval_steps, evaluate, is_diverged, train
+from critbatch.training.model import GPT
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -1,3 +1,3 @@
-from critbatch.train import main
+from critbatch.training.cli import main
 
 main()

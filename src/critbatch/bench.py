@@ -41,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from critbatch import runs
+from critbatch import files
+from critbatch.analysis import results as runs
 from critbatch.errors import fail, user_errors
 
 # The cpu preset's reference shape (width 128, depth 4, seq_len 128, batch 32), pinned so the
@@ -71,8 +72,8 @@ def gns_step_cost(cfg, iters: int = 40) -> dict:
 
     import torch
 
-    from critbatch.model import GPT
-    from critbatch.noise import MicroGradNorms
+    from critbatch.training.gns import MicroGradNorms
+    from critbatch.training.model import GPT
 
     torch.manual_seed(0)
     m, micro = cfg.model, cfg.train.micro_batch_size
@@ -114,7 +115,8 @@ def bench_gns(overrides: list[str], repeats: int = 6, steps: int = 12) -> dict:
     cost is 1 - (tokens/s on) / (tokens/s off). Also reported: the per-micro-batch cost of
     the measurement alone (`gns_step_cost`).
     """
-    from critbatch.train import check_overrides, train
+    from critbatch.training.cli import check_overrides
+    from critbatch.training.loop import train
 
     base = [*GNS_SHAPE, f"train.tokens={steps * 32 * 128}", "train.eval_points=1",
             "train.eval_tokens=1024", "train.warmup_steps=2", "logger.mode=disabled", *overrides]
@@ -199,7 +201,7 @@ def sync(device: torch.device) -> None:
 
 def compose(preset: list[str], opts: Options, *extra: str):
     """A validated Config: the preset, the command line's overrides, then `extra`."""
-    from critbatch.train import check_overrides
+    from critbatch.training.cli import check_overrides
 
     return check_overrides([*preset, "logger.mode=disabled", *opts.overrides, *extra])
 
@@ -216,9 +218,9 @@ class Stepper:
 
     def __init__(self, cfg, device: torch.device, *, dtype=torch.float32, compiled=False,
                  optim=None, seed: int = 0) -> None:
-        from critbatch.config import micro_batch_size
-        from critbatch.model import GPT
-        from critbatch.optim import build_optimizers
+        from critbatch.training.config import micro_batch_size
+        from critbatch.training.model import GPT
+        from critbatch.training.optim import build_optimizers
 
         torch.manual_seed(seed)
         self.cfg, self.device = cfg, device
@@ -279,7 +281,7 @@ def interleaved(steppers: dict[str, Callable[[], tuple[float, float]]], iters: i
 
 def mfu(tokens_per_s: float, cfg, peak_gflops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s over the measured peak."""
-    from critbatch.model import flops_per_token
+    from critbatch.training.model import flops_per_token
 
     m = cfg.model
     return tokens_per_s * flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size) / (
@@ -331,10 +333,10 @@ def bench_peak(opts: Options) -> dict:
 def minimal_loop(cfg, data, steps: int) -> float:
     """tokens/s of a minimal eager training loop: the same model, batches, clipping and
     AdamW as the trainer, in plain PyTorch -- no schedule, logging, noise tracking or eval."""
-    from critbatch.data import sample_batch
-    from critbatch.model import GPT
-    from critbatch.optim import adamw_options
-    from critbatch.train import resolve_device
+    from critbatch.training.data import sample_batch
+    from critbatch.training.loop import resolve_device
+    from critbatch.training.model import GPT
+    from critbatch.training.optim import adamw_options
 
     device, dtype, compiled = resolve_device(cfg)
     m, t, o = cfg.model, cfg.train, cfg.optim
@@ -368,10 +370,10 @@ def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
     step, zero_grad; logging: the trainer's buffered metrics flush (one host sync and a
     jsonl append every `train.log_every` steps), averaged per step.
     """
-    from critbatch.data import sample_batch
-    from critbatch.noise import MicroGradNorms
-    from critbatch.optim import lr_factor, set_lr
-    from critbatch.train import _flush, resolve_device
+    from critbatch.training.data import sample_batch
+    from critbatch.training.gns import MicroGradNorms
+    from critbatch.training.loop import _flush, resolve_device
+    from critbatch.training.optim import lr_factor, set_lr
 
     device, dtype, compiled = resolve_device(cfg)
     t = cfg.train
@@ -411,7 +413,7 @@ def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
             pending.append((step + 1, (step + 1) * tokens_per_step, t.batch_size, accum, 1.0,
                             zero, grad_norm, zero, 0.0))
             if (step + 1) % t.log_every == 0:
-                runs.append_jsonl(metrics, _flush(pending))
+                files.append_jsonl(metrics, _flush(pending))
                 pending.clear()
             t_log = time.perf_counter() - clock
             if step < warmup:
@@ -437,9 +439,9 @@ def bench_train(opts: Options) -> dict:
     out) and the minimal loop for the same number of steps from the same seed, alternating
     which goes first. overhead = 1 - median(trainer tokens/s) / median(minimal tokens/s).
     """
-    from critbatch.data import prepare_data
-    from critbatch.model import param_count
-    from critbatch.train import resolve_device, train
+    from critbatch.training.data import prepare_data
+    from critbatch.training.loop import resolve_device, train
+    from critbatch.training.model import param_count
 
     repeats = opts.repeats or 3
     rows = {}
@@ -496,7 +498,7 @@ def bench_train(opts: Options) -> dict:
 
 def run_steps(cfg, peak: dict | None, seconds: float = 1.0) -> int:
     """Steps for a timed run of about `seconds` (12 to 60), guessing 25% of the fp32 peak."""
-    from critbatch.model import flops_per_token
+    from critbatch.training.model import flops_per_token
 
     m = cfg.model
     flops = flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size)
@@ -511,7 +513,7 @@ def run_steps(cfg, peak: dict | None, seconds: float = 1.0) -> int:
 
 def variant_pairs(cfg, device: torch.device, compiled_too: bool) -> dict[str, dict]:
     """name -> {label: step function} for each A/B comparison, on the device's defaults."""
-    from critbatch.train import resolve_device
+    from critbatch.training.loop import resolve_device
 
     _, dtype, _ = resolve_device(cfg)
     other = torch.bfloat16 if dtype == torch.float32 else torch.float32
@@ -583,8 +585,8 @@ def bench_data(opts: Options) -> dict:
     """Batches/s of the data path alone (sample_batch + copy to the device) per preset, and
     how many times faster it is than the training step it feeds (the trainer's step time
     from the `train` section, else a few timed steps here)."""
-    from critbatch.data import prepare_data, sample_batch
-    from critbatch.train import resolve_device
+    from critbatch.training.data import prepare_data, sample_batch
+    from critbatch.training.loop import resolve_device
 
     device = bench_device()
     trained = opts.results.get("train", {}).get("presets", {})
@@ -616,7 +618,7 @@ def bench_data(opts: Options) -> dict:
 
 def bench_analysis(opts: Options) -> dict:
     """Loading and analysing ~`opts.analysis_runs` synthetic runs (bcrit.benchmark)."""
-    from critbatch.bcrit import benchmark
+    from critbatch.analysis.synthetic import benchmark
 
     with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
         result = benchmark(tmp, opts.analysis_runs)
@@ -631,8 +633,9 @@ def _share_worker(overrides: list[str], threads: int | None, run_dir: str, barri
     """One of several concurrent training jobs: set up, wait for the others, train."""
     if threads:
         torch.set_num_threads(threads)
-    from critbatch.data import prepare_data
-    from critbatch.train import check_overrides, train
+    from critbatch.training.cli import check_overrides
+    from critbatch.training.data import prepare_data
+    from critbatch.training.loop import train
 
     cfg = check_overrides(overrides)
     prepare_data(cfg.data)
@@ -854,7 +857,7 @@ def main(argv: list[str] | None = None) -> None:
     results["meta"]["seconds"] = time.perf_counter() - t0
     results["meta"]["section_seconds"] = seconds
     results["targets"] = targets(results, device.type)
-    runs.write_json_atomic(args.json, results)
+    files.write_json_atomic(args.json, results)
     print(f"\n{table(results)}\n\n{results['meta']['seconds']:.0f} s; wrote {args.json}",
           flush=True)
 

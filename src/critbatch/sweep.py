@@ -28,8 +28,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from critbatch import runs
-from critbatch.config import (
+from critbatch.analysis import results as runs
+from critbatch.errors import ConfigError, ResultsError, user_errors
+from critbatch.training.config import (
     CONF_DIR,
     Config,
     register_configs,
@@ -37,7 +38,6 @@ from critbatch.config import (
     to_config,
     token_budget,
 )
-from critbatch.errors import ConfigError, ResultsError, user_errors
 
 REPO = CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
@@ -112,7 +112,7 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from critbatch.config import explain_compose_error
+    from critbatch.training.config import explain_compose_error
 
     register_configs()
     cli = [f"scale={scale}", f"optim={optimizer}", *extra]

@@ -74,30 +74,8 @@ def wrong_types(record: dict, numbers: tuple, texts: tuple = (), optional: tuple
     return [f"{k} ({record[k]!r})" for k in bad]
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON to a temporary file in the same folder, fsync it, then rename over `path`."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as handle:
-            json.dump(obj, handle, indent=2, allow_nan=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
-def append_jsonl(path: str | Path, rows: list[dict]) -> None:
-    """Append rows as JSON lines and flush them to disk."""
-    if not rows:
-        return
-    with open(path, "a") as handle:
-        handle.write("".join(json.dumps(row) + "\n" for row in rows))
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -200,7 +178,7 @@ def is_finite(x: float) -> bool:
 
 def git_revision() -> str:
     """The source tree's commit, with `-dirty` when it has uncommitted changes; else 'unknown'."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10

@@ -8,7 +8,6 @@ tokens, warmup in optimizer steps, losses in nats per token.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from critbatch.errors import ConfigError
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 OPTIMIZERS = ("adamw", "muon")
 LR_SCALINGS = ("none", "sqrt", "linear")
@@ -276,10 +275,6 @@ def run_differences(saved: dict, current: dict) -> list[str]:
                               {k: v for k, v in current.items() if k != "grid"})
 
 
-def lr_multiplier(rule: str, batch_size: int, base_batch_size: int) -> float:
-    """f(B / B_base) of `optim.lr_scaling`: 1, sqrt(B / B_base) or B / B_base."""
-    ratio = batch_size / base_batch_size
-    return {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]
 
 
 def _choice(key: str, value: str, options: tuple[str, ...]) -> None:

@@ -23,16 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch import bcrit
+from critbatch.analysis import bcrit
+from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
+from critbatch.analysis.results import latest_sweep_dir, load_runs, load_wandb_runs, read_config
 from critbatch.errors import ResultsError
-from critbatch.plotting import empty_axes, label_axes, log_axes, save_figure
-from critbatch.runs import (
-    latest_sweep_dir,
-    load_runs,
-    load_wandb_runs,
-    read_config,
-    write_json_atomic,
-)
+from critbatch.files import write_json_atomic
 
 MAX_PANELS = 6  # groups drawn per figure (more make the plots slow and unreadable)
 PLOTS = {

@@ -23,21 +23,25 @@ directories generated from the McCandlish model itself (for tests and `benchmark
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
-from warnings import catch_warnings, simplefilter
 
 import numpy as np
 
-from critbatch.runs import SCHEMA_VERSION, is_finite, write_json_atomic
+from critbatch.analysis.results import is_finite
+from critbatch.science.fits import LossCurve, fit_lr_scaling, refine_best_lr
+from critbatch.science.laws import (
+    KAPLAN_B_STAR_TOKENS,
+    KAPLAN_EXPONENT,
+    bcrit_corrected,
+    bcrit_naive,
+    fit_kaplan,
+    fit_pareto,
+    kaplan_prediction_tokens,
+)
 
 GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer")
-KAPLAN_B_STAR_TOKENS = 2e8  # Kaplan et al. 2020, GPT-2 tokenizer on WebText2
-KAPLAN_EXPONENT = 4.8  # 1/alpha_B, alpha_B ~ 0.21
 MIN_BASELINE_BUDGETS = 3
-CONFIDENCE = 0.95  # every interval in the report is a central 95% interval
 PARETO_TARGETS = 5  # target losses per Pareto frontier
 
 # The sweeps that fill each gap (make targets; see sweeps/).
@@ -112,35 +116,6 @@ def split_runs(runs: list[dict]) -> tuple[dict[tuple, list[dict]], list[dict], l
 # Best learning rate per cell
 
 
-def refine_best_lr(lrs: list[float], losses: list[float]) -> tuple[float, float, str | None]:
-    """The best learning rate of a grid, refined by a parabola in log(lr).
-
-    Takes the grid minimum and fits the parabola through it and its two neighbours in
-    x = log(lr) (exact through three points, any spacing); its vertex is the refined optimum
-    (lr*, L*). Assumes the loss is smooth in log(lr) near the optimum. Returns
-    (lr*, L*, edge): `edge` is None, or "low"/"high" when the minimum is the first/last grid
-    point, in which case (lr*, L*) is that grid point: the true optimum lies outside the
-    grid. A single-point grid returns it with edge "single".
-    """
-    order = np.argsort(lrs)
-    grid = np.asarray(lrs, dtype=float)[order]
-    x = np.log(grid)
-    y = np.asarray(losses, dtype=float)[order]
-    i = int(np.argmin(y))
-    if len(x) == 1:
-        return float(grid[0]), float(y[0]), "single"
-    if i == 0 or i == len(x) - 1:
-        return float(grid[i]), float(y[i]), "low" if i == 0 else "high"
-    (x0, x1, x2), (y0, y1, y2) = x[i - 1 : i + 2], y[i - 1 : i + 2]
-    # Newton divided differences: y = y1 + d1 (x - x1) + c (x - x0)(x - x1) ... written at x1.
-    s01, s12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
-    c = (s12 - s01) / (x2 - x0)
-    if c <= 0:  # flat: no curvature to refine with
-        return float(grid[i]), float(y1), None
-    slope_at_x1 = s01 + c * (x1 - x0)
-    x_star = x1 - slope_at_x1 / (2 * c)
-    y_star = y1 - slope_at_x1**2 / (4 * c)
-    return float(np.exp(x_star)), float(y_star), None
 
 
 @dataclass
@@ -205,122 +180,16 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None) -> list[Ce
 # Loss versus tokens: monotone interpolation, power-law extrapolation, inversion
 
 
-def fit_power_law(tokens: np.ndarray, losses: np.ndarray) -> tuple[float, float, float] | None:
-    """Least-squares fit of L(E) = L_inf + A * E^-alpha (E in tokens, L in nats/token).
-
-    The saturating power law of Kaplan et al. 2020 (their L(D)); unweighted least squares in
-    L with L_inf in [0, min L), A > 0, 0 < alpha <= 5, tokens scaled by their maximum for
-    conditioning. Needs three points or more; returns (L_inf, A, alpha) or None when the fit
-    fails or has too few points.
-    """
-    from scipy.optimize import OptimizeWarning, curve_fit
-
-    if len(tokens) < 3:
-        return None
-    scale = float(np.max(tokens))
-    u = np.asarray(tokens, dtype=float) / scale
-    y = np.asarray(losses, dtype=float)
-    lo = float(np.min(y))
-
-    def model(u, l_inf, a, alpha):
-        return l_inf + a * u ** (-alpha)
-
-    p0 = (0.8 * lo, max(1e-6, float(np.max(y)) - 0.8 * lo) / 2, 0.5)
-    try:
-        with catch_warnings():  # 3 points, 3 parameters: no covariance, by design
-            simplefilter("ignore", OptimizeWarning)
-            (l_inf, a, alpha), _ = curve_fit(model, u, y, p0=p0, maxfev=20000, bounds=(
-                [0.0, 0.0, 1e-3], [lo * (1 - 1e-9), np.inf, 5]))
-    except (RuntimeError, ValueError):
-        return None
-    return float(l_inf), float(a * scale**alpha), float(alpha)
 
 
-class LossCurve:
-    """Final loss versus tokens of one batch size (loss decreasing in tokens), and its inverse.
-
-    Inside the measured range: PCHIP (monotone piecewise-cubic Hermite, Fritsch-Carlson) in
-    log tokens, which never invents a minimum between points. Outside: the saturating power
-    law L = L_inf + A E^-alpha fitted to all points (`fit_power_law`), re-anchored so that it
-    passes through the end point it continues (L_inf and alpha from the fit, amplitude from
-    the end point), and every value found there is flagged as extrapolated. Points whose loss
-    is not below every smaller budget's are dropped (a monotone inverse needs a decreasing
-    curve) and listed in `dropped`.
-    """
-
-    def __init__(self, tokens, losses, extrapolate: bool = True):
-        from scipy.interpolate import PchipInterpolator
-
-        order = np.argsort(tokens)
-        e, y = np.asarray(tokens, float)[order], np.asarray(losses, float)[order]
-        keep = [0]
-        for i in range(1, len(e)):
-            if y[i] < y[keep[-1]] and e[i] > e[keep[-1]]:
-                keep.append(i)
-        self.dropped = [float(e[i]) for i in range(len(e)) if i not in keep]
-        self.tokens, self.losses = e[keep], y[keep]
-        self.x = np.log(self.tokens)
-        self.pchip = PchipInterpolator(self.x, self.losses) if len(keep) >= 2 else None
-        self.power_law = fit_power_law(self.tokens, self.losses) if extrapolate else None
-
-    @property
-    def loss_range(self) -> tuple[float, float]:
-        return float(self.losses[-1]), float(self.losses[0])
-
-    def loss_at(self, tokens: float) -> tuple[float, bool]:
-        """(L(E) in nats/token, extrapolated?)."""
-        x = math.log(tokens)
-        if self.pchip is not None and self.x[0] <= x <= self.x[-1]:
-            return float(self.pchip(x)), False
-        if self.power_law is None:
-            return float("nan"), True
-        l_inf, _, alpha = self.power_law
-        end = 0 if x < self.x[0] else -1
-        return l_inf + (self.losses[end] - l_inf) * (tokens / self.tokens[end]) ** -alpha, True
-
-    def tokens_for(self, loss: float) -> tuple[float, bool]:
-        """(E such that L(E) = loss, in tokens; extrapolated?). inf beyond the asymptote."""
-        from scipy.optimize import brentq
-
-        lo, hi = self.loss_range
-        if self.pchip is not None and lo <= loss <= hi:
-            j = int(np.searchsorted(-self.losses, -loss))  # first point with loss <= target
-            j = min(max(j, 1), len(self.x) - 1)
-            a, b = self.x[j - 1], self.x[j]
-            fa, fb = float(self.pchip(a)) - loss, float(self.pchip(b)) - loss
-            if fa * fb >= 0:  # the target sits on a node (up to rounding)
-                return float(np.exp(a if abs(fa) <= abs(fb) else b)), False
-            return float(np.exp(brentq(lambda x: float(self.pchip(x)) - loss, a, b))), False
-        if self.power_law is None:
-            return float("nan"), True
-        l_inf, _, alpha = self.power_law
-        if loss <= l_inf:
-            return float("inf"), True
-        end = -1 if loss < lo else 0
-        ratio = (loss - l_inf) / (self.losses[end] - l_inf)
-        return float(self.tokens[end] * ratio ** (-1 / alpha)), True
 
 
 # ---------------------------------------------------------------------------------------------
 # B_crit per run (tokens-equivalent analysis)
 
 
-def bcrit_corrected(batch_size: float, baseline_batch: float, r: float) -> float:
-    """B_crit = (B - b r) / (r - 1): McCandlish et al. 2018 with the baseline's own batch.
-
-    From E = E_min (1 + B/B_crit) and E_eff = E_min (1 + b/B_crit), r = E / E_eff. Defined for
-    r > 1; r >= B/b gives B_crit <= 0 (the run lost more than the model allows). Units: those
-    of B and b.
-    """
-    return (batch_size - baseline_batch * r) / (r - 1)
 
 
-def bcrit_naive(batch_size: float, r: float) -> float:
-    """B_crit = B / (r - 1): the formula that treats the baseline as an infinitely small batch.
-
-    Overestimates B_crit when b is not far below B_crit; reported only for comparison.
-    """
-    return batch_size / (r - 1)
 
 
 def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline_sigma: float,
@@ -405,46 +274,6 @@ def choose_baseline(cells: list[Cell], forced: int | None = None) -> tuple[int |
 # Pareto frontier S = S_min + E_min / B
 
 
-def fit_pareto(batch_sizes, steps) -> dict:
-    """Fit S(B) = S_min + E_min / B at one target loss (McCandlish et al. 2018, eq. 2.11).
-
-    `batch_sizes` in sequences, `steps` the optimizer steps each needs to reach the target.
-    Weighted least squares (scipy `curve_fit`), each point with sigma proportional to its S
-    (relative errors: reading E off a loss curve errs by a fraction of E), and the covariance
-    scaled by the residuals. B_crit = E_min / S_min (sequences) with a 95% interval from the
-    delta method on log B_crit and Student's t (needs three batch sizes or more; with two the
-    fit is exact and the intervals are None). Assumes the model holds at this loss.
-    """
-    from scipy.optimize import curve_fit
-    from scipy.stats import t as student_t
-
-    x = 1.0 / np.asarray(batch_sizes, dtype=float)
-    s = np.asarray(steps, dtype=float)
-    n = len(s)
-    out = {"n_batch_sizes": n, "s_min": None, "e_min": None, "b_crit": None,
-           "b_crit_low": None, "b_crit_high": None, "s_min_low": None, "s_min_high": None,
-           "e_min_low": None, "e_min_high": None}
-    if n < 2:
-        return out
-    a = np.stack([np.ones_like(x), x], axis=1) / s[:, None]  # weighted linear system
-    (s_min, e_min), *_ = np.linalg.lstsq(a, np.ones_like(s), rcond=None)
-    if n > 2:
-        (s_min, e_min), cov = curve_fit(lambda x, s0, e0: s0 + e0 * x, x, s,
-                                        p0=(s_min, e_min), sigma=s, absolute_sigma=False)
-    out.update(s_min=float(s_min), e_min=float(e_min))
-    if s_min <= 0 or e_min <= 0:
-        return out
-    out["b_crit"] = float(e_min / s_min)
-    if n > 2 and np.all(np.isfinite(cov)):
-        tq = float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2))
-        sd_s, sd_e = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
-        var_log = cov[1, 1] / e_min**2 + cov[0, 0] / s_min**2 - 2 * cov[0, 1] / (e_min * s_min)
-        sd_log = math.sqrt(max(var_log, 0.0))
-        out.update(b_crit_low=out["b_crit"] * math.exp(-tq * sd_log),
-                   b_crit_high=out["b_crit"] * math.exp(tq * sd_log),
-                   s_min_low=s_min - tq * sd_s, s_min_high=s_min + tq * sd_s,
-                   e_min_low=e_min - tq * sd_e, e_min_high=e_min + tq * sd_e)
-    return out
 
 
 def pareto_frontiers(cells: list[Cell], seq_len: int,
@@ -491,88 +320,14 @@ def pareto_frontiers(cells: list[Cell], seq_len: int,
 # Kaplan's law and learning-rate scaling
 
 
-def fit_log_linear(x, y) -> dict | None:
-    """Ordinary least squares y = c + k x with 95% Student-t intervals (None with < 2 points).
-
-    Intervals are None with exactly two points (exact fit).
-    """
-    from scipy.stats import t as student_t
-
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    n = len(x)
-    if n < 2 or np.ptp(x) < 1e-12:
-        return None
-    a = np.stack([np.ones_like(x), x], axis=1)
-    (c, k), *_ = np.linalg.lstsq(a, y, rcond=None)
-    out = {"intercept": float(c), "slope": float(k), "n": n, "intercept_sd": None,
-           "slope_sd": None, "t": None, "residual_sd": None}
-    if n > 2:
-        resid = y - a @ np.array([c, k])
-        s2 = float(resid @ resid) / (n - 2)
-        cov = s2 * np.linalg.inv(a.T @ a)
-        out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
-                   t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)),
-                   residual_sd=math.sqrt(s2))
-    return out
 
 
-def _exp(x: float) -> float | None:
-    """exp(x), or None where it overflows a float (an interval too wide to state)."""
-    return math.exp(x) if x < 700 else None
 
 
-def fit_kaplan(losses, b_crit_tokens) -> dict:
-    """Fit Kaplan et al. 2020's B_crit(L) = B* / L^(1/alpha_B) (their eq. 5.3).
-
-    Ordinary least squares of log B_crit = log B* - (1/alpha_B) log L, L in nats/token,
-    B_crit in tokens, every point weighted equally (each estimate's own uncertainty is not
-    used: the scatter between methods dominates). Returns B* (tokens) and the exponent
-    1/alpha_B with 95% intervals (None with fewer than three points), next to Kaplan's
-    2e8 tokens and 4.8; the constants depend on corpus and tokenizer, the exponent less so.
-    """
-    out = {"b_star_tokens": None, "b_star_tokens_low": None, "b_star_tokens_high": None,
-           "exponent": None, "exponent_low": None, "exponent_high": None,
-           "n_points": len(losses), "kaplan_b_star_tokens": KAPLAN_B_STAR_TOKENS,
-           "kaplan_exponent": KAPLAN_EXPONENT}
-    fit = fit_log_linear(np.log(losses), np.log(b_crit_tokens)) if len(losses) else None
-    if fit is None:
-        return out
-    out.update(b_star_tokens=_exp(fit["intercept"]), exponent=-fit["slope"])
-    if fit["t"] is not None:
-        t = fit["t"]
-        out.update(b_star_tokens_low=_exp(fit["intercept"] - t * fit["intercept_sd"]),
-                   b_star_tokens_high=_exp(fit["intercept"] + t * fit["intercept_sd"]),
-                   exponent_low=-fit["slope"] - t * fit["slope_sd"],
-                   exponent_high=-fit["slope"] + t * fit["slope_sd"])
-    return out
 
 
-def kaplan_prediction_tokens(loss: float, b_star_tokens: float, exponent: float) -> float:
-    """B_crit(L) = B* / L^exponent in tokens (L in nats/token)."""
-    return b_star_tokens / loss**exponent
 
 
-def fit_lr_scaling(batch_sizes, lrs) -> dict | None:
-    """Best lr versus batch size as a power law, lr* = c B^k (science.md, section 5).
-
-    Least squares of log lr* on log B over the batch sizes below the largest (above B_crit
-    the optimum stops growing, so the largest is left out when there are three or more).
-    Adam is expected between k = 0.5 and 1, SGD near 1. None with fewer than two points.
-    """
-    order = np.argsort(batch_sizes)
-    b, lr = np.asarray(batch_sizes, float)[order], np.asarray(lrs, float)[order]
-    if len(b) >= 3:
-        b, lr = b[:-1], lr[:-1]
-    fit = fit_log_linear(np.log(b), np.log(lr))
-    if fit is None:
-        return None
-    out = {"exponent": fit["slope"], "exponent_low": None, "exponent_high": None,
-           "n_points": fit["n"], "batch_sizes": b.tolist(), "lrs": lr.tolist(),
-           "lr_at_1": math.exp(fit["intercept"])}
-    if fit["t"] is not None:
-        out.update(exponent_low=fit["slope"] - fit["t"] * fit["slope_sd"],
-                   exponent_high=fit["slope"] + fit["t"] * fit["slope_sd"])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -771,117 +526,9 @@ def kaplan_analysis(groups: dict, per_run: list[dict], pareto: list[dict], noise
 # Synthetic sweeps from the McCandlish model (tests and benchmark)
 
 
-@dataclass
-class SyntheticTruth:
-    """The model a synthetic sweep is generated from (losses in nats/token)."""
-
-    b_crit: float = 200.0  # sequences
-    l_inf: float = 2.0  # L(E_min) = l_inf + a (E_min / 1e6)^-alpha
-    a: float = 1.5
-    alpha: float = 0.35
-    lr_base: float = 1e-3  # best lr at batch 16
-    lr_exponent: float = 0.7  # best lr grows as B^lr_exponent
-    lr_curvature: float = 0.05  # loss penalty per (ln lr - ln lr*)^2, nats/token
-    seq_len: int = 64
-    bytes_per_token: float = 3.0
-
-    def loss_of_min_tokens(self, e_min_tokens: float) -> float:
-        return self.l_inf + self.a * (e_min_tokens / 1e6) ** -self.alpha
-
-    def final_loss(self, batch_size: float, tokens: float) -> float:
-        """L(E / (1 + B / B_crit)): McCandlish et al.'s E = E_min (1 + B/B_crit)."""
-        return self.loss_of_min_tokens(tokens / (1 + batch_size / self.b_crit))
-
-    def best_lr(self, batch_size: float) -> float:
-        return self.lr_base * (batch_size / 16) ** self.lr_exponent
 
 
-def synthetic_summary(truth: SyntheticTruth, *, batch_size: int, tokens: int, lr: float,
-                      optimizer: str = "adamw", width: int = 64, seed: int = 0,
-                      loss_offset: float = 0.0, status: str = "completed",
-                      sweep: str = "synthetic") -> dict:
-    """A complete summary.json (every SUMMARY_KEYS key) for one synthetic run."""
-    steps = tokens // (batch_size * truth.seq_len)
-    final = truth.final_loss(batch_size, tokens) + loss_offset + truth.lr_curvature * (
-        math.log(lr) - math.log(truth.best_lr(batch_size))) ** 2
-    curve = []
-    for frac in (0.125, 0.25, 0.5, 1.0):
-        s = max(1, int(steps * frac))
-        t = s * batch_size * truth.seq_len
-        loss = truth.final_loss(batch_size, t) + (final - truth.final_loss(batch_size, tokens))
-        curve.append({"step": s, "tokens": t, "val_loss": loss,
-                      "val_loss_per_byte": loss / truth.bytes_per_token})
-    diverged = status == "diverged"
-    return {
-        "schema_version": SCHEMA_VERSION, "status": status, "sweep": sweep, "seed": seed,
-        "optimizer": optimizer, "lr": lr, "width": width, "depth": 2, "heads": 2,
-        "seq_len": truth.seq_len, "vocab_size": 2048, "params": 250_000,
-        "params_nonembedding": 100_000, "batch_size": batch_size,
-        "micro_batch_size": batch_size, "steps": steps, "tokens": steps * batch_size *
-        truth.seq_len, "warmup_steps": 20, "schedule": "cosine",
-        "bytes_per_token": truth.bytes_per_token,
-        "val_loss": float("nan") if diverged else final,
-        "val_loss_per_byte": float("nan") if diverged else final / truth.bytes_per_token,
-        "curve": [] if diverged else curve, "wall_time_s": 1.0, "tokens_per_s": 1e5,
-        "data_name": "synthetic", "data_fingerprint": "f" * 64, "git_revision": "synthetic",
-        "critbatch_version": "0.1.0", "status_reason": "loss > 3x" if diverged else None,
-        "diverged_step": 5 if diverged else None,
-    }
 
 
-def synthetic_sweep(root: str | Path, truth: SyntheticTruth | None = None, *,
-                    baseline_batch: int = 16, batch_sizes=(64, 128, 256, 512, 1024, 2048),
-                    budgets_tokens=(2**21, 2**22, 2**23, 2**24), all_budgets: bool = False,
-                    lr_multipliers=(0.5, 1.0, 2.0), optimizers=("adamw",), widths=(64,),
-                    seeds=(0,), seed_loss_offsets=None, lr_grid_shift: float = 0.3,
-                    diverged_high_lr: bool = False, sweep: str = "synthetic") -> SyntheticTruth:
-    """Write run directories generated from the McCandlish model; return the truth.
-
-    The baseline batch runs at every budget, each other batch size at the largest (or at
-    every budget with `all_budgets`, for the Pareto frontier). Each cell is a grid of
-    learning rates `best_lr(B) * 2^-lr_grid_shift * lr_multipliers` (so the optimum falls
-    between grid points), each with loss `final_loss(B, E) + c (ln lr - ln lr*)^2`, plus
-    `seed_loss_offsets[i]` for seed i. `diverged_high_lr` adds, per cell, a run at 4x the
-    largest lr that diverged. Directory layout: root/<sweep>/<opt>_w<width>/b<B>_t<E>_lr<i>_s<seed>.
-    """
-    truth = truth or SyntheticTruth()
-    root = Path(root)
-    offsets = seed_loss_offsets or [0.0] * len(seeds)
-    cells = [(baseline_batch, t) for t in budgets_tokens]
-    for b in batch_sizes:
-        cells += [(b, t) for t in (budgets_tokens if all_budgets else budgets_tokens[-1:])]
-    for opt in optimizers:
-        for width in widths:
-            for batch, tokens in cells:
-                center = truth.best_lr(batch) * 2.0**-lr_grid_shift
-                grid = [(i, center * m, "completed") for i, m in enumerate(lr_multipliers)]
-                if diverged_high_lr:
-                    grid.append((len(grid), center * max(lr_multipliers) * 4, "diverged"))
-                for i, lr, status in grid:
-                    for seed, offset in zip(seeds, offsets, strict=True):
-                        summary = synthetic_summary(
-                            truth, batch_size=batch, tokens=tokens, lr=lr, optimizer=opt,
-                            width=width, seed=seed, loss_offset=offset, status=status,
-                            sweep=sweep)
-                        name = f"b{batch}_t{tokens}_lr{i}_s{seed}"
-                        run_dir = root / sweep / f"{opt}_w{width}" / name
-                        run_dir.mkdir(parents=True, exist_ok=True)
-                        write_json_atomic(run_dir / "summary.json", summary)
-    return truth
 
 
-def benchmark(root: str | Path, n_runs: int = 1000) -> dict:
-    """Time loading + analysing about `n_runs` synthetic runs (no report files); seconds."""
-    from critbatch.runs import load_runs
-
-    n_batches = 6
-    per_width = (4 + n_batches) * 3 * 2  # cells x lrs x optimizers
-    widths = tuple(64 * (i + 1) for i in range(max(1, round(n_runs / per_width))))
-    synthetic_sweep(root, optimizers=("adamw", "muon"), widths=widths)
-    t0 = time.perf_counter()
-    loaded = load_runs([root], progress=False)
-    t1 = time.perf_counter()
-    result = analyse(loaded["runs"], left_out=loaded["left_out"])
-    t2 = time.perf_counter()
-    return {"n_runs": len(loaded["runs"]), "load_s": t1 - t0, "analyse_s": t2 - t1,
-            "n_per_run": len(result["fits"]["per_run"])}

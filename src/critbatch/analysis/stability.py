@@ -36,11 +36,12 @@ from typing import Any
 
 import numpy as np
 
-from critbatch import report
+from critbatch.analysis import bcrit_report as report
+from critbatch.analysis.bcrit_report import json_clean, md_table
+from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
+from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
 from critbatch.errors import ResultsError
-from critbatch.plotting import empty_axes, label_axes, log_axes, save_figure
-from critbatch.report import json_clean, md_table
-from critbatch.runs import is_finite, is_number, load_runs, read_metrics, write_json_atomic
+from critbatch.files import write_json_atomic
 
 SCHEMA_VERSION = 1  # of stability.json
 LR_STAGE, BATCH_STAGE, ACCUM_STAGE = "stability_lr", "stability", "stability_accum"
@@ -541,7 +542,7 @@ def lr_rule_warnings(rows: list[dict], base_lr: float | None, base_batch: int) -
     """A warning per run whose lr used is not base_lr x f(B / base batch) of its lr_scaling."""
     if base_lr is None:
         return []
-    from critbatch.config import lr_multiplier  # the one definition of the scaling rules
+    from critbatch.science.rules import lr_multiplier
 
     out = []
     for row in rows:

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from critbatch.config import run_differences
 from critbatch.errors import CritbatchError
-from critbatch.noise import NoiseEMA
+from critbatch.science.noise import NoiseEMA
+from critbatch.training.config import run_differences
 
 
 class CheckpointError(CritbatchError):

@@ -33,9 +33,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from critbatch.errors import ResultsError
-from critbatch.plotting import empty_axes, label_axes, log_axes, save_figure
-from critbatch.report import (
+from critbatch.analysis.bcrit_report import (
     default_out,
     fmt,
     json_clean,
@@ -43,7 +41,10 @@ from critbatch.report import (
     md_table,
     publish_report,
 )
-from critbatch.runs import is_finite, is_number, load_runs, read_metrics, write_json_atomic
+from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
+from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
+from critbatch.errors import ResultsError
+from critbatch.files import write_json_atomic
 
 SWEEP = "schedules"
 DOCUMENT_VERSION = 1  # of schedules.json

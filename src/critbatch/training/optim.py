@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from critbatch.config import OptimConfig, TrainConfig, lr_multiplier
-from critbatch.model import GPT
+from critbatch.science.rules import lr_multiplier
+from critbatch.training.config import OptimConfig, TrainConfig
+from critbatch.training.model import GPT
 
 
 def used_lr(optim: OptimConfig, batch_size: int) -> float:

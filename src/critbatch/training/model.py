@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from critbatch.config import ModelConfig
+from critbatch.training.config import ModelConfig
 
 
 class Attention(nn.Module):

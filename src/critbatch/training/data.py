@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from critbatch.config import DataConfig
 from critbatch.errors import DataError
-from critbatch.runs import write_json_atomic
+from critbatch.files import write_json_atomic
+from critbatch.training.config import DataConfig
 
 CACHE_VERSION = 1
 EOT = "<|endoftext|>"

@@ -1,0 +1,103 @@
+"""Synthetic run directories (results format) generated from the McCandlish world, for tests
+and the analysis benchmark."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from critbatch.analysis.bcrit import analyse
+from critbatch.analysis.results import SCHEMA_VERSION, load_runs
+from critbatch.files import write_json_atomic
+from critbatch.science.synthetic import SyntheticTruth
+
+
+def synthetic_summary(truth: SyntheticTruth, *, batch_size: int, tokens: int, lr: float,
+                      optimizer: str = "adamw", width: int = 64, seed: int = 0,
+                      loss_offset: float = 0.0, status: str = "completed",
+                      sweep: str = "synthetic") -> dict:
+    """A complete summary.json (every SUMMARY_KEYS key) for one synthetic run."""
+    steps = tokens // (batch_size * truth.seq_len)
+    final = truth.final_loss(batch_size, tokens) + loss_offset + truth.lr_curvature * (
+        math.log(lr) - math.log(truth.best_lr(batch_size))) ** 2
+    curve = []
+    for frac in (0.125, 0.25, 0.5, 1.0):
+        s = max(1, int(steps * frac))
+        t = s * batch_size * truth.seq_len
+        loss = truth.final_loss(batch_size, t) + (final - truth.final_loss(batch_size, tokens))
+        curve.append({"step": s, "tokens": t, "val_loss": loss,
+                      "val_loss_per_byte": loss / truth.bytes_per_token})
+    diverged = status == "diverged"
+    return {
+        "schema_version": SCHEMA_VERSION, "status": status, "sweep": sweep, "seed": seed,
+        "optimizer": optimizer, "lr": lr, "width": width, "depth": 2, "heads": 2,
+        "seq_len": truth.seq_len, "vocab_size": 2048, "params": 250_000,
+        "params_nonembedding": 100_000, "batch_size": batch_size,
+        "micro_batch_size": batch_size, "steps": steps, "tokens": steps * batch_size *
+        truth.seq_len, "warmup_steps": 20, "schedule": "cosine",
+        "bytes_per_token": truth.bytes_per_token,
+        "val_loss": float("nan") if diverged else final,
+        "val_loss_per_byte": float("nan") if diverged else final / truth.bytes_per_token,
+        "curve": [] if diverged else curve, "wall_time_s": 1.0, "tokens_per_s": 1e5,
+        "data_name": "synthetic", "data_fingerprint": "f" * 64, "git_revision": "synthetic",
+        "critbatch_version": "0.1.0", "status_reason": "loss > 3x" if diverged else None,
+        "diverged_step": 5 if diverged else None,
+    }
+
+
+def synthetic_sweep(root: str | Path, truth: SyntheticTruth | None = None, *,
+                    baseline_batch: int = 16, batch_sizes=(64, 128, 256, 512, 1024, 2048),
+                    budgets_tokens=(2**21, 2**22, 2**23, 2**24), all_budgets: bool = False,
+                    lr_multipliers=(0.5, 1.0, 2.0), optimizers=("adamw",), widths=(64,),
+                    seeds=(0,), seed_loss_offsets=None, lr_grid_shift: float = 0.3,
+                    diverged_high_lr: bool = False, sweep: str = "synthetic") -> SyntheticTruth:
+    """Write run directories generated from the McCandlish model; return the truth.
+
+    The baseline batch runs at every budget, each other batch size at the largest (or at
+    every budget with `all_budgets`, for the Pareto frontier). Each cell is a grid of
+    learning rates `best_lr(B) * 2^-lr_grid_shift * lr_multipliers` (so the optimum falls
+    between grid points), each with loss `final_loss(B, E) + c (ln lr - ln lr*)^2`, plus
+    `seed_loss_offsets[i]` for seed i. `diverged_high_lr` adds, per cell, a run at 4x the
+    largest lr that diverged. Directory layout: root/<sweep>/<opt>_w<width>/b<B>_t<E>_lr<i>_s<seed>.
+    """
+    truth = truth or SyntheticTruth()
+    root = Path(root)
+    offsets = seed_loss_offsets or [0.0] * len(seeds)
+    cells = [(baseline_batch, t) for t in budgets_tokens]
+    for b in batch_sizes:
+        cells += [(b, t) for t in (budgets_tokens if all_budgets else budgets_tokens[-1:])]
+    for opt in optimizers:
+        for width in widths:
+            for batch, tokens in cells:
+                center = truth.best_lr(batch) * 2.0**-lr_grid_shift
+                grid = [(i, center * m, "completed") for i, m in enumerate(lr_multipliers)]
+                if diverged_high_lr:
+                    grid.append((len(grid), center * max(lr_multipliers) * 4, "diverged"))
+                for i, lr, status in grid:
+                    for seed, offset in zip(seeds, offsets, strict=True):
+                        summary = synthetic_summary(
+                            truth, batch_size=batch, tokens=tokens, lr=lr, optimizer=opt,
+                            width=width, seed=seed, loss_offset=offset, status=status,
+                            sweep=sweep)
+                        name = f"b{batch}_t{tokens}_lr{i}_s{seed}"
+                        run_dir = root / sweep / f"{opt}_w{width}" / name
+                        run_dir.mkdir(parents=True, exist_ok=True)
+                        write_json_atomic(run_dir / "summary.json", summary)
+    return truth
+
+
+def benchmark(root: str | Path, n_runs: int = 1000) -> dict:
+    """Time loading + analysing about `n_runs` synthetic runs (no report files); seconds."""
+
+    n_batches = 6
+    per_width = (4 + n_batches) * 3 * 2  # cells x lrs x optimizers
+    widths = tuple(64 * (i + 1) for i in range(max(1, round(n_runs / per_width))))
+    synthetic_sweep(root, optimizers=("adamw", "muon"), widths=widths)
+    t0 = time.perf_counter()
+    loaded = load_runs([root], progress=False)
+    t1 = time.perf_counter()
+    result = analyse(loaded["runs"], left_out=loaded["left_out"])
+    t2 = time.perf_counter()
+    return {"n_runs": len(loaded["runs"]), "load_s": t1 - t0, "analyse_s": t2 - t1,
+            "n_per_run": len(result["fits"]["per_run"])}

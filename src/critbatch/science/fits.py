@@ -1,0 +1,191 @@
+"""Curve fits: the best lr of a grid, loss versus tokens (power law and monotone inverse),
+log-linear least squares and the lr-scaling power law. numpy/scipy only."""
+
+from __future__ import annotations
+
+import math
+from warnings import catch_warnings, simplefilter
+
+import numpy as np
+
+CONFIDENCE = 0.95  # every interval in the report is a central 95% interval
+
+
+def refine_best_lr(lrs: list[float], losses: list[float]) -> tuple[float, float, str | None]:
+    """The best learning rate of a grid, refined by a parabola in log(lr).
+
+    Takes the grid minimum and fits the parabola through it and its two neighbours in
+    x = log(lr) (exact through three points, any spacing); its vertex is the refined optimum
+    (lr*, L*). Assumes the loss is smooth in log(lr) near the optimum. Returns
+    (lr*, L*, edge): `edge` is None, or "low"/"high" when the minimum is the first/last grid
+    point, in which case (lr*, L*) is that grid point: the true optimum lies outside the
+    grid. A single-point grid returns it with edge "single".
+    """
+    order = np.argsort(lrs)
+    grid = np.asarray(lrs, dtype=float)[order]
+    x = np.log(grid)
+    y = np.asarray(losses, dtype=float)[order]
+    i = int(np.argmin(y))
+    if len(x) == 1:
+        return float(grid[0]), float(y[0]), "single"
+    if i == 0 or i == len(x) - 1:
+        return float(grid[i]), float(y[i]), "low" if i == 0 else "high"
+    (x0, x1, x2), (y0, y1, y2) = x[i - 1 : i + 2], y[i - 1 : i + 2]
+    # Newton divided differences: y = y1 + d1 (x - x1) + c (x - x0)(x - x1) ... written at x1.
+    s01, s12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    c = (s12 - s01) / (x2 - x0)
+    if c <= 0:  # flat: no curvature to refine with
+        return float(grid[i]), float(y1), None
+    slope_at_x1 = s01 + c * (x1 - x0)
+    x_star = x1 - slope_at_x1 / (2 * c)
+    y_star = y1 - slope_at_x1**2 / (4 * c)
+    return float(np.exp(x_star)), float(y_star), None
+
+
+def fit_power_law(tokens: np.ndarray, losses: np.ndarray) -> tuple[float, float, float] | None:
+    """Least-squares fit of L(E) = L_inf + A * E^-alpha (E in tokens, L in nats/token).
+
+    The saturating power law of Kaplan et al. 2020 (their L(D)); unweighted least squares in
+    L with L_inf in [0, min L), A > 0, 0 < alpha <= 5, tokens scaled by their maximum for
+    conditioning. Needs three points or more; returns (L_inf, A, alpha) or None when the fit
+    fails or has too few points.
+    """
+    from scipy.optimize import OptimizeWarning, curve_fit
+
+    if len(tokens) < 3:
+        return None
+    scale = float(np.max(tokens))
+    u = np.asarray(tokens, dtype=float) / scale
+    y = np.asarray(losses, dtype=float)
+    lo = float(np.min(y))
+
+    def model(u, l_inf, a, alpha):
+        return l_inf + a * u ** (-alpha)
+
+    p0 = (0.8 * lo, max(1e-6, float(np.max(y)) - 0.8 * lo) / 2, 0.5)
+    try:
+        with catch_warnings():  # 3 points, 3 parameters: no covariance, by design
+            simplefilter("ignore", OptimizeWarning)
+            (l_inf, a, alpha), _ = curve_fit(model, u, y, p0=p0, maxfev=20000, bounds=(
+                [0.0, 0.0, 1e-3], [lo * (1 - 1e-9), np.inf, 5]))
+    except (RuntimeError, ValueError):
+        return None
+    return float(l_inf), float(a * scale**alpha), float(alpha)
+
+
+class LossCurve:
+    """Final loss versus tokens of one batch size (loss decreasing in tokens), and its inverse.
+
+    Inside the measured range: PCHIP (monotone piecewise-cubic Hermite, Fritsch-Carlson) in
+    log tokens, which never invents a minimum between points. Outside: the saturating power
+    law L = L_inf + A E^-alpha fitted to all points (`fit_power_law`), re-anchored so that it
+    passes through the end point it continues (L_inf and alpha from the fit, amplitude from
+    the end point), and every value found there is flagged as extrapolated. Points whose loss
+    is not below every smaller budget's are dropped (a monotone inverse needs a decreasing
+    curve) and listed in `dropped`.
+    """
+
+    def __init__(self, tokens, losses, extrapolate: bool = True):
+        from scipy.interpolate import PchipInterpolator
+
+        order = np.argsort(tokens)
+        e, y = np.asarray(tokens, float)[order], np.asarray(losses, float)[order]
+        keep = [0]
+        for i in range(1, len(e)):
+            if y[i] < y[keep[-1]] and e[i] > e[keep[-1]]:
+                keep.append(i)
+        self.dropped = [float(e[i]) for i in range(len(e)) if i not in keep]
+        self.tokens, self.losses = e[keep], y[keep]
+        self.x = np.log(self.tokens)
+        self.pchip = PchipInterpolator(self.x, self.losses) if len(keep) >= 2 else None
+        self.power_law = fit_power_law(self.tokens, self.losses) if extrapolate else None
+
+    @property
+    def loss_range(self) -> tuple[float, float]:
+        return float(self.losses[-1]), float(self.losses[0])
+
+    def loss_at(self, tokens: float) -> tuple[float, bool]:
+        """(L(E) in nats/token, extrapolated?)."""
+        x = math.log(tokens)
+        if self.pchip is not None and self.x[0] <= x <= self.x[-1]:
+            return float(self.pchip(x)), False
+        if self.power_law is None:
+            return float("nan"), True
+        l_inf, _, alpha = self.power_law
+        end = 0 if x < self.x[0] else -1
+        return l_inf + (self.losses[end] - l_inf) * (tokens / self.tokens[end]) ** -alpha, True
+
+    def tokens_for(self, loss: float) -> tuple[float, bool]:
+        """(E such that L(E) = loss, in tokens; extrapolated?). inf beyond the asymptote."""
+        from scipy.optimize import brentq
+
+        lo, hi = self.loss_range
+        if self.pchip is not None and lo <= loss <= hi:
+            j = int(np.searchsorted(-self.losses, -loss))  # first point with loss <= target
+            j = min(max(j, 1), len(self.x) - 1)
+            a, b = self.x[j - 1], self.x[j]
+            fa, fb = float(self.pchip(a)) - loss, float(self.pchip(b)) - loss
+            if fa * fb >= 0:  # the target sits on a node (up to rounding)
+                return float(np.exp(a if abs(fa) <= abs(fb) else b)), False
+            return float(np.exp(brentq(lambda x: float(self.pchip(x)) - loss, a, b))), False
+        if self.power_law is None:
+            return float("nan"), True
+        l_inf, _, alpha = self.power_law
+        if loss <= l_inf:
+            return float("inf"), True
+        end = -1 if loss < lo else 0
+        ratio = (loss - l_inf) / (self.losses[end] - l_inf)
+        return float(self.tokens[end] * ratio ** (-1 / alpha)), True
+
+
+def fit_log_linear(x, y) -> dict | None:
+    """Ordinary least squares y = c + k x with 95% Student-t intervals (None with < 2 points).
+
+    Intervals are None with exactly two points (exact fit).
+    """
+    from scipy.stats import t as student_t
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    n = len(x)
+    if n < 2 or np.ptp(x) < 1e-12:
+        return None
+    a = np.stack([np.ones_like(x), x], axis=1)
+    (c, k), *_ = np.linalg.lstsq(a, y, rcond=None)
+    out = {"intercept": float(c), "slope": float(k), "n": n, "intercept_sd": None,
+           "slope_sd": None, "t": None, "residual_sd": None}
+    if n > 2:
+        resid = y - a @ np.array([c, k])
+        s2 = float(resid @ resid) / (n - 2)
+        cov = s2 * np.linalg.inv(a.T @ a)
+        out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
+                   t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)),
+                   residual_sd=math.sqrt(s2))
+    return out
+
+
+def _exp(x: float) -> float | None:
+    """exp(x), or None where it overflows a float (an interval too wide to state)."""
+    return math.exp(x) if x < 700 else None
+
+
+def fit_lr_scaling(batch_sizes, lrs) -> dict | None:
+    """Best lr versus batch size as a power law, lr* = c B^k (science.md, section 5).
+
+    Least squares of log lr* on log B over the batch sizes below the largest (above B_crit
+    the optimum stops growing, so the largest is left out when there are three or more).
+    Adam is expected between k = 0.5 and 1, SGD near 1. None with fewer than two points.
+    """
+    order = np.argsort(batch_sizes)
+    b, lr = np.asarray(batch_sizes, float)[order], np.asarray(lrs, float)[order]
+    if len(b) >= 3:
+        b, lr = b[:-1], lr[:-1]
+    fit = fit_log_linear(np.log(b), np.log(lr))
+    if fit is None:
+        return None
+    out = {"exponent": fit["slope"], "exponent_low": None, "exponent_high": None,
+           "n_points": fit["n"], "batch_sizes": b.tolist(), "lrs": lr.tolist(),
+           "lr_at_1": math.exp(fit["intercept"])}
+    if fit["t"] is not None:
+        out.update(exponent_low=fit["slope"] - fit["t"] * fit["slope_sd"],
+                   exponent_high=fit["slope"] + fit["t"] * fit["slope_sd"])
+    return out

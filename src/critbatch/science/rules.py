@@ -1,0 +1,86 @@
+"""Batch-size and learning-rate rules: batches as powers of two of the micro-batch, the
+linear ramp, the noise-adaptive controller, and the lr scaling rules. Pure Python."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def pow2_floor(sequences: float, unit: int) -> int:
+    """The largest unit x 2^k <= `sequences` (k >= 0); `unit` when `sequences` < 2 x unit."""
+    if sequences < 2 * unit:
+        return unit
+    return unit * 2 ** int(math.floor(math.log2(sequences / unit) + 1e-12))
+
+
+def pow2_nearest(sequences: float, unit: int) -> int:
+    """unit x 2^k nearest to `sequences` in log scale (k >= 0)."""
+    if sequences <= unit:
+        return unit
+    return unit * 2 ** int(round(math.log2(sequences / unit)))
+
+
+def ramp_batch_size(tokens_done: int, budget: int, start: int, end: int, fraction: float,
+                    unit: int) -> int:
+    """Batch (sequences) of the step that begins after `tokens_done` tokens of the ramp.
+
+    Linear in tokens from `start` at 0 to `end` at `fraction x budget`, rounded down to
+    unit x 2^k, never below `start` nor above `end`.
+    """
+    ramp_tokens = fraction * budget
+    if tokens_done >= ramp_tokens:
+        return end
+    target = start + (end - start) * tokens_done / ramp_tokens
+    return min(end, max(start, pow2_floor(target, unit)))
+
+
+@dataclass
+class AdaptiveBatch:
+    """The noise-adaptive controller: the batch follows `factor x B_noise`.
+
+    `update(step, b_noise)` is called before each optimizer step (`step` = steps taken)
+    with the online estimate (sequences, None while unresolved). It decides only after
+    every `interval` steps (never at step 0: the estimate needs that long to settle), and
+    the batch changes when the rounded target differs from it.
+
+    Deciding on a fixed cadence keeps the choices a function of the training alone: the
+    trainer folds the steps' gradient norms into the estimate when it flushes its metrics
+    (one host sync, not one per step), and it flushes at every decision step
+    (`BatchPlan.decides`), so the estimate the controller reads there is the same whatever
+    `train.log_every` or the checkpoint timing; a resumed run makes the same choices.
+    """
+
+    low: int  # sequences; the first batch and the floor
+    high: int  # sequences; the cap
+    unit: int  # the micro-batch; batches are unit x 2^k
+    interval: int  # optimizer steps between changes, at least
+    factor: float = 1.0  # target = factor x B_noise
+    batch: int = 0  # the current batch (0 = not started: low)
+    last_change: int = 0  # the optimizer step of the last change
+
+    def __post_init__(self) -> None:
+        self.batch = self.batch or self.low
+
+    def target(self, b_noise: float) -> int:
+        """The batch the estimate asks for: clipped, then rounded to unit x 2^k."""
+        clipped = min(self.high, max(self.low, self.factor * b_noise))
+        return min(self.high, max(self.low, pow2_nearest(clipped, self.unit)))
+
+    def decides(self, step: int) -> bool:
+        """True at the steps where the controller may change the batch."""
+        return step > 0 and step % self.interval == 0
+
+    def update(self, step: int, b_noise: float | None) -> int:
+        if not self.decides(step) or b_noise is None or not math.isfinite(b_noise):
+            return self.batch
+        wanted = self.target(b_noise)
+        if wanted != self.batch:
+            self.batch, self.last_change = wanted, step
+        return self.batch
+
+
+def lr_multiplier(rule: str, batch_size: int, base_batch_size: int) -> float:
+    """f(B / B_base) of `optim.lr_scaling`: 1, sqrt(B / B_base) or B / B_base."""
+    ratio = batch_size / base_batch_size
+    return {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]
