@@ -163,11 +163,6 @@ def fit_log_linear(x, y) -> dict | None:
     return out
 
 
-def _exp(x: float) -> float | None:
-    """exp(x), or None where it overflows a float (an interval too wide to state)."""
-    return math.exp(x) if x < 700 else None
-
-
 def fit_lr_scaling(batch_sizes, lrs) -> dict | None:
     """Best lr versus batch size as a power law, lr* = c B^k (science.md, section 5).
 

@@ -1,5 +1,22 @@
-"""B_crit from measured costs: the tokens-equivalent formula, the Pareto fit and Kaplan's law.
-numpy/scipy only."""
+"""The critical batch size from measured costs (docs/science.md, sections 1, 3 and 4).
+
+McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training") relate the optimizer
+steps S and the examples E = B S needed to reach a loss:
+
+    S / S_min = 1 + B_crit / B,    E / E_min = 1 + B / B_crit,    B_crit = E_min / S_min.
+
+Three routes to B_crit follow, each a pure function here:
+
+- **per run** (tokens-equivalent): a run with batch B that saw E tokens is worth E_eff tokens
+  of a small-batch baseline b; with r = E / E_eff, B_crit = (B - b r) / (r - 1)
+  (`bcrit_corrected`; `bcrit_naive` drops the baseline's own batch, for comparison);
+- **Pareto frontier**: at one target loss S(B) = S_min + E_min / B is linear in 1/B
+  (`fit_pareto`);
+- **Kaplan et al. 2020's law** B_crit(L) = B* / L^(1/alpha_B) across losses (`fit_kaplan`).
+
+Units: batch sizes in sequences unless a name ends in `_tokens`; losses in nats/token.
+numpy/scipy only.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +24,9 @@ import math
 
 import numpy as np
 
-from critbatch.science.fits import CONFIDENCE, _exp, fit_log_linear
+from critbatch.science.fits import CONFIDENCE, fit_log_linear
 
 KAPLAN_B_STAR_TOKENS = 2e8  # Kaplan et al. 2020, GPT-2 tokenizer on WebText2
-
-
 KAPLAN_EXPONENT = 4.8  # 1/alpha_B, alpha_B ~ 0.21
 
 
@@ -75,6 +90,11 @@ def fit_pareto(batch_sizes, steps) -> dict:
     return out
 
 
+def exp_or_none(x: float) -> float | None:
+    """exp(x), or None where it overflows a float (an interval too wide to state)."""
+    return math.exp(x) if x < 700 else None
+
+
 def fit_kaplan(losses, b_crit_tokens) -> dict:
     """Fit Kaplan et al. 2020's B_crit(L) = B* / L^(1/alpha_B) (their eq. 5.3).
 
@@ -91,11 +111,11 @@ def fit_kaplan(losses, b_crit_tokens) -> dict:
     fit = fit_log_linear(np.log(losses), np.log(b_crit_tokens)) if len(losses) else None
     if fit is None:
         return out
-    out.update(b_star_tokens=_exp(fit["intercept"]), exponent=-fit["slope"])
+    out.update(b_star_tokens=exp_or_none(fit["intercept"]), exponent=-fit["slope"])
     if fit["t"] is not None:
         t = fit["t"]
-        out.update(b_star_tokens_low=_exp(fit["intercept"] - t * fit["intercept_sd"]),
-                   b_star_tokens_high=_exp(fit["intercept"] + t * fit["intercept_sd"]),
+        out.update(b_star_tokens_low=exp_or_none(fit["intercept"] - t * fit["intercept_sd"]),
+                   b_star_tokens_high=exp_or_none(fit["intercept"] + t * fit["intercept_sd"]),
                    exponent_low=-fit["slope"] - t * fit["slope_sd"],
                    exponent_high=-fit["slope"] + t * fit["slope_sd"])
     return out

@@ -1,5 +1,20 @@
-"""The gradient noise scale B_noise = tr(Sigma) / |G|^2: unbiased estimators, their moving
-average, and a jackknife error bar. numpy only."""
+"""The gradient noise scale B_noise = tr(Sigma) / |G|^2 (McCandlish et al. 2018, App. A).
+
+G is the true gradient and Sigma the per-example gradient covariance; only batch gradients
+are observed. The gradient g_B of B i.i.d. examples has E |g_B|^2 = |G|^2 + tr(Sigma) / B,
+so squared norms at two batch sizes b < B give unbiased estimates
+
+    |G|^2     ~ (B |g_B|^2 - b |g_b|^2) / (B - b)          (`g2_estimate`)
+    tr(Sigma) ~ (|g_b|^2 - |g_B|^2) / (1/b - 1/B)         (`trace_estimate`)
+
+Each is unbiased, their ratio is not: average numerator and denominator separately (over
+micro-batches offline, with `NoiseEMA` during training) and divide last. A non-positive
+|G|^2 estimate means "not resolved, increase K", reported as None, never as a negative or
+infinite B_noise. Offline, `estimate` adds a delete-a-group jackknife error bar.
+
+Units: B_noise in examples (sequences, when an example is one sequence and the loss its mean
+token loss). numpy only; the gradients themselves come from critbatch/training/gns.py.
+"""
 
 from __future__ import annotations
 
