@@ -138,10 +138,12 @@ class LossCurve:
         return float(self.tokens[end] * ratio ** (-1 / alpha)), True
 
 
-def fit_log_linear(x, y) -> dict | None:
-    """Ordinary least squares y = c + k x with 95% Student-t intervals (None with < 2 points).
+def fit_log_linear(x, y, sigma=None) -> dict | None:
+    """Least squares y = c + k x with 95% Student-t intervals (None with < 2 points).
 
-    Intervals are None with exactly two points (exact fit).
+    `sigma`: each point's standard deviation in y (relative weights 1/sigma^2; the covariance
+    is scaled by the weighted residuals, as scipy's curve_fit does with absolute_sigma=False);
+    None weighs every point equally. Intervals are None with exactly two points (exact fit).
     """
     from scipy.stats import t as student_t
 
@@ -149,18 +151,38 @@ def fit_log_linear(x, y) -> dict | None:
     n = len(x)
     if n < 2 or np.ptp(x) < 1e-12:
         return None
+    w = np.ones(n) if sigma is None else 1.0 / np.asarray(sigma, float)  # sqrt of the weights
     a = np.stack([np.ones_like(x), x], axis=1)
-    (c, k), *_ = np.linalg.lstsq(a, y, rcond=None)
+    aw, yw = (a, y) if sigma is None else (a * w[:, None], y * w)
+    (c, k), *_ = np.linalg.lstsq(aw, yw, rcond=None)
     out = {"intercept": float(c), "slope": float(k), "n": n, "intercept_sd": None,
            "slope_sd": None, "t": None, "residual_sd": None}
     if n > 2:
-        resid = y - a @ np.array([c, k])
+        resid = yw - aw @ np.array([c, k])
         s2 = float(resid @ resid) / (n - 2)
-        cov = s2 * np.linalg.inv(a.T @ a)
+        cov = s2 * np.linalg.inv(aw.T @ aw)
         out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
                    t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)),
                    residual_sd=math.sqrt(s2))
     return out
+
+
+def nominal_budgets(tokens, rel_tol: float = 0.01) -> dict[int, int]:
+    """Map each token count to its nominal budget: counts within `rel_tol` of the smallest
+    count of their cluster are one budget, named by that cluster's largest count.
+
+    Runs of one planned budget see slightly different token counts at different batch sizes
+    (whole steps of B x seq_len tokens: 1,499,648 at batch 8 but 1,499,136 at 32), so cells
+    must not be keyed by exact tokens.
+    """
+    values = sorted({int(t) for t in tokens})
+    clusters: list[list[int]] = []
+    for t in values:
+        if clusters and t <= clusters[-1][0] * (1 + rel_tol):
+            clusters[-1].append(t)
+        else:
+            clusters.append([t])
+    return {t: cluster[-1] for cluster in clusters for t in cluster}
 
 
 def fit_lr_scaling(batch_sizes, lrs) -> dict | None:

@@ -95,20 +95,21 @@ def exp_or_none(x: float) -> float | None:
     return math.exp(x) if x < 700 else None
 
 
-def fit_kaplan(losses, b_crit_tokens) -> dict:
+def fit_kaplan(losses, b_crit_tokens, log_sigma=None) -> dict:
     """Fit Kaplan et al. 2020's B_crit(L) = B* / L^(1/alpha_B) (their eq. 5.3).
 
-    Ordinary least squares of log B_crit = log B* - (1/alpha_B) log L, L in nats/token,
-    B_crit in tokens, every point weighted equally (each estimate's own uncertainty is not
-    used: the scatter between methods dominates). Returns B* (tokens) and the exponent
-    1/alpha_B with 95% intervals (None with fewer than three points), next to Kaplan's
+    Least squares of log B_crit = log B* - (1/alpha_B) log L, L in nats/token, B_crit in
+    tokens. `log_sigma`: each point's uncertainty in log B_crit (weights 1/sigma^2); None
+    weighs every point equally. Returns B* (tokens) and the exponent 1/alpha_B with 95%
+    Student-t intervals of the fit (None with fewer than three points), next to Kaplan's
     2e8 tokens and 4.8; the constants depend on corpus and tokenizer, the exponent less so.
     """
     out = {"b_star_tokens": None, "b_star_tokens_low": None, "b_star_tokens_high": None,
            "exponent": None, "exponent_low": None, "exponent_high": None,
            "n_points": len(losses), "kaplan_b_star_tokens": KAPLAN_B_STAR_TOKENS,
            "kaplan_exponent": KAPLAN_EXPONENT}
-    fit = fit_log_linear(np.log(losses), np.log(b_crit_tokens)) if len(losses) else None
+    fit = (fit_log_linear(np.log(losses), np.log(b_crit_tokens), log_sigma)
+           if len(losses) else None)
     if fit is None:
         return out
     out.update(b_star_tokens=exp_or_none(fit["intercept"]), exponent=-fit["slope"])
@@ -119,6 +120,68 @@ def fit_kaplan(losses, b_crit_tokens) -> dict:
                    exponent_low=-fit["slope"] - t * fit["slope_sd"],
                    exponent_high=-fit["slope"] + t * fit["slope_sd"])
     return out
+
+
+def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: int = 2000,
+                     confidence: float = CONFIDENCE, seed: int = 0) -> dict:
+    """Percentile bootstrap interval of Kaplan's exponent and B*, resampling whole units.
+
+    `units` names the independent source of each point (a run, or a seed): points of one
+    unit are drawn together, so several points read off one run count once. Each of
+    `resamples` draws takes as many units as there are, with replacement, and refits
+    (`fit_kaplan`, same weights); draws whose losses do not spread are skipped. Returns the
+    central `confidence` interval of the exponent and of B* (tokens), the draws used and a
+    label saying what the interval is. With fewer than three units there is no interval.
+    """
+    losses, b_tokens = np.asarray(losses, float), np.asarray(b_crit_tokens, float)
+    sigma = None if log_sigma is None else np.asarray(log_sigma, float)
+    names = sorted(set(units), key=str)
+    members = [np.flatnonzero(np.array([u == name for u in units])) for name in names]
+    out = {"exponent_low": None, "exponent_high": None, "b_star_tokens_low": None,
+           "b_star_tokens_high": None, "resamples": 0, "n_units": len(names),
+           "interval": f"{confidence:.0%} percentile bootstrap over {len(names)} runs"}
+    if len(names) < 3:
+        return out
+    rng = np.random.default_rng(seed)
+    exponents, log_b_stars = [], []
+    for _ in range(resamples):
+        pick = np.concatenate([members[i] for i in rng.integers(0, len(names), len(names))])
+        if np.ptp(np.log(losses[pick])) < 1e-12:
+            continue
+        fit = fit_log_linear(np.log(losses[pick]), np.log(b_tokens[pick]),
+                             None if sigma is None else sigma[pick])
+        exponents.append(-fit["slope"])
+        log_b_stars.append(fit["intercept"])
+    if len(exponents) < resamples // 2:
+        return out
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(exponents, [tail, 100 - tail])
+    b_lo, b_hi = np.percentile(log_b_stars, [tail, 100 - tail])
+    out.update(exponent_low=float(lo), exponent_high=float(hi),
+               b_star_tokens_low=exp_or_none(b_lo), b_star_tokens_high=exp_or_none(b_hi),
+               resamples=len(exponents))
+    return out
+
+
+def pareto_degeneracy(fit: dict, max_interval_factor: float = 100.0) -> str | None:
+    """Why a Pareto fit (`fit_pareto`) cannot stand as a B_crit measurement, or None.
+
+    Degenerate: S_min or E_min not positive (the points do not follow S = S_min + E_min / B),
+    or a B_crit interval whose high end exceeds its low end by more than
+    `max_interval_factor` (the data fix no scale). A fit without an interval (two batch
+    sizes) is not called degenerate here; its lack of interval is reported by the caller.
+    """
+    if fit.get("s_min") is None or fit.get("e_min") is None:
+        return "not fitted"
+    if fit["s_min"] <= 0 or fit["e_min"] <= 0:
+        return (f"S_min = {fit['s_min']:.3g} steps, E_min = {fit['e_min']:.3g} sequences: "
+                "not both positive")
+    low, high = fit.get("b_crit_low"), fit.get("b_crit_high")
+    if fit.get("n_batch_sizes", 0) > 2 and (not low or not high
+                                             or high / low > max_interval_factor):
+        return (f"B_crit interval [{low:.3g}, {high:.3g}] spans more than a factor "
+                f"{max_interval_factor:g}" if low and high else "B_crit interval unbounded")
+    return None
 
 
 def kaplan_prediction_tokens(loss: float, b_star_tokens: float, exponent: float) -> float:

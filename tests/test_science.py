@@ -1,0 +1,93 @@
+"""The science layer against known answers: weighted Kaplan fits, the run bootstrap, Pareto
+degeneracy and nominal budgets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from critbatch.science.fits import fit_log_linear, nominal_budgets
+from critbatch.science.laws import bootstrap_kaplan, fit_kaplan, fit_pareto, pareto_degeneracy
+
+
+def kaplan_world(exponent: float, b_star: float, n_runs: int, scatter: float, seed: int):
+    """Points B_crit = B* / L^exponent x lognormal scatter, two points per run."""
+    rng = np.random.default_rng(seed)
+    losses = np.repeat(np.linspace(3.0, 5.5, n_runs), 2) + rng.normal(0, 0.02, 2 * n_runs)
+    b_tokens = b_star / losses**exponent * np.exp(rng.normal(0, scatter, 2 * n_runs))
+    units = [f"run{i // 2}" for i in range(2 * n_runs)]
+    return losses, b_tokens, units
+
+
+def test_weighted_fit_equals_ordinary_fit_with_equal_weights():
+    x, y = [0.0, 1.0, 2.0, 3.5], [1.0, 2.9, 5.2, 8.0]
+    plain, weighted = fit_log_linear(x, y), fit_log_linear(x, y, sigma=[0.3] * 4)
+    for key in ("intercept", "slope", "intercept_sd", "slope_sd"):
+        assert weighted[key] == pytest.approx(plain[key], rel=1e-12)
+
+
+def test_weights_ignore_a_point_whose_uncertainty_is_huge():
+    x, y = np.arange(6.0), 2.0 + 0.5 * np.arange(6.0)
+    y[5] += 10.0  # an outlier ...
+    sigma = np.ones(6)
+    sigma[5] = 1e6  # ... that says it knows nothing
+    fit = fit_log_linear(x, y, sigma)
+    assert fit["slope"] == pytest.approx(0.5, abs=1e-6)
+    assert fit["intercept"] == pytest.approx(2.0, abs=1e-6)
+
+
+def test_kaplan_constant_bcrit_gives_exponent_zero_and_a_bootstrap_interval_around_it():
+    losses, b_tokens, units = kaplan_world(0.0, 5e4, n_runs=12, scatter=0.1, seed=1)
+    fit = fit_kaplan(losses, b_tokens)
+    assert abs(fit["exponent"]) < 0.3
+    boot = bootstrap_kaplan(losses, b_tokens, units, resamples=500)
+    assert boot["exponent_low"] < 0 < boot["exponent_high"]
+    assert boot["exponent_low"] < fit["exponent"] < boot["exponent_high"]
+    assert boot["n_units"] == 12 and boot["resamples"] == 500
+    assert "bootstrap over 12 runs" in boot["interval"]
+
+
+def test_pooling_a_different_quantity_biases_the_exponent():
+    """The reason noise points get their own fit: two B_noise points at 10x a constant B_crit,
+    at the two lowest losses, pull a pooled fit far from the planted exponent 0."""
+    losses, b_tokens, _ = kaplan_world(0.0, 5e4, n_runs=12, scatter=0.05, seed=2)
+    pooled = fit_kaplan(np.r_[losses, 2.9, 3.0], np.r_[b_tokens, 5e5, 5e5])
+    assert abs(fit_kaplan(losses, b_tokens)["exponent"]) < 0.3
+    assert pooled["exponent"] > 1.0
+
+
+def test_bootstrap_interval_covers_the_planted_exponent_in_most_worlds():
+    covered = 0
+    for seed in range(20):
+        losses, b_tokens, units = kaplan_world(4.8, 2e8, n_runs=10, scatter=0.3, seed=seed)
+        boot = bootstrap_kaplan(losses, b_tokens, units, resamples=400, seed=seed)
+        covered += boot["exponent_low"] <= 4.8 <= boot["exponent_high"]
+    assert covered >= 16  # nominal 95%: 19 of 20 expected; 16 allows for a few-unit bootstrap
+
+
+def test_bootstrap_needs_three_units():
+    boot = bootstrap_kaplan([3.0, 4.0, 5.0, 6.0], [1e5, 5e4, 2e4, 1e4], ["a", "a", "b", "b"])
+    assert boot["exponent_low"] is None and boot["resamples"] == 0
+
+
+def test_pareto_degeneracy_names_what_is_wrong():
+    batches = np.array([16, 32, 64, 128, 256])
+    steps = 1000 + 64_000 / batches  # S_min = 1000 steps, E_min = 64k sequences
+    good = fit_pareto(batches, steps * np.array([1.01, 0.99, 1.0, 1.01, 0.99]))
+    assert good["b_crit"] == pytest.approx(64.0, rel=0.1)
+    assert pareto_degeneracy(good) is None
+    negative = fit_pareto(batches, 64_000 / batches - 50)  # steps fall faster than 1/B
+    assert "not both positive" in pareto_degeneracy(negative)
+    wide = dict(good, b_crit_low=1e-3, b_crit_high=1e9)
+    assert "spans more than a factor 100" in pareto_degeneracy(wide)
+    assert pareto_degeneracy(dict(good, b_crit_low=None, b_crit_high=None)) == (
+        "B_crit interval unbounded")
+
+
+def test_nominal_budgets_join_counts_within_one_percent():
+    tokens = [1_499_648, 1_499_136, 1_499_136, 3_000_000, 2_999_000, 750_000]
+    nominal = nominal_budgets(tokens)
+    assert nominal[1_499_136] == nominal[1_499_648] == 1_499_648
+    assert nominal[2_999_000] == nominal[3_000_000] == 3_000_000
+    assert nominal[750_000] == 750_000
+    assert len(set(nominal.values())) == 3
