@@ -14,7 +14,8 @@ import torch
 from critbatch.analysis import results as runs
 from critbatch.training.config import ModelConfig
 from critbatch.training.data import prepare_data, val_windows
-from critbatch.training.loop import eval_steps, evaluate, is_diverged, train
+from critbatch.training.evaluation import eval_steps, evaluate, is_diverged
+from critbatch.training.loop import train
 from critbatch.training.model import GPT
 
 

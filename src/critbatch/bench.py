@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -43,7 +43,23 @@ import torch
 
 from critbatch import files
 from critbatch.analysis import results as runs
+from critbatch.analysis.synthetic import benchmark
 from critbatch.errors import fail, user_errors
+from critbatch.training.cli import check_overrides
+from critbatch.training.data import prepare_data, sample_batch
+from critbatch.training.gns import MicroGradNorms
+from critbatch.training.loop import train
+from critbatch.training.metrics import StepRecord, metrics_rows
+from critbatch.training.model import GPT, flops_per_token, param_count
+from critbatch.training.optim import adamw_options, lr_factor
+from critbatch.training.step import (
+    Stepper,
+    StepResult,
+    autocast_for,
+    build_stepper,
+    resolve_device,
+    train_step,
+)
 
 # The cpu preset's reference shape (width 128, depth 4, seq_len 128, batch 32), pinned so the
 # number stays comparable when the preset changes, as 4 micro-batches of 8.
@@ -61,45 +77,22 @@ def step_seconds(run_dir: Path, skip: int = WARMUP_STEPS) -> list[float]:
 
 
 def gns_step_cost(cfg, iters: int = 40) -> dict:
-    """Median seconds of the accumulation part of a step (all micro-batches' fwd + bwd) with
-    and without `MicroGradNorms`, alternating every iteration.
+    """Median seconds of the accumulation part of the trainer's step (all micro-batches'
+    fwd + bwd) with and without `MicroGradNorms`, alternating every iteration.
 
     A second view of the same cost, interleaved step by step so that load from other
     processes hits both sides alike; conservative, since the optimizer step and clipping
     (equal on both sides) are left out of the denominator.
     """
-    import time
-
-    import torch
-
-    from critbatch.training.gns import MicroGradNorms
-    from critbatch.training.model import GPT
-
-    torch.manual_seed(0)
-    m, micro = cfg.model, cfg.train.micro_batch_size
-    accum = cfg.train.batch_size // micro
-    model = GPT(m, cfg.data.vocab_size)
-    batch = torch.randint(0, cfg.data.vocab_size, (cfg.train.batch_size, m.seq_len + 1))
-
-    def accumulate(track: bool) -> float:
-        norms = MicroGradNorms(model.parameters(), accum) if track else None
-        model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        for i in range(accum):
-            x = batch[i * micro : (i + 1) * micro]
-            (model(x[:, :-1], x[:, 1:]) / accum).backward()
-            if norms:
-                norms.pop()
-        elapsed = time.perf_counter() - t0
-        if norms:
-            norms.remove()
-        return elapsed
-
-    accumulate(True), accumulate(False)  # warm-up
+    device, dtype, compiled = resolve_device(cfg)
+    stepper = build_stepper(cfg, device, dtype, compiled)
+    batch = random_batch(cfg, device)
+    for track in (True, False):  # warm-up
+        timed_step(stepper, batch, track_noise=track)
     times = {True: [], False: []}
     for it in range(iters):
         for track in ((True, False) if it % 2 == 0 else (False, True)):
-            times[track].append(accumulate(track))
+            times[track].append(timed_step(stepper, batch, track_noise=track)[0])
     on, off = (statistics.median(times[k]) for k in (True, False))
     return {"accum_ms_on": 1e3 * on, "accum_ms_off": 1e3 * off,
             "accum_overhead_percent": 100 * (on / off - 1)}
@@ -115,9 +108,6 @@ def bench_gns(overrides: list[str], repeats: int = 6, steps: int = 12) -> dict:
     cost is 1 - (tokens/s on) / (tokens/s off). Also reported: the per-micro-batch cost of
     the measurement alone (`gns_step_cost`).
     """
-    from critbatch.training.cli import check_overrides
-    from critbatch.training.loop import train
-
     base = [*GNS_SHAPE, f"train.tokens={steps * 32 * 128}", "train.eval_points=1",
             "train.eval_tokens=1024", "train.warmup_steps=2", "logger.mode=disabled", *overrides]
     seconds: dict[bool, list[float]] = {True: [], False: []}
@@ -201,66 +191,46 @@ def sync(device: torch.device) -> None:
 
 def compose(preset: list[str], opts: Options, *extra: str):
     """A validated Config: the preset, the command line's overrides, then `extra`."""
-    from critbatch.training.cli import check_overrides
-
     return check_overrides([*preset, "logger.mode=disabled", *opts.overrides, *extra])
 
 
-def autocast_for(device: torch.device, dtype: torch.dtype):
-    return nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
+def random_batch(cfg, device: torch.device) -> torch.Tensor:
+    """(batch_size, seq_len + 1) random token ids on `device`."""
+    return torch.randint(0, cfg.data.vocab_size, (cfg.train.batch_size, cfg.model.seq_len + 1),
+                         device=device)
 
 
-class Stepper:
-    """One training setup (model, optimizers, precision) whose `step` times a training step.
+def timed_step(stepper: Stepper, batch: torch.Tensor, lr_factor: float = 1.0,
+               track_noise: bool = False) -> tuple[float, float, StepResult]:
+    """One `train_step`, the trainer's: seconds of (forward+backward, lr+clipping+optimizer)
+    and its result. `track_noise` hooks `MicroGradNorms` on for this step only."""
+    device = batch.device
+    if track_noise:
+        stepper.micro_norms = MicroGradNorms(stepper.model.parameters(), 1)
+    clock: list[float] = []
 
-    The step is the trainer's: micro-batch forward+backward, clipping, optimizer step.
-    """
+    def mark() -> None:
+        sync(device)
+        clock.append(time.perf_counter())
 
-    def __init__(self, cfg, device: torch.device, *, dtype=torch.float32, compiled=False,
-                 optim=None, seed: int = 0) -> None:
-        from critbatch.training.config import micro_batch_size
-        from critbatch.training.model import GPT
-        from critbatch.training.optim import build_optimizers
+    mark()
+    try:
+        result = train_step(stepper, batch, lr_factor, mark)
+    finally:
+        if track_noise:
+            stepper.micro_norms.remove()
+            stepper.micro_norms = None
+    mark()
+    return clock[1] - clock[0], clock[2] - clock[1], result
 
-        torch.manual_seed(seed)
-        self.cfg, self.device = cfg, device
-        self.model = GPT(cfg.model, cfg.data.vocab_size).to(device)
-        self.step_model = torch.compile(self.model) if compiled else self.model
-        self.optimizers = build_optimizers(self.model, optim or cfg.optim, cfg.train.batch_size,
-                                           device.type)
-        self.autocast = autocast_for(device, dtype)
-        self.micro = micro_batch_size(cfg)
-        self.batch = torch.randint(0, cfg.data.vocab_size,
-                                   (cfg.train.batch_size, cfg.model.seq_len + 1), device=device)
 
-    def forward_backward(self, norms=None) -> None:
-        """All micro-batches' forward+backward; `norms` (MicroGradNorms) popped after each."""
-        accum = len(self.batch) // self.micro
-        for i in range(accum):
-            x = self.batch[i * self.micro : (i + 1) * self.micro]  # (micro, T + 1)
-            with self.autocast:
-                loss = self.step_model(x[:, :-1], x[:, 1:])
-            (loss / accum).backward()
-            if norms is not None:
-                norms.pop()
-
-    def optimizer_step(self) -> None:
-        max_norm = self.cfg.train.grad_clip or math.inf
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        for opt in self.optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-    def step(self) -> tuple[float, float]:
-        """Seconds of (forward+backward, clipping+optimizer) of one step."""
-        sync(self.device)
-        t0 = time.perf_counter()
-        self.forward_backward()
-        sync(self.device)
-        t1 = time.perf_counter()
-        self.optimizer_step()
-        sync(self.device)
-        return t1 - t0, time.perf_counter() - t1
+def step_timer(cfg, device: torch.device, *, dtype=torch.float32, compiled=False,
+               optim=None) -> Callable[[], tuple[float, float]]:
+    """A function timing one trainer step (fwd+bwd s, optimizer s) of a fresh model of `cfg`
+    on one random batch, each call another step."""
+    stepper = build_stepper(cfg, device, dtype, compiled, optim=optim)
+    batch = random_batch(cfg, device)
+    return lambda: timed_step(stepper, batch)[:2]
 
 
 def interleaved(steppers: dict[str, Callable[[], tuple[float, float]]], iters: int,
@@ -281,8 +251,6 @@ def interleaved(steppers: dict[str, Callable[[], tuple[float, float]]], iters: i
 
 def mfu(tokens_per_s: float, cfg, peak_gflops: float) -> float:
     """Model FLOPs utilisation: achieved training FLOP/s over the measured peak."""
-    from critbatch.training.model import flops_per_token
-
     m = cfg.model
     return tokens_per_s * flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size) / (
         peak_gflops * 1e9)
@@ -333,11 +301,6 @@ def bench_peak(opts: Options) -> dict:
 def minimal_loop(cfg, data, steps: int) -> float:
     """tokens/s of a minimal eager training loop: the same model, batches, clipping and
     AdamW as the trainer, in plain PyTorch -- no schedule, logging, noise tracking or eval."""
-    from critbatch.training.data import sample_batch
-    from critbatch.training.loop import resolve_device
-    from critbatch.training.model import GPT
-    from critbatch.training.optim import adamw_options
-
     device, dtype, compiled = resolve_device(cfg)
     m, t, o = cfg.model, cfg.train, cfg.optim
     torch.manual_seed(t.seed)
@@ -370,50 +333,28 @@ def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
     step, zero_grad; logging: the trainer's buffered metrics flush (one host sync and a
     jsonl append every `train.log_every` steps), averaged per step.
     """
-    from critbatch.training.data import sample_batch
-    from critbatch.training.gns import MicroGradNorms
-    from critbatch.training.loop import _flush, resolve_device
-    from critbatch.training.optim import lr_factor, set_lr
-
     device, dtype, compiled = resolve_device(cfg)
-    t = cfg.train
-    stepper = Stepper(cfg, device, dtype=dtype, compiled=compiled, seed=t.seed)
-    accum = t.batch_size // stepper.micro
-    tokens_per_step = t.batch_size * cfg.model.seq_len
+    t, seq_len = cfg.train, cfg.model.seq_len
+    stepper = build_stepper(cfg, device, dtype, compiled)
+    steps = warmup + 2 * iters
     parts: dict[str, list[float]] = {k: [] for k in ("data", "fwd_bwd", "noise_on", "optimizer")}
     logging_s, pending = 0.0, []
     with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
-        for step in range(warmup + 2 * iters):
+        for step in range(steps):
             clock = time.perf_counter()
-            batch = sample_batch(data.train, cfg.model.seq_len, t.batch_size, t.seed, step)
-            stepper.batch = batch.to(device, non_blocking=True)
+            batch = sample_batch(data.train, seq_len, t.batch_size, t.seed, step)
+            batch = batch.to(device, non_blocking=True)
             sync(device)
             t_data = time.perf_counter() - clock
             tracked = step % 2 == 1
-            norms = MicroGradNorms(stepper.model.parameters(), accum) if tracked else None
-            sync(device)
+            t_fwd_bwd, t_optim, result = timed_step(stepper, batch, lr_factor(step, steps, t),
+                                                    track_noise=tracked)
             clock = time.perf_counter()
-            stepper.forward_backward(norms)
-            sync(device)
-            t_fwd_bwd = time.perf_counter() - clock
-            if norms is not None:
-                norms.remove()
-            clock = time.perf_counter()
-            set_lr(stepper.optimizers, lr_factor(step, warmup + 2 * iters, t))
-            grad_norm = torch.nn.utils.clip_grad_norm_(stepper.model.parameters(),
-                                                       t.grad_clip or math.inf)
-            for opt in stepper.optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            sync(device)
-            t_optim = time.perf_counter() - clock
-            clock = time.perf_counter()
-            zero = torch.zeros((), device=device)
-            pending.append((step + 1, (step + 1) * tokens_per_step, t.batch_size, accum, 1.0,
-                            zero, grad_norm, zero, 0.0))
+            pending.append(StepRecord(step + 1, (step + 1) * t.batch_size * seq_len,
+                                      t.batch_size, 1.0, 0.0, result))
             if (step + 1) % t.log_every == 0:
-                files.append_jsonl(metrics, _flush(pending))
+                files.append_jsonl(metrics, metrics_rows(pending, None, False))
                 pending.clear()
             t_log = time.perf_counter() - clock
             if step < warmup:
@@ -423,7 +364,7 @@ def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
             parts["optimizer"].append(t_optim)
             parts["noise_on" if tracked else "fwd_bwd"].append(t_fwd_bwd)
     ms = {k: 1e3 * statistics.median(v) for k, v in parts.items()}
-    gns_on = t.gns.enabled and accum >= 2
+    gns_on = t.gns.enabled and t.batch_size // stepper.micro >= 2
     split = {"data_ms": ms["data"], "fwd_bwd_ms": ms["fwd_bwd"],
              "noise_ms": ms["noise_on"] - ms["fwd_bwd"], "noise_counted": gns_on,
              "optimizer_ms": ms["optimizer"], "logging_ms": 1e3 * logging_s / (2 * iters)}
@@ -439,10 +380,6 @@ def bench_train(opts: Options) -> dict:
     out) and the minimal loop for the same number of steps from the same seed, alternating
     which goes first. overhead = 1 - median(trainer tokens/s) / median(minimal tokens/s).
     """
-    from critbatch.training.data import prepare_data
-    from critbatch.training.loop import resolve_device, train
-    from critbatch.training.model import param_count
-
     repeats = opts.repeats or 3
     rows = {}
     peak = opts.results.get("peak")
@@ -498,8 +435,6 @@ def bench_train(opts: Options) -> dict:
 
 def run_steps(cfg, peak: dict | None, seconds: float = 1.0) -> int:
     """Steps for a timed run of about `seconds` (12 to 60), guessing 25% of the fp32 peak."""
-    from critbatch.training.model import flops_per_token
-
     m = cfg.model
     flops = flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size)
     flops *= cfg.train.batch_size * m.seq_len  # per step
@@ -513,13 +448,11 @@ def run_steps(cfg, peak: dict | None, seconds: float = 1.0) -> int:
 
 def variant_pairs(cfg, device: torch.device, compiled_too: bool) -> dict[str, dict]:
     """name -> {label: step function} for each A/B comparison, on the device's defaults."""
-    from critbatch.training.loop import resolve_device
-
     _, dtype, _ = resolve_device(cfg)
     other = torch.bfloat16 if dtype == torch.float32 else torch.float32
 
     def plain(**kw):
-        return Stepper(cfg, device, **{"dtype": dtype, **kw}).step
+        return step_timer(cfg, device, **{"dtype": dtype, **kw})
 
     pairs = {
         "dtype": {str(dtype).removeprefix("torch."): plain(),
@@ -585,9 +518,6 @@ def bench_data(opts: Options) -> dict:
     """Batches/s of the data path alone (sample_batch + copy to the device) per preset, and
     how many times faster it is than the training step it feeds (the trainer's step time
     from the `train` section, else a few timed steps here)."""
-    from critbatch.training.data import prepare_data, sample_batch
-    from critbatch.training.loop import resolve_device
-
     device = bench_device()
     trained = opts.results.get("train", {}).get("presets", {})
     out = {}
@@ -607,8 +537,8 @@ def bench_data(opts: Options) -> dict:
             step_s = trained[name]["step_ms"] / 1e3
         else:
             _, dtype, compiled = resolve_device(cfg)
-            stepper = Stepper(cfg, device, dtype=dtype, compiled=compiled)
-            step_s = statistics.median(sum(stepper.step()) for _ in range(5))
+            step = step_timer(cfg, device, dtype=dtype, compiled=compiled)
+            step_s = statistics.median(sum(step()) for _ in range(5))
         out[name] = {"batches_per_s": 1 / batch_s, "batch_ms": 1e3 * batch_s,
                      "step_ms": 1e3 * step_s, "ratio": step_s / batch_s}
         print(f"data {name}: {1 / batch_s:,.0f} batches/s ({1e3 * batch_s:.3f} ms) vs a "
@@ -618,8 +548,6 @@ def bench_data(opts: Options) -> dict:
 
 def bench_analysis(opts: Options) -> dict:
     """Loading and analysing ~`opts.analysis_runs` synthetic runs (bcrit.benchmark)."""
-    from critbatch.analysis.synthetic import benchmark
-
     with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
         result = benchmark(tmp, opts.analysis_runs)
     result["total_s"] = result["load_s"] + result["analyse_s"]
@@ -633,10 +561,6 @@ def _share_worker(overrides: list[str], threads: int | None, run_dir: str, barri
     """One of several concurrent training jobs: set up, wait for the others, train."""
     if threads:
         torch.set_num_threads(threads)
-    from critbatch.training.cli import check_overrides
-    from critbatch.training.data import prepare_data
-    from critbatch.training.loop import train
-
     cfg = check_overrides(overrides)
     prepare_data(cfg.data)
     barrier.wait()

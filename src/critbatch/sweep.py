@@ -139,21 +139,22 @@ def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None 
     """Training tokens/s of `cfg` (model, batch, optimizer) on random tokens, on the bench device,
     with `threads` torch threads (as each of several jobs at once will have).
 
-    Uses the benchmark's training step, so the estimate and `make bench` time the same thing.
+    Times the trainer's own step as the benchmark does, so the estimate and `make bench`
+    measure the same thing.
     """
-    import torch
+    import torch  # slow to import: only when a plan is estimated
 
-    from critbatch.bench import Stepper, bench_device
+    from critbatch.bench import bench_device, step_timer
 
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
-        stepper = Stepper(cfg, bench_device())
-        stepper.step()  # warm-up
+        step = step_timer(cfg, bench_device())
+        step()  # warm-up
         steps, elapsed = 0, 0.0
         while elapsed < seconds:
-            elapsed += sum(stepper.step())
+            elapsed += sum(step())
             steps += 1
     finally:
         torch.set_num_threads(before)
@@ -376,8 +377,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
 def parse_jobs(jobs: str, scale: str) -> int:
     """JOBS: a count, or `auto` = one single-threaded job per core on CPU, one job on a GPU.
 
-    Measured on 2 cores (cpu preset, width 64): two 1-thread jobs train ~1.4x the tokens/s
-    of one 2-thread job; these small models do not use two threads well.
+    On CPU the cores are split into single-threaded jobs rather than given to one job:
+    these small models gain less from a second thread than from a second job.
     """
     if jobs == "auto":
         return 1 if scale == "gpu" else max(1, os.cpu_count() or 1)

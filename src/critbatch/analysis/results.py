@@ -23,9 +23,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from critbatch.errors import ResultsError
+
+if TYPE_CHECKING:
+    from critbatch.science.noise import NoiseEMA
 
 SCHEMA_VERSION = 1
 STATUSES = ("completed", "diverged")
@@ -205,6 +208,95 @@ def package_versions() -> dict[str, str]:
         except PackageNotFoundError:
             out[name] = "not installed"
     return out
+
+
+def build_summary(
+    config: dict, *, overrides: list[str], status: str, status_reason: str | None,
+    diverged_step: int | None, steps: int, tokens: int, curve: list[dict],
+    batch_size_start: int, batch_changes: list[dict], resumed_at: list[int], lr: float,
+    micro_batch_size: int, params: int, params_nonembedding: int, bytes_per_token: float,
+    data_fingerprint: str, wall_time_s: float, device: str, dtype: str, compile: bool,
+    world_size: int, wandb_run_id: str | None, noise: NoiseEMA, gns_ema: float | None,
+    checkpoint_saves: int, checkpoint_time_s: float, git_revision: str,
+    versions: dict[str, str],
+) -> dict:
+    """summary.json's dict: `SUMMARY_KEYS` first, then the rest, from plain values.
+
+    `config` is the resolved config as a dict; `curve` the eval points with their
+    `eval_time_s`, which tokens_per_s leaves out; `noise` the online tracker at the end
+    (`gns_ema` None when it was off); `wandb_run_id` is kept unless logging was disabled.
+    """
+    m, t, o, data = config["model"], config["train"], config["optim"], config["data"]
+    train_seconds = max(1e-9, wall_time_s - sum(p["eval_time_s"] for p in curve))
+    final = curve[-1] if curve and status == "completed" else None
+    batch_size_final = batch_changes[-1]["batch_size"] if batch_changes else batch_size_start
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": status,
+        "sweep": config["sweep"],
+        "seed": t["seed"],
+        "optimizer": o["name"],
+        "lr": lr,
+        "width": m["width"],
+        "depth": m["depth"],
+        "heads": m["heads"],
+        "seq_len": m["seq_len"],
+        "vocab_size": data["vocab_size"],
+        "params": params,
+        "params_nonembedding": params_nonembedding,
+        "batch_size": t["batch_size"],
+        "micro_batch_size": micro_batch_size,
+        "steps": steps,
+        "tokens": tokens,
+        "warmup_steps": t["warmup_steps"],
+        "schedule": t["schedule"],
+        "bytes_per_token": bytes_per_token,
+        "val_loss": final["val_loss"] if final else float("nan"),
+        "val_loss_per_byte": final["val_loss_per_byte"] if final else float("nan"),
+        "curve": [{k: p[k] for k in CURVE_KEYS} for p in curve],
+        "wall_time_s": wall_time_s,
+        "tokens_per_s": tokens / train_seconds,
+        "data_name": data["name"],
+        "data_fingerprint": data_fingerprint,
+        "git_revision": git_revision,
+        "critbatch_version": versions["critbatch"],
+        # beyond the required keys
+        "scale": config["scale"],
+        "status_reason": status_reason,
+        "diverged_step": diverged_step,
+        "lr_scaling": o["lr_scaling"],
+        "base_lr": o["lr"],  # the lr at base_batch_size, before lr_scaling
+        "base_batch_size": o["base_batch_size"],
+        # batch schedule (constant: start = final = mean = batch_size, no changes)
+        "batch_schedule": t["batch_schedule"],
+        "batch_size_start": batch_size_start,
+        "batch_size_final": batch_size_final,  # the last step's
+        "batch_size_max": max([batch_size_start] + [c["batch_size"] for c in batch_changes]),
+        "batch_size_mean": tokens / max(1, steps) / m["seq_len"],
+        "batch_changes": batch_changes,  # {step, tokens, batch_size}: the batch from `step` on
+        "min_lr_ratio": t["min_lr_ratio"],
+        "device": device,
+        "dtype": dtype,
+        "compile": compile,
+        "overrides": overrides,
+        "versions": versions,
+        "wandb_run_id": wandb_run_id if config["logger"]["mode"] != "disabled" else None,
+        # online gradient noise scale (EMA at the end; None when off or not resolved)
+        "b_noise": noise.b_noise,  # sequences
+        "b_noise_tokens": noise.b_noise * m["seq_len"] if noise.b_noise is not None else None,
+        "b_noise_loss": noise.loss,  # train loss (nats/token, same EMA) it was measured at
+        "b_noise_loss_per_byte": (noise.loss / bytes_per_token
+                                  if noise.loss is not None else None),
+        "gns_g2": noise.g2,
+        "gns_trace": noise.trace,
+        "gns_steps": noise.steps,
+        "gns_skipped": noise.skipped,  # gradient spikes left out of the averages
+        "gns_ema": gns_ema,
+        "world_size": world_size,
+        "resumed_at": resumed_at,  # steps this run was resumed from (killed before)
+        "checkpoint_saves": checkpoint_saves,  # by this process, the final one included
+        "checkpoint_time_s": checkpoint_time_s,  # their total time
+    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -49,6 +49,12 @@ def init_ranks(device_type: str) -> Ranks:
     return ranks
 
 
+def rank_share(batch: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """This rank's contiguous slice of the global batch (all of it in one process)."""
+    local = len(batch) // ranks.world
+    return batch[ranks.rank * local : (ranks.rank + 1) * local]
+
+
 def average_gradients(params: list[torch.nn.Parameter], ranks: Ranks) -> torch.Tensor:
     """Average the gradients over ranks with one all-reduce of a flat buffer.
 

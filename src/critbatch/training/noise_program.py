@@ -1,13 +1,13 @@
-"""Gradient noise scale B_noise = tr(Sigma) / |G|^2: estimator, online tracker, and program.
+"""The offline gradient noise scale B_noise = tr(Sigma) / |G|^2 at a run's checkpoint.
 
     python -m critbatch.noise RUN_DIR [--micro-batches K] [--micro-batch-size b] [--seed S]
 
 measures B_noise at a run's checkpoint, prints one row of science.md's reference table and
 writes `RUN_DIR/noise.json` (keys: `runs.NOISE_KEYS`).
 
-The maths (McCandlish et al. 2018, "An Empirical Model of Large-Batch Training", App. A;
-science.md section 2). G is the true gradient, Sigma the per-example gradient covariance.
-The gradient of a batch of B i.i.d. examples satisfies
+The estimator is science/noise.py's. The maths (McCandlish et al. 2018, "An Empirical Model
+of Large-Batch Training", App. A; science.md section 2): G is the true gradient, Sigma the
+per-example gradient covariance. The gradient of a batch of B i.i.d. examples satisfies
 
     E |g_B|^2 = |G|^2 + tr(Sigma) / B
 
@@ -37,53 +37,22 @@ import time
 from pathlib import Path
 
 import torch
+from omegaconf import OmegaConf
 
 from critbatch import files
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, DataError, ResultsError, fail, user_errors
 from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
+from critbatch.training.config import Config, validate, wandb_group
+from critbatch.training.data import prepare_data, sample_batch, val_windows
+from critbatch.training.evaluation import evaluate
 from critbatch.training.gns import group_sums, micro_batch_gradients
-
-# ---------------------------------------------------------------------------
-# The estimator (pure functions)
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------
-# Offline: K micro-batches and a jackknife error bar
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------
-# The program
+from critbatch.training.model import GPT
+from critbatch.training.step import autocast_for, resolve_device
 
 
 def load_checkpoint(run_dir: Path) -> tuple:
     """(Config, state_dict, step) from `run_dir/checkpoint.pt`; ResultsError if unusable."""
-    from omegaconf import OmegaConf
-
-    from critbatch.training.config import Config, validate
-
     path = run_dir / "checkpoint.pt"
     if not run_dir.is_dir():
         raise ResultsError(f"{run_dir} is not a directory; pass a run directory (runs/...)")
@@ -110,11 +79,6 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
     would draw them with seed `seed` (default: the run's): data the model has not yet
     trained on, from the distribution it trains on.
     """
-    from critbatch.training.config import wandb_group
-    from critbatch.training.data import prepare_data, sample_batch, val_windows
-    from critbatch.training.loop import evaluate, resolve_device
-    from critbatch.training.model import GPT
-
     if micro_batches < 2:
         raise ConfigError(f"--micro-batches {micro_batches}: the estimator needs K >= 2 "
                           "micro-batches (the reference uses 128)")
@@ -125,9 +89,7 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
     if cache_dir:
         cfg.data.cache_dir = cache_dir
     device, amp_dtype, _ = resolve_device(cfg)
-    use_amp = amp_dtype != torch.float32
-    autocast = torch.autocast(device.type, dtype=amp_dtype) if use_amp else torch.autocast(
-        device.type, enabled=False)
+    autocast = autocast_for(device, amp_dtype)
     m, t = cfg.model, cfg.train
     data = prepare_data(cfg.data)
     needed = micro_batch_size * (m.seq_len + 1)
@@ -150,6 +112,7 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
     bpt = data.bytes_per_token
     summary_path = run_dir / "summary.json"
     online = runs.read_summary(run_dir).get("b_noise") if summary_path.exists() else None
+
     def tokens_or_none(x: float | None) -> float | None:
         return None if x is None else x * m.seq_len
 

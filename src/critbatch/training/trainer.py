@@ -1,0 +1,158 @@
+"""What `train()` sets up before its first step, and the lines it logs about it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from critbatch.errors import ConfigError
+from critbatch.science.noise import NoiseEMA
+from critbatch.training import checkpoint
+from critbatch.training.batching import BatchPlan
+from critbatch.training.checkpoint import TrainState
+from critbatch.training.config import Config, micro_batch_size, total_steps
+from critbatch.training.data import TokenData, check_seq_len, prepare_data, val_windows
+from critbatch.training.distributed import Ranks, init_ranks
+from critbatch.training.model import param_count
+from critbatch.training.optim import used_lr
+from critbatch.training.step import Stepper, build_stepper, resolve_device
+
+log = logging.getLogger("critbatch")
+
+
+@dataclass
+class Trainer:
+    """One run's pieces: config, data, device, the step's model and optimizers, the batch
+    plan, the noise tracker and the state carried from step to step (and checkpoints)."""
+
+    cfg: Config
+    run_dir: Path
+    overrides: list[str]  # the command line's, saved beside the run
+    resolved: dict  # asdict(cfg): config.json, W&B, and every checkpoint
+    data: TokenData
+    val: torch.Tensor  # (n_windows, T+1) the fixed validation windows
+    device: torch.device
+    dtype: torch.dtype  # autocast dtype (float32: none)
+    compile: bool
+    ranks: Ranks
+    stepper: Stepper
+    params: int
+    params_nonembedding: int
+    lr: float  # peak lr used at train.batch_size (after optim.lr_scaling)
+    plan: BatchPlan  # the batch of every step
+    steps: int | None  # optimizer steps of a constant batch; None: known at a schedule's end
+    gns: NoiseEMA  # the online noise scale (updated only when gns_on)
+    gns_on: bool
+    state: TrainState  # updated in place as training goes; what a checkpoint saves
+    resumed: bool  # the state came from a checkpoint
+
+    @property
+    def scheduled(self) -> bool:
+        return self.plan.kind != "constant"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.run_dir / "checkpoint.pt"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+
+def build_trainer(cfg: Config, run_dir: Path, overrides: list[str]) -> Trainer:
+    """Everything before the first step; resumes the state of a checkpoint in `run_dir`
+    (refusing one that another config wrote) and checks the batch splits into ranks."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t = cfg.train
+    resolved = asdict(cfg)
+    ckpt = checkpoint.load(run_dir / "checkpoint.pt", resolved)
+    device, dtype, compiled = resolve_device(cfg)
+    ranks = init_ranks(device.type)  # one process, or torchrun's data-parallel ranks
+    if ranks.parallel and device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+        torch.cuda.set_device(device)
+    data = prepare_data(cfg.data)
+    check_seq_len(data, cfg.model.seq_len)
+    plan = BatchPlan(cfg)
+    micro = micro_batch_size(cfg)
+    if ranks.parallel and plan.kind != "constant":
+        raise ConfigError(f"train.batch_schedule={t.batch_schedule} runs in one process; "
+                          "use train.batch_schedule=constant under torchrun")
+    if t.batch_size % (ranks.world * micro):
+        raise ConfigError(
+            f"train.batch_size={t.batch_size} does not split into {ranks.world} ranks x "
+            f"micro-batches of {micro}; pick a batch size divisible by {ranks.world * micro}"
+        )
+    # gradient noise scale: the step's batch is the big batch; the small one is each rank's
+    # share under torchrun, else each micro-batch of gradient accumulation
+    gns_on = t.gns.enabled and (ranks.parallel or plan.end // micro >= 2)
+    small = t.batch_size // ranks.world if ranks.parallel else micro
+    stepper = build_stepper(cfg, device, dtype, compiled, ranks=ranks,
+                            track_micro_norms=gns_on and not ranks.parallel)
+    params, params_nonembedding = param_count(cfg.model.width, cfg.model.depth,
+                                              cfg.model.seq_len, cfg.data.vocab_size)
+    assert params == sum(p.numel() for p in stepper.model.parameters())
+    gns = NoiseEMA(t.gns.ema, b=small, big=t.batch_size)
+    if ckpt:
+        state = checkpoint.restore(ckpt, stepper.model, stepper.optimizers, gns)
+    else:
+        state = TrainState()
+    if state.step and not state.tokens:  # a checkpoint from before token counting: constant
+        state.tokens = state.step * t.batch_size * cfg.model.seq_len
+    plan.restore(state.batch_plan)
+    return Trainer(
+        cfg=cfg, run_dir=run_dir, overrides=overrides, resolved=resolved, data=data,
+        val=val_windows(data.val, cfg.model.seq_len, t.eval_tokens), device=device,
+        dtype=dtype, compile=compiled, ranks=ranks, stepper=stepper, params=params,
+        params_nonembedding=params_nonembedding, lr=used_lr(cfg.optim, t.batch_size),
+        plan=plan, steps=None if plan.kind != "constant" else total_steps(cfg), gns=gns,
+        gns_on=gns_on, state=state, resumed=ckpt is not None,
+    )
+
+
+def log_start(tr: Trainer) -> None:
+    """What the run derived from its config: data, model, lr, steps and batch, device."""
+    cfg, t, m, data = tr.cfg, tr.cfg.train, tr.cfg.model, tr.data
+    log.info(
+        f"data={cfg.data.name}: {data.train.size / 1e6:.2f}M train tokens, "
+        f"{data.val.size / 1e6:.3f}M val tokens, {data.bytes_per_token:.3f} bytes/token"
+    )
+    log.info(
+        f"model: width {m.width}, depth {m.depth}, heads {m.heads}, seq_len {m.seq_len} -> "
+        f"{tr.params / 1e6:.3f}M params ({tr.params_nonembedding / 1e6:.3f}M non-embedding)"
+    )
+    log.info(
+        f"optim: {cfg.optim.name}, lr {tr.lr:.3g} (optim.lr {cfg.optim.lr:g}, scaling "
+        f"{cfg.optim.lr_scaling}), {t.schedule} schedule, warmup {t.warmup_steps} steps"
+    )
+    micro, local = tr.stepper.micro, t.batch_size // tr.ranks.world
+    where = f"device {tr.device}, {dtype_name(tr.dtype)}, compile {tr.compile}"
+    if tr.scheduled:
+        how = (f"linear in tokens over the first {t.ramp_fraction:.0%} of them"
+               if t.batch_schedule == "ramp" else
+               f"following {t.adaptive.noise_factor:g} x B_noise, decided every "
+               f"{t.adaptive.interval_steps} steps")
+        log.info(f"train: {t.batch_schedule} batch {tr.plan.start} -> {t.batch_size} sequences "
+                 f"({how}) x {m.seq_len} tokens, {tr.plan.budget / 1e6:.3f}M tokens; "
+                 f"micro-batches of {micro}; lr x {cfg.optim.lr_scaling} rule at each change; "
+                 f"{where}")
+    else:
+        log.info(
+            f"train: {tr.steps} steps x {t.batch_size} sequences x {m.seq_len} tokens = "
+            f"{tr.plan.budget / 1e6:.3f}M tokens; {local // micro} micro-batch(es) of {micro}; "
+            f"{where}"
+        )
+    if tr.ranks.parallel:
+        log.info(f"data-parallel: {tr.ranks.world} ranks x {local} sequences")
+    log.info(f"gns: B_noise tracked from small batches of {tr.gns.b} (ema {t.gns.ema})"
+             if tr.gns_on else "gns: off (needs train.gns.enabled and >= 2 micro-batches a step)")
+    if tr.resumed:
+        log.info(f"resumed from {tr.checkpoint_path} at step {tr.state.step}/{tr.steps or '?'} "
+                 f"({tr.state.tokens / 1e6:.3f}M tokens)")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
