@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import argparse
 
-from critbatch.analysis.bcrit_report import add_wandb_arguments, run_analysis
+from critbatch.analysis.bcrit_report import run_analysis
+from critbatch.analysis.render import add_wandb_arguments
 from critbatch.errors import user_errors
 
 

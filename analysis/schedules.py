@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from critbatch.analysis.bcrit_report import add_wandb_arguments
+from critbatch.analysis.render import add_wandb_arguments
 from critbatch.analysis.schedules import run_analysis
 from critbatch.errors import user_errors
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from critbatch.analysis import bcrit_report as report
+from critbatch.analysis import render
+from critbatch.analysis.bcrit_report import majority_logged_group
 from critbatch.analysis.synthetic import synthetic_sweep
 from critbatch.errors import ResultsError
 
@@ -134,7 +136,7 @@ def test_cli_rejects_group_without_wandb(tmp_path):
 def test_json_clean_makes_strict_json():
     import numpy as np
 
-    cleaned = report.json_clean({"a": float("nan"), "b": [np.float64(1.5), float("inf")]})
+    cleaned = render.json_clean({"a": float("nan"), "b": [np.float64(1.5), float("inf")]})
     assert json.dumps(cleaned, allow_nan=False) == '{"a": null, "b": [1.5, null]}'
 
 
@@ -144,11 +146,11 @@ def test_wandb_group_follows_the_trainer(tmp_path):
     from critbatch.analysis.results import load_runs
 
     result = analyse(load_runs([tmp_path], progress=False)["runs"])
-    assert report.wandb_group(result["groups"]) == "batch"  # no config.json: the sweep name
+    assert majority_logged_group(result["groups"]) == "batch"  # no config.json: the sweep name
     run_dir = Path(result["groups"][0]["cells"][0].run_dir)
     (run_dir / "config.json").write_text(json.dumps({"config": {"logger": {"group":
                                                                            "batch-cpu"}}}))
-    assert report.wandb_group(result["groups"]) == "batch-cpu"
+    assert majority_logged_group(result["groups"]) == "batch-cpu"
 
 
 def test_analysis_never_imports_the_trainer_or_torch(tmp_path):

@@ -15,9 +15,8 @@ Three measurements of B_crit (formulas in `../shared/docs/science.md`, sections 
 Units: batch sizes in sequences unless a name ends in `_tokens`; losses in nats/token unless
 a name ends in `_per_byte`; `tokens` are training tokens seen.
 
-`analyse(runs)` runs everything on the runs loaded by `critbatch.runs.load_runs` and returns
-plain dicts and lists; `critbatch.report` turns them into files. `synthetic_sweep` writes run
-directories generated from the McCandlish model itself (for tests and `benchmark`).
+`analyse(runs)` runs everything on the runs loaded by `critbatch.analysis.results.load_runs`
+and returns plain dicts and lists; `critbatch.analysis.bcrit_report` turns them into files.
 """
 
 from __future__ import annotations
@@ -371,8 +370,9 @@ def analyse(runs: list[dict], baseline_batch: int | None = None,
 
     Returns a dict with `groups` (per group: key, cells, baseline curve, per-run rows,
     Pareto rows, lr scaling), the public `fits` (per_run, pareto, kaplan, lr_scaling,
-    warnings), `left_out` and `noise`. Never raises on thin data: what cannot be computed is
-    named in the warnings together with the sweep that fills it.
+    warnings), `left_out`, `noise`, `n_runs` and `warnings` (the list in `fits`). Never
+    raises on thin data: what cannot be computed is named in the warnings together with the
+    sweep that fills it.
     """
     warnings = list(warnings or [])
     groups, dropped, split_warnings = split_runs(runs)
@@ -471,7 +471,7 @@ def analyse(runs: list[dict], baseline_batch: int | None = None,
     kaplan = kaplan_analysis(groups, per_run, pareto, [p for p in noise if "loss" in p],
                              warnings)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
-            "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan,
+            "warnings": warnings, "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan,
                      "lr_scaling": lr_scaling, "warnings": warnings}}
 
 
@@ -520,15 +520,3 @@ def kaplan_analysis(groups: dict, per_run: list[dict], pareto: list[dict], noise
     elif fit["exponent_low"] is None:
         warnings.append("Kaplan fit rests on two points: no interval")
     return fit
-
-
-# ---------------------------------------------------------------------------------------------
-# Synthetic sweeps from the McCandlish model (tests and benchmark)
-
-
-
-
-
-
-
-

@@ -33,7 +33,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from critbatch.analysis.bcrit_report import (
+from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
+from critbatch.analysis.render import (
     default_out,
     fmt,
     json_clean,
@@ -41,7 +42,6 @@ from critbatch.analysis.bcrit_report import (
     md_table,
     publish_report,
 )
-from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
 from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic

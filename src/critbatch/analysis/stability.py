@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from critbatch.analysis import bcrit_report as report
-from critbatch.analysis.bcrit_report import json_clean, md_table
+from critbatch.analysis import render as report
 from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
+from critbatch.analysis.render import json_clean, md_table
 from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic

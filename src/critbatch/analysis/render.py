@@ -1,0 +1,270 @@
+"""The one render/publish pipeline of every study (B_crit, stability, batch schedules).
+
+A study describes itself as a `Study` (its analysis, plots, machine-readable document,
+markdown and summary lines); `run_study` chains them the same way for each:
+
+    load -> analyse -> plots -> document -> report.md -> W&B -> printed summary
+
+and writes the report folder:
+
+- `report.md`      the study's markdown;
+- the document     e.g. `fits.json`: strict JSON (NaN and inf become null), written atomically;
+- `<plot>.png`     the study's plots (`plotting`);
+- a W&B run        job_type "analysis", with the plots, the study's tables and summary, and
+                   the folder as an artifact (offline unless told otherwise; a W&B failure is
+                   a warning, never an error: the folder is complete without it).
+
+Also here: number and table formatting, the sections every report.md shares, the one-line
+errors "no runs found" and "all runs left out", and the --wandb/--project arguments.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from critbatch.analysis.results import read_config
+from critbatch.errors import ResultsError
+from critbatch.files import write_json_atomic
+
+# ---------------------------------------------------------------------------------------------
+# Numbers, tables, JSON
+
+
+def fmt(x, spec: str = ".4g") -> str:
+    """A table cell: '-' for None/NaN/inf, else `format(x, spec)`."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return format(x, spec)
+
+
+def fmt_nonfinite(x, spec: str = ".4g") -> str:
+    """A table cell that spells NaN and inf out ('-' for None): where a diverged number is a
+    result, not a gap."""
+    if x is None:
+        return "-"
+    if isinstance(x, float) and math.isnan(x):
+        return "NaN"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return format(x, spec)
+
+
+def fmt_interval(value, low, high, spec: str = ".3g") -> str:
+    """'value [low, high]' (an open upper end reads 'inf'); the value alone without bounds."""
+    if value is None:
+        return "-"
+    if low is None and high is None:
+        return fmt(value, spec)
+    upper = fmt(high, spec) if high is not None else "inf"
+    return f"{fmt(value, spec)} [{fmt(low, spec)}, {upper}]"
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def json_clean(obj):
+    """Replace NaN/inf by None and numpy scalars by Python numbers (strict JSON)."""
+    if isinstance(obj, dict):
+        return {k: json_clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_clean(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections every report.md has
+
+
+def inputs_line(result: dict, inputs: list[str], elapsed_s: float) -> str:
+    return (f"Inputs: {', '.join(inputs)}; {result['n_runs']} runs read, "
+            f"{len(result['left_out'])} left out; analysis took {elapsed_s:.1f} s.")
+
+
+def left_out_table(left_out: list[dict]) -> str:
+    return md_table(["run", "reason", "detail"],
+                    [[d["run_dir"], d["reason"], d["detail"]] for d in left_out])
+
+
+def plots_section(plots: dict[str, str], captions: dict[str, str]) -> list[str]:
+    """'## Plots': each plot file as an image with its caption."""
+    lines = ["## Plots", ""]
+    for name, file in plots.items():
+        lines += [f"![{captions[name]}]({file})", f"*{captions[name]}.*", ""]
+    return lines
+
+
+def warnings_section(warnings: list[str]) -> list[str]:
+    return ["## Warnings", "", *([f"- {w}" for w in warnings] or ["None."])]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and user errors
+
+
+def default_out(paths: list[Path]) -> Path:
+    """`<sweep dir>/report`: beside the common folder of the inputs (above a run directory)."""
+    common = Path(os.path.commonpath([str(Path(p).resolve()) for p in paths]))
+    if (common / "summary.json").exists():
+        common = common.parent
+    return common / "report"
+
+
+def latest_scale(runs_root: str | Path, stages: tuple[str, ...]) -> str | None:
+    """The scale whose newest `<runs_root>/<stage>/<scale>/<run>/summary.json`, over `stages`,
+    is the most recent; None when there is none."""
+    newest: dict[str, float] = {}
+    for stage in stages:
+        for path in Path(runs_root).glob(f"{stage}/*/*/summary.json"):
+            scale = path.parent.parent.name
+            newest[scale] = max(newest.get(scale, 0.0), path.stat().st_mtime)
+    return max(newest, key=newest.get) if newest else None
+
+
+def no_runs(where: str, fix: str) -> ResultsError:
+    """The one-line error of an analysis that found no run at all."""
+    return ResultsError(f"no runs found under {where} (no summary.json); pass run directories "
+                        f"or {fix}")
+
+
+def all_left_out(where: str, left_out: list[dict]) -> ResultsError:
+    """The one-line error of an analysis whose every run was left out (with the reasons)."""
+    counts = Counter(d["reason"] for d in left_out)
+    return ResultsError(f"nothing to analyse under {where}: all {len(left_out)} runs were left "
+                        "out (" + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+                        + f"); first: {left_out[0]['detail']}")
+
+
+# ---------------------------------------------------------------------------------------------
+# W&B
+
+
+def add_wandb_arguments(parser) -> None:
+    """--wandb and --project, as every analysis script takes them."""
+    parser.add_argument("--wandb", dest="wandb_mode", default="offline",
+                        choices=("offline", "online", "disabled"),
+                        help="how to log the report to W&B (default: offline)")
+    parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
+
+
+def logged_group(run_dir: str | Path | None, sweep: str | None = None) -> str:
+    """The W&B group a run was logged in: `logger.group or sweep or "single"`, the trainer's
+    rule, with logger.group read back from the run's config.json (the sweeps set it, e.g.
+    "batch-cpu")."""
+    config = read_config(run_dir) if run_dir is not None else None
+    return ((config.get("logger") or {}).get("group") if config else None) or sweep or "single"
+
+
+def publish_report(out: Path, *, name: str, group: str, mode: str, project: str,
+                   config: dict, images: dict[str, str], files: list[str],
+                   summary: dict | None = None, tables: dict | None = None) -> str | None:
+    """Log a report folder as a W&B run (job_type "analysis") in the experiment's group.
+
+    `images`: {key: png file in `out`}, logged as images; `tables`: {key: (columns, rows)};
+    `files` (report.md, the JSON, the plots) go into one artifact named `<name>-report`.
+    Returns the run id, or None when `mode` is "disabled" or W&B fails (a warning then).
+    """
+    if mode == "disabled":
+        return None
+    try:
+        import wandb
+
+        run = wandb.init(mode=mode, project=project, group=group, job_type="analysis",
+                         name=name, dir=str(out), config=config,
+                         settings=wandb.Settings(console="off", silent=True))
+        with run:
+            run.log({key: wandb.Image(str(out / file)) for key, file in images.items()})
+            for key, (columns, rows) in (tables or {}).items():
+                run.log({key: wandb.Table(columns=list(columns), data=[
+                    [json_clean(v) for v in row] for row in rows])})
+            run.summary.update(summary or {})
+            artifact = wandb.Artifact(f"{name}-report", type="report")
+            for file in files:
+                artifact.add_file(str(out / file))
+            run.log_artifact(artifact)
+            return run.id
+    except Exception as err:  # W&B problems must not lose the report
+        print(f"warning: W&B logging failed ({err}); the report folder is complete", flush=True)
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+
+
+def no_extra_files(result: dict, out: Path) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Study:
+    """What `run_study` needs from one study; every function is the study's own.
+
+    A result (what `analyse` returns) holds at least `n_runs`, `groups`, `left_out` and
+    `warnings` (a list that the plots may add to, so they are drawn before the document).
+    """
+
+    name: str  # the W&B analysis run's name; its artifact is `<name>-report`
+    document_file: str  # the machine-readable document in the report folder, e.g. fits.json
+    no_runs_fix: str  # ends the error "no runs found ...; pass run directories or <fix>"
+    analyse: Callable[..., dict]  # (runs, left_out=, warnings=) -> result
+    write_plots: Callable[[dict, Path], dict[str, str]]  # (result, out) -> {plot: png file}
+    document: Callable[[dict, list[str]], dict]  # (result, inputs) -> the document
+    # (result, inputs, plots, elapsed_s) -> the text of report.md
+    markdown: Callable[[dict, list[str], dict[str, str], float], str]
+    wandb: Callable[[dict, dict], dict]  # (result, loaded) -> group, tables=, summary=
+    summary_lines: Callable[[dict], list[str]]  # printed between the counts and the warnings
+    extra_files: Callable[[dict, Path], list[str]] = no_extra_files  # more files (bcrit.csv)
+
+
+def run_study(study: Study, load: Callable[[], dict], inputs: list[str], out_dir: Path, *,
+              wandb_mode: str = "offline", project: str = "critbatch") -> dict:
+    """Load, analyse and write the report folder `out_dir`; returns {"out", "result",
+    "document"}.
+
+    `load()` returns {"runs", "left_out", "warnings"} (`results.load_runs`); `inputs` name
+    what it reads. Raises ResultsError (one line for the user) only when nothing can be
+    analysed: no runs, or every run left out.
+    """
+    t0 = time.perf_counter()
+    loaded = load()
+    where = ", ".join(inputs)
+    if not loaded["runs"] and not loaded["left_out"]:
+        raise no_runs(where, study.no_runs_fix)
+    result = study.analyse(loaded["runs"], left_out=loaded["left_out"],
+                           warnings=loaded["warnings"])
+    if not result["groups"]:
+        raise all_left_out(where, result["left_out"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = study.write_plots(result, out_dir)
+    document = json_clean(study.document(result, inputs))
+    write_json_atomic(out_dir / study.document_file, document)
+    extra = study.extra_files(result, out_dir)
+    (out_dir / "report.md").write_text(
+        study.markdown(result, inputs, plots, time.perf_counter() - t0))
+    publish_report(out_dir, name=study.name, mode=wandb_mode, project=project,
+                   config={"inputs": inputs, "n_runs": result["n_runs"]}, images=plots,
+                   files=["report.md", study.document_file, *extra, *plots.values()],
+                   **study.wandb(result, loaded))
+    print(f"{result['n_runs']} runs in {len(result['groups'])} group(s), "
+          f"{len(result['left_out'])} left out", flush=True)
+    for line in study.summary_lines(result):
+        print(line)
+    for w in result["warnings"]:
+        print(f"warning: {w}")
+    print(f"report: {out_dir / 'report.md'} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return {"out": out_dir, "result": result, "document": document}
