@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch.analysis import stability
+from critbatch.analysis import stability, stability_report
 from critbatch.analysis.results import SCHEMA_VERSION, SUMMARY_KEYS, read_summary
 from critbatch.analysis.stability import (
     ACCUM_STAGE,
@@ -30,7 +30,7 @@ from critbatch.analysis.stability import (
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "analysis" / "stability.py"
-OUTPUTS = ("report.md", "stability.json", *(f"{name}.png" for name in stability.PLOTS))
+OUTPUTS = ("report.md", "stability.json", *(f"{name}.png" for name in stability_report.PLOTS))
 STEPS = 200  # a tail window of 100 steps
 BASE_LR = 2e-3
 

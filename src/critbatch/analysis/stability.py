@@ -1,4 +1,4 @@
-"""The small-batch stability study (science.md section 6): analysis and report.
+"""The small-batch stability study (science.md section 6): loading, verdicts, stability.json.
 
 Science.md section 6: `Var(g_B) = Var(g_1) / B`, so the smallest batches take the noisiest
 steps. Below about 8 sequences even Adam can diverge (its second-moment estimate is too
@@ -15,119 +15,57 @@ The sweeps write three stages, `runs/<stage>/<scale>/<override_dirname>/`:
 - `stability`        every batch size at the tuned lr, scaled by `optim.lr_scaling`;
 - `stability_accum`  the base batch computed as micro-batches (gradient accumulation).
 
-`run_analysis` (what `analysis/stability.py` calls) loads them and writes a report folder:
+`run_analysis` (what `analysis/stability.py` calls) loads them (`load_stability_runs`),
+judges them (`analyse`, a pure function of the loaded runs; the thresholds and rules are in
+`stability_rules`) and writes, through `render.run_study`, `stability.json` (the same numbers,
+machine-readable) beside the report.md and plots of `stability_report`.
 
-- `report.md`       the question, the inputs, the rules, the tables, the verdicts, warnings;
-- `stability.json`  the same numbers, machine-readable (strict JSON: NaN and inf are null);
-- `train_loss.png`, `grad_norm.png`, `accumulation.png`, `lr_tuning.png`.
-
-Between loading (`load_stability_runs`) and writing, everything is a pure function of the
-loaded runs (`analyse`). Units: batch sizes in sequences, losses in nats/token (nats/byte when
-the name ends in `_per_byte`), steps are optimizer steps. Never imports torch or the trainer.
+Units: batch sizes in sequences, losses in nats/token (nats/byte when the name ends in
+`_per_byte`), steps are optimizer steps.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter, defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from critbatch.analysis import render as report
-from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
-from critbatch.analysis.render import json_clean, md_table
+from critbatch.analysis import render, stability_report
 from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
+from critbatch.analysis.stability_rules import (
+    ACCUM_DEVIATION,
+    ACCUM_FIRST_STEPS,
+    ACCUM_STAGE,
+    ACCUM_TOLERANCE,
+    ACCUM_TOLERANCE_BY_DTYPE,
+    BATCH_STAGE,
+    DIFFERS,
+    LR_STAGE,
+    MATCHES,
+    NO_PLAIN,
+    NOT_COMPARABLE,
+    RULES,
+    SPIKE_FACTOR,
+    STAGES,
+    TAIL_SPIKE_RATIO,
+    TAIL_STEPS,
+    THRESHOLDS,
+    UNSTABLE_CV_FLOOR,
+    UNSTABLE_RATIO,
+)
 from critbatch.errors import ResultsError
-from critbatch.files import write_json_atomic
 
 SCHEMA_VERSION = 1  # of stability.json
-LR_STAGE, BATCH_STAGE, ACCUM_STAGE = "stability_lr", "stability", "stability_accum"
-STAGES = (LR_STAGE, BATCH_STAGE, ACCUM_STAGE)
 DEFAULT_BASE_BATCH = 64  # sequences: the tuned batch when no summary names base_batch_size
-
-TAIL_STEPS = 100  # steps in the tail window (the last half of a run planned shorter than 200)
-UNSTABLE_RATIO = 3.0  # a tail statistic this many times the reference's is "unstable"
-UNSTABLE_CV_FLOOR = 0.1  # ... when the grad-norm CV itself is at least this
-TAIL_SPIKE_RATIO = 5.0  # a tail grad norm above this x the tail's median is a spike: unstable
-SPIKE_FACTOR = 10.0  # whole run: steps whose grad norm exceeds this x the run's median (counted)
-ACCUM_FIRST_STEPS = 10  # steps over which accumulation must match the plain batch
-ACCUM_TOLERANCE = 1e-5  # relative train-loss difference allowed over those steps (fp32)
-# ... and under autocast, whose rounding is coarser (bf16 keeps 8 bits of mantissa)
-ACCUM_TOLERANCE_BY_DTYPE = {"float32": ACCUM_TOLERANCE, "float16": 1e-3, "bfloat16": 1e-2}
-ACCUM_DEVIATION = 1e-4  # "the curves separate": the first step whose difference exceeds this
 LR_RTOL = 1e-6  # relative tolerance when comparing learning rates read back from JSON
-MAX_PANELS = 6  # groups drawn per figure
-MAX_ACCUM_ROWS = 4  # accumulation comparisons drawn
-WANDB_COLUMNS = ("group", "batch_size", "lr", "steps", "status", "val_loss",
-                 "val_loss_per_byte", "tail_var_train_loss", "tail_var_grad_norm", "verdict")
-
-VERDICTS = ("stable", "unstable", "diverged")
-MATCHES, DIFFERS, NO_PLAIN, NOT_COMPARABLE = (
-    "matches to float tolerance", "differs beyond float tolerance", "no plain run",
-    "not comparable")
-
-RULES = {
-    "tail_window": (
-        f"the last {TAIL_STEPS} steps of a run, or the last half of the steps planned when a run "
-        f"plans fewer than {2 * TAIL_STEPS}; a run that stopped early uses its last rows, up to "
-        "that many; means and variances over the tail are population ones (divided by n)"),
-    "diverged": (
-        "the trainer stopped the run (status diverged), or a train loss, a grad norm or the final "
-        "validation loss is non-finite, or the mean train loss over the tail is above the "
-        "first step's train loss"),
-    "unstable": (
-        f"not diverged, and: a tail grad norm is above {TAIL_SPIKE_RATIO:g}x the tail's median "
-        "(a spike); or, against the reference (the group's first run at the base batch that did "
-        f"not diverge), the tail's grad-norm coefficient of variation CV = std/mean, scaled by "
-        f"sqrt(B / B_ref) as sampling noise predicts, is above {UNSTABLE_RATIO:g}x the "
-        f"reference's (and the CV above {UNSTABLE_CV_FLOOR:g}), or the tail's loss noise B x Var "
-        f"is above {UNSTABLE_RATIO:g}x the reference's (Var: variance of the train loss around a "
-        "parabola fitted over the tail, B the batch in sequences)"),
-    "stable": "neither diverged nor unstable",
-    "accumulation": (
-        f"{MATCHES} when the largest relative train-loss difference |accum - plain| / |plain| "
-        f"over the first {ACCUM_FIRST_STEPS} steps is below {ACCUM_TOLERANCE:g} in float32 "
-        f"(float16 {ACCUM_TOLERANCE_BY_DTYPE['float16']:g}, bfloat16 "
-        f"{ACCUM_TOLERANCE_BY_DTYPE['bfloat16']:g}); else "
-        f"{DIFFERS}. The plain run has the same optimizer, model, data, seed, batch size and lr "
-        "used (stage stability first, then stability_lr; the same lr_scaling preferred)"),
-}
-THRESHOLDS = {
-    "tail_steps": TAIL_STEPS, "unstable_ratio": UNSTABLE_RATIO,
-    "unstable_cv_floor": UNSTABLE_CV_FLOOR, "tail_spike_ratio": TAIL_SPIKE_RATIO,
-    "spike_factor": SPIKE_FACTOR,
-    "accum_first_steps": ACCUM_FIRST_STEPS, "accum_tolerance": ACCUM_TOLERANCE,
-    "accum_deviation": ACCUM_DEVIATION,
-}
-WHY_UNSTABLE = (
-    "Why these statistics: a smaller batch is noisier by construction (Var(g_B) = Var(g_1)/B), "
-    "and that alone is not instability. When sampling noise dominates the gradient, |g_B|^2 "
-    "~ (1/B^2) sum_i |g_i|^2 + cross terms, whose relative spread falls as 1/sqrt(B): the "
-    "grad-norm CV of a stable run grows as sqrt(B_ref/B) below the reference (measured at the "
-    "cpu scale: CV x sqrt(B) was flat, 0.22-0.35, from batch 1 to 64). So the CV is compared "
-    "after that scaling, and only an excess beyond it -- or a spike several times the tail's "
-    "median -- says oscillation rather than the expected noise. A step's train loss averages "
-    "B independent sequences, so its sampling variance is Var_1/B and B x Var is the same at "
-    "every batch size for a stable run; "
-    "the fitted parabola is removed first because a loss that is still falling is a trend, "
-    "not noise. Caveat: B x Var assumes the spread of the per-sequence losses is alike at every "
-    "batch size, which holds when the runs reach similar losses; a run far behind the "
-    "reference (near initialisation every sequence's loss is close to ln V) shows less noise, "
-    "so there the rule errs toward 'stable'.")
-PLOTS = {
-    "train_loss": "Train loss versus step per batch size (faint: every step; solid: moving "
-                  "average)",
-    "grad_norm": "Gradient norm before clipping versus step per batch size (faint: every step; "
-                 "solid: moving average)",
-    "accumulation": "Gradient accumulation versus the plain batch: train loss and its "
-                    "difference",
-    "lr_tuning": "Final validation loss versus learning rate at the base batch",
-}
 GROUP_KEYS = ("name", "scale", "optimizer", "lr_scaling", "base_batch_size", "base_lr",
               "tail_window", "lr_tuning", "per_batch", "accumulation", "warnings")
+WANDB_COLUMNS = ("group", "batch_size", "lr", "steps", "status", "val_loss",
+                 "val_loss_per_byte", "tail_var_train_loss", "tail_var_grad_norm", "verdict")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,16 +89,11 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], Path, st
     scale is the one whose newest summary.json, over the three stages, is the most recent.
     """
     root = Path(runs_root)
-    newest: dict[str, float] = {}
-    for stage in STAGES:
-        for path in root.glob(f"{stage}/*/*/summary.json"):
-            scale = path.parent.parent.name
-            newest[scale] = max(newest.get(scale, 0.0), path.stat().st_mtime)
-    if not newest:
+    scale = render.latest_scale(root, STAGES)
+    if scale is None:
         raise ResultsError(f"no stability runs under {root}/ (looked in "
                            f"{', '.join(f'{s}/<scale>/' for s in STAGES)}); pass run "
                            "directories, or run the stability sweep first")
-    scale = max(newest, key=newest.get)
     paths = [root / stage / scale for stage in STAGES if (root / stage / scale).is_dir()]
     sentence = ("no paths given: analysing the latest stability study, "
                 + " and ".join(str(p) for p in paths))
@@ -174,7 +107,7 @@ def default_out(paths: list[Path]) -> Path:
     if len(found) == 1 and None not in found:
         root, scale = found.pop()
         return root / BATCH_STAGE / scale / "report"
-    return report.default_out(paths)
+    return render.default_out(paths)
 
 
 def clean_metrics(rows: list) -> list[dict]:
@@ -678,7 +611,8 @@ def analyse(runs: list[dict], left_out: list[dict] | None = None,
 
 
 def stability_document(result: dict, inputs: list[str]) -> dict:
-    """The public stability.json (strict JSON: NaN and inf become null).
+    """The public stability.json (`render.run_study` makes it strict JSON: NaN and inf become
+    null).
 
     {schema_version, inputs: [path], n_runs, rules: {tail_window, diverged, unstable, stable,
      accumulation: sentence}, thresholds: {tail_steps, unstable_ratio, unstable_cv_floor,
@@ -721,398 +655,48 @@ def stability_document(result: dict, inputs: list[str]) -> dict:
         if doc["lr_tuning"]:
             doc["lr_tuning"] = {k: v for k, v in doc["lr_tuning"].items() if k != "warnings"}
         groups.append(doc)
-    return json_clean({
+    return {
         "schema_version": SCHEMA_VERSION, "inputs": inputs, "n_runs": result["n_runs"],
         "rules": RULES, "thresholds": THRESHOLDS, "groups": groups,
         "warnings": result["warnings"], "left_out": result["left_out"],
-    })
+    }
 
 
 # ---------------------------------------------------------------------------------------------
-# report.md
+# The pipeline
 
 
-def cell(x: Any, spec: str = ".4g") -> str:
-    """A table cell: '-' for None, 'NaN'/'inf' spelled out (a diverged number is a result)."""
-    if x is None:
-        return "-"
-    if isinstance(x, float) and math.isnan(x):
-        return "NaN"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return format(x, spec)
+def wandb_fields(result: dict, loaded: dict) -> dict:
+    """The analysis run's group (that of the first run read) and its per-batch table."""
+    first = loaded["runs"][0]
+    rows = [[g["name"], *(r.get(c) for c in WANDB_COLUMNS[1:])]
+            for g in result["groups"] for r in g["per_batch"]]
+    return {"group": render.logged_group(first["run_dir"], first["sweep"]),
+            "tables": {"per_batch": (WANDB_COLUMNS, rows)}}
 
 
-def lr_tuning_table(tuning: dict) -> str:
-    rows = [[cell(r["lr"], ".3g") + (" **best**" if r["best"] else ""),
-             cell(r["val_loss"], ".4f"), cell(r["val_loss_per_byte"], ".4f"), r["status"],
-             str(r["n_runs"])] for r in tuning["rows"]]
-    return md_table(["lr", "final val loss (nats/token)", "final val loss (nats/byte)", "status",
-                     "runs"], rows)
-
-
-def per_batch_tables(group: dict) -> str:
-    rows, why = [], []
-    for r in group["per_batch"]:
-        lr_ratio = (r["lr"] / group["base_lr"]) if group["base_lr"] else None
-        rows.append([str(r["batch_size"]), cell(r["lr"], ".3g"), cell(lr_ratio, ".3g"),
-                     str(r["steps"]), r["status"], cell(r["first_train_loss"], ".4f"),
-                     cell(r["final_train_loss"], ".4f"), cell(r["val_loss"], ".4f"),
-                     cell(r["val_loss_per_byte"], ".4f"), cell(r["tail_mean_train_loss"], ".4f"),
-                     cell(r["tail_var_train_loss"], ".3g"), cell(r["tail_mean_grad_norm"], ".3g"),
-                     cell(r["tail_var_grad_norm"], ".3g"), cell(r["max_grad_norm"], ".3g"),
-                     cell(r["grad_norm_spikes"], "d"), f"**{r['verdict']}**"])
-        window = (f"{r['tail_first_step']}-{r['tail_last_step']}" if r["tail_steps"]
-                  else "-")
-        why.append([str(r["batch_size"]), window, cell(r["grad_norm_cv"], ".3g"),
-                    cell(r["grad_norm_cv_ratio"], ".2f"), cell(r["grad_norm_cv_excess"], ".2f"),
-                    cell(r["tail_spike_ratio"], ".3g"), cell(r["loss_noise"], ".3g"),
-                    cell(r["loss_noise_ratio"], ".2f"), r["verdict"], r["verdict_reason"] or ""])
-    first = md_table(
-        ["batch (seq)", "lr used", "lr / base lr", "steps", "status",
-         "first train loss (nats/token)", "final train loss (nats/token)",
-         "final val loss (nats/token)", "final val loss (nats/byte)",
-         "tail mean train loss (nats/token)", "tail var train loss ((nats/token)^2)",
-         "tail mean grad norm", "tail var grad norm", "max grad norm",
-         f"steps with grad norm > {SPIKE_FACTOR:g}x median", "verdict"], rows)
-    second = md_table(
-        ["batch (seq)", "tail (steps)", "tail grad-norm CV", "CV / reference",
-         "CV / reference x sqrt(B / B_ref)", "tail max / median grad norm",
-         "tail loss noise B x Var", "noise / reference", "verdict", "why"], why)
-    return first + "\n\nThe statistics behind the verdicts:\n\n" + second
-
-
-def accumulation_table(entries: list[dict]) -> str:
-    rows = []
-    for e in entries:
-        micro = e["micro_batch_size"] or e["batch_size"]
-        rows.append([f"{e['batch_size']} = {e['batch_size'] // micro} x {micro}",
-                     cell(e["lr"], ".3g"), e["plain_stage"] or "-",
-                     e["dtype"] or "-", str(e["steps_compared"]),
-                     cell(e["max_abs_diff"], ".3g"), cell(e["max_rel_diff"], ".3g"),
-                     cell(e["first_steps_max_abs_diff"], ".3g"),
-                     cell(e["first_steps_max_rel_diff"], ".3g"),
-                     cell(e["first_steps_max_rel_diff_grad_norm"], ".3g"),
-                     cell(e["first_step_rel_above"], "d"), cell(e["delta_val_loss"], "+.3g"),
-                     f"**{e['verdict']}**"])
-    return md_table(
-        ["batch (seq) = micro-batches x micro (seq)", "lr used", "plain run from", "dtype",
-         "steps compared", "max abs diff (nats/token)", "max rel diff",
-         f"first {ACCUM_FIRST_STEPS} steps: max abs diff (nats/token)",
-         f"first {ACCUM_FIRST_STEPS} steps: max rel diff",
-         f"first {ACCUM_FIRST_STEPS} steps: max rel diff of grad norm",
-         f"first step with rel diff > {ACCUM_DEVIATION:g}", "delta final val loss (nats/token)",
-         "verdict"], rows)
-
-
-def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
-                    elapsed_s: float) -> str:
-    lines = [
-        "# Small-batch stability report", "",
-        "**The question** (science.md section 6). `Var(g_B) = Var(g_1) / B`: how small can the "
-        "batch be before training becomes unstable or diverges, with the learning rate tuned "
-        "at the base batch and carried to the others by a scaling rule? And does gradient "
-        "accumulation (micro-batches summed into one step) reproduce the plain batch to float "
-        "precision, as it must? Batch sizes in sequences; losses in nats/token unless marked "
-        "nats/byte; steps are optimizer steps; grad norm is the global L2 norm of the gradient "
-        "before clipping.", "",
-        f"Inputs: {', '.join(inputs)}; {result['n_runs']} runs read, "
-        f"{len(result['left_out'])} left out; analysis took {elapsed_s:.1f} s.", "",
-        "## Rules", "",
-        f"- **Tail window**: {RULES['tail_window']}.",
-        f"- **diverged**: {RULES['diverged']}.",
-        f"- **unstable**: {RULES['unstable']}.",
-        f"- **stable**: {RULES['stable']}.",
-        f"- **Accumulation**: {RULES['accumulation']}.", "",
-        WHY_UNSTABLE, "",
-    ]
-    if not result["groups"]:
-        lines += ["No group to analyse.", ""]
-    for g in result["groups"]:
-        tw = g["tail_window"]
-        lines += [f"## {g['name']}", "",
-                  f"Base batch {g['base_batch_size']} sequences, base lr "
-                  f"{cell(g['base_lr'], '.4g')}, lr_scaling {g['lr_scaling']}. Tail window: "
-                  f"the last {tw['steps']} steps "
-                  f"(of {tw['planned_steps']} planned).", "",
-                  f"### Learning-rate tuning at batch {g['base_batch_size']}", ""]
-        if g["lr_tuning"]:
-            t = g["lr_tuning"]
-            edge = {"low": " (on the low edge of the grid)", "high": " (on the high edge of the "
-                    "grid)", "single": " (a one-lr grid)"}.get(t["edge"], "")
-            lines += [f"Best lr: {cell(t['best_lr'], '.3g')}{edge}.", "", lr_tuning_table(t), ""]
-        else:
-            lines += [f"No {LR_STAGE} runs for this optimizer.", ""]
-        lines += ["### Per batch size", ""]
-        lines += [per_batch_tables(g) if g["per_batch"] else f"No {BATCH_STAGE} runs.", ""]
-        lines += ["### Gradient accumulation versus the plain batch", ""]
-        lines += [accumulation_table(g["accumulation"]) if g["accumulation"]
-                  else f"No {ACCUM_STAGE} runs.", ""]
-        for e in g["accumulation"]:
-            lines += [f"- `{e['accum_run_dir']}` against `{e['plain_run_dir'] or 'nothing'}`: "
-                      f"**{e['verdict']}**.", ""]
-    lines += ["## Plots", ""]
-    for name, file in plots.items():
-        lines += [f"![{PLOTS[name]}]({file})", f"*{PLOTS[name]}.*", ""]
-    lines += ["## Warnings", ""]
-    lines += [f"- {w}" for w in result["warnings"]] or ["None."]
-    lines += ["", "## Runs left out", ""]
-    if result["left_out"]:
-        lines.append(md_table(["run", "reason", "detail"], [
-            [d["run_dir"], d["reason"], d["detail"]] for d in result["left_out"]]))
-    else:
-        lines.append("None.")
-    return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------------------------------
-# Plots
-
-
-def moving_average(values: np.ndarray, window: int) -> np.ndarray:
-    """Trailing mean over `window` points (over the points so far for the first ones)."""
-    if window <= 1:
-        return values
-    sums = np.convolve(values, np.ones(window), mode="full")[: len(values)]
-    return sums / np.minimum(np.arange(1, len(values) + 1), window)
-
-
-def label_log_ticks(axis, values: list[float]) -> None:
-    """Label a log axis at `values` (rounded to 3 digits) when they span under a decade, where
-    matplotlib would label one tick or none."""
-    values = sorted(v for v in values if is_finite(v) and v > 0)
-    if not values or values[-1] / values[0] >= 10:
-        return
-    ticks = values if len(values) <= 6 else list(np.geomspace(values[0], values[-1], 5))
-    ticks = sorted({float(f"{t:.3g}") for t in ticks})
-    axis.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
-
-
-def _panels(n: int, title: str, cols_max: int = 3):
-    import textwrap
-
-    import matplotlib.pyplot as plt
-
-    n = max(1, n)
-    cols = min(cols_max, n)
-    rows = math.ceil(n / cols)
-    width_in, height_in = 6 * cols, 4.2 * rows
-    fig, axes = plt.subplots(rows, cols, figsize=(width_in, height_in), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    fig.subplots_adjust(left=0.8 / width_in, right=1 - 0.15 / width_in, bottom=0.55 / height_in,
-                        top=1 - 0.75 / height_in, wspace=0.3, hspace=0.5)
-    fig.suptitle(textwrap.fill(title, 16 * width_in), fontsize=9)
-    return fig, list(axes.flat[:n])
-
-
-def _batch_colors(groups: list[dict]) -> dict[int, Any]:
-    import matplotlib.pyplot as plt
-
-    batches = sorted({r["batch_size"] for g in groups for r in g["per_batch"]})
-    colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(batches))))
-    return dict(zip(batches, colors, strict=False))
-
-
-def plot_per_batch(result: dict, path: Path, which: int, ylabel: str, title: str,
-                   log_y: bool) -> None:
-    """Per-step curves (train loss: which=1, grad norm: which=2) per batch size, one panel
-    per group: every step faint, a moving average solid, an x where a diverged run ends."""
-    groups = result["groups"][:MAX_PANELS]
-    fig, axes = _panels(len(groups), title)
-    colors = _batch_colors(groups)
-    for g, ax in zip(groups, axes, strict=False):
-        tops, finite = [], []
-        for r in g["per_batch"]:
-            steps, values = result["curves"][r["run_dir"]][0], result["curves"][r["run_dir"]][which]
-            if not len(steps):
-                continue
-            values = np.where(np.isfinite(values), values, np.nan)
-            color = colors[r["batch_size"]]
-            smooth = max(1, min(10, len(values) // 10))
-            label = f"B={r['batch_size']}" + (f" ({r['verdict']})" if r["verdict"] != "stable"
-                                              else "")
-            ax.plot(steps, values, color=color, alpha=0.25, lw=0.6)
-            ax.plot(steps, moving_average(values, smooth), color=color, lw=1.4, label=label)
-            if r["verdict"] == "diverged" and np.isfinite(values).any():
-                last = np.nonzero(np.isfinite(values))[0][-1]
-                ax.plot([steps[last]], [values[last]], "x", color=color, ms=8)
-            if which == 1 and np.isfinite(values[0]):
-                tops.append(values[0])
-            finite += list(values[np.isfinite(values)])
-        if not g["per_batch"]:
-            empty_axes(ax, f"no {BATCH_STAGE} runs")
-        if tops and max(finite) > 1.5 * max(tops):  # a diverging loss must not squash the
-            ax.set_ylim(top=1.5 * max(tops))            # others: stop the axis at 1.5 x start
-        log_axes(ax, x=True, y=log_y)
-        if log_y and finite:
-            label_log_ticks(ax.yaxis, list(np.geomspace(min(finite), max(finite), 5)))
-        label_axes(ax, "optimizer step (steps)", ylabel, g["name"], legend=bool(finite))
-    save_figure(fig, path)
-
-
-def plot_accumulation(result: dict, path: Path) -> None:
-    """Per comparison: the two train-loss curves (left) and |difference| per step on a log
-    axis with the tolerance ACCUM_TOLERANCE x |plain loss| (right)."""
-    import matplotlib.pyplot as plt
-
-    entries = [(g, e) for g in result["groups"] for e in g["accumulation"]
-               if e["plain_run_dir"]][:MAX_ACCUM_ROWS]
-    n = max(1, len(entries))
-    fig, axes = plt.subplots(n, 2, figsize=(11, 3.8 * n), squeeze=False)
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.5 / (3.8 * n), top=1 - 0.6 / (3.8 * n),
-                        wspace=0.28, hspace=0.5)
-    fig.suptitle(PLOTS["accumulation"], fontsize=9)
-    if not entries:
-        axes[0, 1].set_visible(False)
-        empty_axes(axes[0, 0], "no accumulation run with a plain run to compare")
-        axes[0, 0].set_axis_off()
-    for (g, e), (left, right) in zip(entries, axes, strict=False):
-        s_p, loss_p, _ = result["curves"][e["plain_run_dir"]]
-        s_a, loss_a, _ = result["curves"][e["accum_run_dir"]]
-        left.plot(s_p, loss_p, "-", color="C0", lw=1.2, label=f"plain {e['batch_size']}")
-        left.plot(s_a, loss_a, "--", color="C1", lw=1.2,
-                  label=f"{e['batch_size'] // (e['micro_batch_size'] or 1)} x "
-                        f"{e['micro_batch_size']} accumulated")
-        log_axes(left)
-        label_axes(left, "optimizer step (steps)", "train loss (nats/token)",
-                   f"{g['name']}: {e['verdict']}")
-        diff = np.where(e["abs_diff"] > 0, e["abs_diff"], np.nan)
-        if np.isfinite(diff).any():
-            right.plot(e["steps"], diff, ".-", color="C3", lw=0.8, ms=3,
-                       label="|accumulated - plain|")
-            plain_at = dict(zip(s_p, loss_p, strict=False))
-            tol = [e["tolerance"] * abs(plain_at.get(s, np.nan)) for s in e["steps"]]
-            right.plot(e["steps"], tol, ":", color="k", lw=1,
-                       label=f"{e['tolerance']:g} x plain loss (tolerance)")
-            log_axes(right, x=True, y=True)
-        else:
-            empty_axes(right, "identical at every step compared (|difference| = 0)")
-            log_axes(right)
-        label_axes(right, "optimizer step (steps)", "|train loss difference| (nats/token)",
-                   f"difference over {e['steps_compared']} steps",
-                   legend=bool(np.isfinite(diff).any()))
-    save_figure(fig, path)
-
-
-def plot_lr_tuning(result: dict, path: Path) -> None:
-    """Final validation loss against lr at the base batch, one line per lr grid; a star at
-    the best lr, an x (at the top of the axis) for an lr whose runs all diverged."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.6))
-    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.12, top=0.92)
-    seen, drawn, lrs = set(), 0, []
-    several_scales = len({g["scale"] for g in result["groups"]}) > 1
-    for g in result["groups"]:
-        t = g["lr_tuning"]
-        if not t or id(t) in seen:
-            continue
-        seen.add(id(t))
-        color = f"C{drawn}"
-        drawn += 1
-        ok = [r for r in t["rows"] if is_finite(r["val_loss"])]
-        lrs += [r["lr"] for r in t["rows"]]
-        label = g["optimizer"] + (f" ({g['scale']})" if several_scales else "")
-        ax.plot([r["lr"] for r in ok], [r["val_loss"] for r in ok], "o-", color=color,
-                label=f"{label}, batch {g['base_batch_size']}")
-        if t["best_lr"] is not None:
-            ax.plot([t["best_lr"]], [t["best_val_loss"]], "*", color=color, ms=13)
-        bad = [r["lr"] for r in t["rows"] if not is_finite(r["val_loss"])]
-        if bad and ok:
-            top = max(r["val_loss"] for r in ok)
-            ax.plot(bad, [top] * len(bad), "x", color=color, ms=9, label=f"{label}: diverged")
-    if not drawn:
-        empty_axes(ax, f"no {LR_STAGE} runs")
-    log_axes(ax)
-    label_log_ticks(ax.xaxis, sorted(set(lrs)))
-    label_axes(ax, "peak learning rate at the base batch (batch in sequences: see legend)",
-               "final validation loss (nats/token)", PLOTS["lr_tuning"] + " (star: best)",
-               legend=bool(drawn))
-    save_figure(fig, path)
-
-
-def write_plots(result: dict, out: Path) -> dict[str, str]:
-    """Every plot of PLOTS as `<name>.png` in `out`; returns {name: file name}."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    if len(result["groups"]) > MAX_PANELS:
-        result["warnings"].append(f"plots show the first {MAX_PANELS} of "
-                                  f"{len(result['groups'])} groups")
-    plot_per_batch(result, out / "train_loss.png", 1, "train loss (nats/token)",
-                   PLOTS["train_loss"], log_y=False)
-    plot_per_batch(result, out / "grad_norm.png", 2,
-                   "gradient L2 norm before clipping (nats/token)",
-                   PLOTS["grad_norm"], log_y=True)
-    plot_accumulation(result, out / "accumulation.png")
-    plot_lr_tuning(result, out / "lr_tuning.png")
-    return {name: f"{name}.png" for name in PLOTS}
-
-
-# ---------------------------------------------------------------------------------------------
-# The whole pipeline
+STUDY = render.Study(
+    name="stability", document_file="stability.json",
+    no_runs_fix="stability sweep folders, or run the stability sweep first",
+    analyse=analyse, write_plots=stability_report.write_plots, document=stability_document,
+    markdown=stability_report.report_markdown, wandb=wandb_fields,
+    summary_lines=stability_report.summary_lines)
 
 
 def run_analysis(paths: list[str] | None = None, out: str | None = None,
                  runs_root: str | Path = "runs", wandb_mode: str = "offline",
                  project: str = "critbatch") -> dict:
-    """Load, analyse and write the report folder; returns {"out", "result"}.
+    """Load, analyse and write the report folder; returns {"out", "result", "document"}.
 
     Raises ResultsError (one line for the user) when nothing can be analysed: a missing path,
     no runs, or every run left out.
     """
-    t0 = time.perf_counter()
     if paths:
         roots = [Path(p) for p in paths]
         default = default_out(roots)
     else:
         roots, default, sentence = default_inputs(runs_root)
         print(sentence, flush=True)
-    loaded = load_stability_runs(roots)
-    inputs = [str(p) for p in roots]
-    where = ", ".join(inputs)
-    if not loaded["runs"] and not loaded["left_out"]:
-        raise ResultsError(f"no runs found under {where} (no summary.json); pass run "
-                           "directories or stability sweep folders, or run the stability "
-                           "sweep first")
-    if not loaded["runs"]:
-        raise report.all_left_out(where, loaded["left_out"])
-    result = analyse(loaded["runs"], loaded["left_out"], loaded["warnings"])
-    out_dir = Path(out) if out else default
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(result, out_dir)
-    write_json_atomic(out_dir / "stability.json", stability_document(result, inputs))
-    elapsed = time.perf_counter() - t0
-    (out_dir / "report.md").write_text(report_markdown(result, inputs, plots, elapsed))
-    first = loaded["runs"][0]
-    report.publish_report(
-        out_dir, name="stability", group=report.logged_group(first["run_dir"], first["sweep"]),
-        mode=wandb_mode, project=project, config={"inputs": inputs, "n_runs": result["n_runs"]},
-        images=plots, files=["report.md", "stability.json", *plots.values()],
-        tables={"per_batch": (WANDB_COLUMNS, [[g["name"], *(r.get(c) for c in WANDB_COLUMNS[1:])]
-                                              for g in result["groups"] for r in g["per_batch"]])})
-    print_summary(result, out_dir, time.perf_counter() - t0)
-    return {"out": out_dir, "result": result}
-
-
-def print_summary(result: dict, out: Path, elapsed_s: float) -> None:
-    print(f"{result['n_runs']} runs in {len(result['groups'])} group(s), "
-          f"{len(result['left_out'])} left out", flush=True)
-    for g in result["groups"]:
-        t = g["lr_tuning"]
-        tuned = (f"best lr {cell(t['best_lr'], '.3g')}" + (f" ({t['edge']} edge)"
-                 if t["edge"] in ("low", "high") else "")) if t else "no lr grid"
-        print(f"  {g['name']}: {tuned} at batch {g['base_batch_size']}; tail window "
-              f"{g['tail_window']['steps']} steps")
-        for r in g["per_batch"]:
-            print(f"    B={r['batch_size']:<4} lr={cell(r['lr'], '.3g'):<9} "
-                  f"val_loss={cell(r['val_loss'], '.4f'):<7} {r['verdict']}"
-                  + (f" ({r['verdict_reason']})" if r["verdict_reason"] else ""))
-        for e in g["accumulation"]:
-            print(f"    accumulation {e['batch_size']} as micro-batches of "
-                  f"{e['micro_batch_size']}: {e['verdict']} (first {ACCUM_FIRST_STEPS} steps: "
-                  f"max rel diff {cell(e['first_steps_max_rel_diff'], '.2g')})")
-    for w in result["warnings"]:
-        print(f"warning: {w}")
-    print(f"report: {out / 'report.md'} ({elapsed_s:.1f} s)", flush=True)
+    return render.run_study(STUDY, partial(load_stability_runs, roots), [str(p) for p in roots],
+                            Path(out) if out else default, wandb_mode=wandb_mode,
+                            project=project)
