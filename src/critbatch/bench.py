@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import os
 import platform
 import statistics
@@ -576,8 +577,6 @@ def bench_share(opts: Options) -> dict:
     fresh process that sets up, waits at a barrier for the others, then trains;
     speedup = aggregate tokens/s / the single job's.
     """
-    import multiprocessing
-
     device = bench_device()
     name, preset = next(iter(presets(device.type).items())) if device.type == "cuda" else (
         "cpu", presets("cpu")["cpu"])
@@ -751,7 +750,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="optimizer steps per timed run (default: per section)")
     parser.add_argument("--no-compile", dest="compile", action="store_false",
-                        help="skip the torch.compile variant (its compilation takes ~20 s)")
+                        help="skip the torch.compile variant (slow to set up: it compiles first)")
     parser.add_argument("--analysis-runs", type=int, default=1000,
                         help="synthetic runs for the analysis section")
     parser.add_argument("--json", type=Path, default=Path("bench.json"),

@@ -30,16 +30,10 @@ from pathlib import Path
 
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, ResultsError, user_errors
-from critbatch.training.config import (
-    CONF_DIR,
-    Config,
-    register_configs,
-    run_differences,
-    to_config,
-    token_budget,
-)
+from critbatch.training import config as schema
+from critbatch.training.config import Config
 
-REPO = CONF_DIR.parent
+REPO = schema.CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
 ANALYSIS_DIR = REPO / "analysis"
 
@@ -88,11 +82,11 @@ class Job:
         """Keys in which the finished run already in `run_dir` differs from this job's config
         (a grid changed since it was trained); empty when none is there or they agree."""
         saved = runs.read_config(self.run_dir) if self.done else None
-        return run_differences(saved, asdict(self.cfg)) if saved else []
+        return schema.run_differences(saved, asdict(self.cfg)) if saved else []
 
     @property
     def tokens(self) -> int:
-        return token_budget(self.cfg)
+        return schema.token_budget(self.cfg)
 
 
 def resolve_scale(scale: str) -> str:
@@ -112,11 +106,9 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from critbatch.training.config import explain_compose_error
-
-    register_configs()
+    schema.register_configs()
     cli = [f"scale={scale}", f"optim={optimizer}", *extra]
-    search = [f"hydra.searchpath=[file://{CONF_DIR}]"]  # as `--config-dir sweeps` does
+    search = [f"hydra.searchpath=[file://{schema.CONF_DIR}]"]  # as `--config-dir sweeps` does
     try:
         with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
             root = compose(stage, overrides=search + cli, return_hydra_config=True)
@@ -127,11 +119,11 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
                 cfg = compose(stage, overrides=search + overrides, return_hydra_config=True)
                 run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
                 del cfg.hydra
-                jobs.append(Job(stage, optimizer, overrides, run_dir, to_config(cfg)))
+                jobs.append(Job(stage, optimizer, overrides, run_dir, schema.to_config(cfg)))
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(explain_compose_error(err)) from None
+        raise ConfigError(schema.explain_compose_error(err)) from None
     return jobs
 
 

@@ -18,7 +18,7 @@ et al. 2025 report 43% fewer steps with a batch warmup.
 
 Every batch is a whole number of micro-batches (gradient accumulation), so memory stays
 flat while the batch grows. The trainer rescales the lr at every change by
-`optim.lr_scaling` (critbatch/optim.py) and keeps the token accounting exact: a scheduled
+`optim.lr_scaling` (training/optim.py) and keeps the token accounting exact: a scheduled
 run ends on the token budget, its last steps shrinking (still by powers of two) to fill
 it when the budget is a multiple of micro-batch x seq_len.
 """

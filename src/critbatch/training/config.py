@@ -70,14 +70,14 @@ class OptimConfig:
 
 @dataclass
 class GNSConfig:
-    """Online gradient noise scale (science.md section 2; estimator in critbatch/noise.py)."""
+    """Online gradient noise scale (science.md section 2; estimator in science/noise.py)."""
 
     enabled: bool = True  # track B_noise from the micro-batches; needs >= 2 micro-batches a step
-    # EMA decay per optimizer step of |G|^2, tr(Sigma) and the loss. 0.95 = a horizon of ~20
-    # steps (~39 steps' worth of variance): on smoke runs one step's |G|^2 estimate has a
-    # relative std of ~1.7, so the average is good to ~30%. 0.99 was biased: the ratio of
-    # averages weights steps by gradient scale, and |G|^2 early in training is 10-20x larger,
-    # so 100 steps of memory pulled B_noise far below its current value on short runs.
+    # EMA decay per optimizer step of |G|^2, tr(Sigma) and the loss; 0.95 = a horizon of ~20
+    # steps. Shorter is noisier: one step's |G|^2 estimate is dominated by sampling noise.
+    # Longer is biased on short runs: the ratio of averages weights each step by its gradient
+    # scale, and |G|^2 is many times larger early in training, so a long memory keeps B_noise
+    # far below its current value.
     ema: float = 0.95
 
 
@@ -119,11 +119,11 @@ class TrainConfig:
     compile: bool | None = None  # torch.compile; null = on for CUDA, off on CPU
     diverge_factor: float = 2.0  # a train loss above factor x its first value ...
     diverge_window: int = 20  # ... for this many consecutive steps means diverged
-    # Resumable checkpoint (checkpoint.pt, see critbatch/checkpoint.py) every this many
+    # Resumable checkpoint (checkpoint.pt, see training/checkpoint.py) every this many
     # optimizer steps or minutes of wall time, whichever comes first; null = never by that
-    # measure. A run always saves at its end. 10 min keeps the cost far below 1% of a run
-    # (measured at the cpu preset: 19 ms per 2.8 MB save, 0.25% of the run even when saving
-    # every 25 steps); a killed run loses at most that much work.
+    # measure. A run always saves at its end. A killed run loses at most one interval of
+    # work; a save (model and optimizer state, a few MB at these sizes) takes far less than
+    # 10 minutes of training, so its cost stays negligible.
     checkpoint_every_steps: int | None = None  # optimizer steps
     checkpoint_every_minutes: float | None = 10.0  # minutes of wall time
     gns: GNSConfig = field(default_factory=GNSConfig)  # online gradient noise scale
@@ -163,8 +163,8 @@ class SchedulesGrid:
     lrs: dict[str, str] = field(  # lr per optimizer at the small batch (then optim.lr_scaling)
         default_factory=lambda: {"adamw": "1.5e-3", "muon": "0.005"}
     )
-    # measured on the cpu batch sweep: the best lr of both optimizers grows about as
-    # sqrt(batch) between 8 and 128 sequences (Muon: 0.005, 0.012, >= 0.02)
+    # sqrt: the rule the best lr of both optimizers follows between 8 and 128 sequences in
+    # the cpu batch sweep (docs/results/cpu.md)
     lr_scaling: str = "sqrt"
     ramp_fraction: float = 0.25  # share of the tokens over which the ramp grows
     interval_steps: int = 50  # adaptive: optimizer steps between batch changes, at least

@@ -22,15 +22,11 @@ class MicroGradNorms:
     The hooks only collect these incoming gradients (a list append: the gradient and its
     accumulation are unchanged); `pop`, right after the micro-batch's backward, takes their
     total norm in one multi-tensor kernel (`torch.nn.utils.get_total_norm`) on the device, no
-    host sync. Holding them until then costs one gradient's worth of memory. (A norm in
-    each hook, as first written, launched ~40 small kernels per micro-batch; measured on the
-    bench's gns shape, one thread, interleaved: +4.4% and +8.7% on the accumulation against
-    +2.3% and +4.2% for this, in two runs under different load.)
+    host sync: one launch per micro-batch rather than one per parameter, for one gradient's
+    worth of memory held until then.
     The big batch costs nothing: |g_B|^2 is the square of the pre-clipping norm that
-    `clip_grad_norm_` returns anyway.
-
-    Future path (not implemented): under data parallelism (torchrun) each rank's local
-    gradient before the all-reduce is another small batch for free (science.md section 2).
+    `clip_grad_norm_` returns anyway. Under torchrun the hooks are off: each rank's share of
+    the batch is the small batch instead (`distributed.average_gradients`).
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], accum: int) -> None:
