@@ -19,32 +19,31 @@ overstates what an annealed small-batch run would need, and steps saved are an u
 estimate. When L is below every point of the small curve, S_small(L) > steps_small, and
 steps_small - steps_arm is reported as a lower bound.
 
-`run_analysis` (what `analysis/schedules.py` calls) loads the runs, analyses them and writes
-`report.md`, `schedules.json` (strict JSON, schema in `schedules_document`) and the plots of
-`PLOTS`. Batch sizes in sequences; losses in nats/token unless `_per_byte`. Never imports
-the trainer or torch.
+`run_analysis` (what `analysis/schedules.py` calls) loads the runs, analyses them and writes,
+through `render.run_study`, `report.md`, `schedules.json` (schema in `schedules_document`)
+and the plots of `PLOTS`. Batch sizes in sequences; losses in nats/token unless `_per_byte`.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, save_figure
+from critbatch.analysis import render
+from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, panel_grid, save_figure
 from critbatch.analysis.render import (
-    default_out,
     fmt,
-    json_clean,
-    logged_group,
+    inputs_line,
+    left_out_table,
     md_table,
-    publish_report,
+    plots_section,
+    warnings_section,
 )
 from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
 from critbatch.errors import ResultsError
-from critbatch.files import write_json_atomic
 
 SWEEP = "schedules"
 DOCUMENT_VERSION = 1  # of schedules.json
@@ -408,7 +407,8 @@ def analyse(runs: list[dict], left_out: list[dict] | None = None,
 
 
 def schedules_document(result: dict, inputs: list[str]) -> dict:
-    """The public schedules.json (strict JSON: NaN and inf become null).
+    """The public schedules.json (`render.run_study` makes it strict JSON: NaN and inf become
+    null).
 
     {version, question, inputs, n_runs, caveat, groups: [{name, optimizer, model, reference,
     arms: [{arm, batch_schedule, run_dir, status, lr, seq_len, batch_size_start,
@@ -421,11 +421,11 @@ def schedules_document(result: dict, inputs: list[str]) -> dict:
     """
     groups = [{k: g[k] for k in ("name", "optimizer", "model", "reference", "arms")}
               for g in result["groups"]]
-    return json_clean({
+    return {
         "version": DOCUMENT_VERSION, "question": QUESTION_SHORT,
         "inputs": inputs, "n_runs": result["n_runs"], "caveat": CAVEAT.replace("**", ""),
         "groups": groups, "warnings": result["warnings"], "left_out": result["left_out"],
-    })
+    }
 
 
 def _count(x: float | None) -> str:
@@ -474,8 +474,7 @@ def arm_table(group: dict) -> str:
 def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                     elapsed_s: float) -> str:
     lines = ["# Batch-size schedules report", "", QUESTION, "",
-             f"Inputs: {', '.join(inputs)}; {result['n_runs']} runs read, "
-             f"{len(result['left_out'])} left out; analysis took {elapsed_s:.1f} s.", "",
+             inputs_line(result, inputs, elapsed_s), "",
              "## Arms per optimizer", "",
              "S_small: the optimizer steps the constant-small run needed to reach the arm's "
              "final validation loss, interpolated linearly in log(step) between the two eval "
@@ -497,16 +496,11 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                   f" ({a['b_noise'] * a['seq_len']:.3g} tokens)"
                   for a in g["arms"] if a["b_noise"] is not None]
         lines += notes + ([""] if notes else [])
-    lines += [CAVEAT, "", "## Plots", ""]
-    for name, file in plots.items():
-        lines += [f"![{PLOTS[name]}]({file})", f"*{PLOTS[name]}.*", ""]
-    lines += ["## Warnings", ""]
-    lines += [f"- {w}" for w in result["warnings"]] or ["None."]
+    lines += [CAVEAT, ""]
+    lines += plots_section(plots, PLOTS)
+    lines += warnings_section(result["warnings"])
     if result["left_out"]:
-        lines += ["", "## Runs left out", ""]
-        lines.append(md_table(["run", "reason", "detail"],
-                              [[d["run_dir"], d["reason"], d["detail"]]
-                               for d in result["left_out"]]))
+        lines += ["", "## Runs left out", "", left_out_table(result["left_out"])]
     return "\n".join(lines) + "\n"
 
 
@@ -524,15 +518,8 @@ def arm_color(a: dict, i: int) -> str:
 
 
 def _figure(n: int, title: str):
-    import matplotlib.pyplot as plt
-
-    n = max(1, n)
-    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4.2), squeeze=False)
-    width_in = 5.5 * n
-    fig.subplots_adjust(left=0.8 / width_in, right=1 - 0.2 / width_in, bottom=0.13, top=0.84,
-                        wspace=0.3)
-    fig.suptitle(title, fontsize=9, wrap=True)
-    return fig, list(axes.flat)
+    """One row of `n` panels, one per optimizer group."""
+    return panel_grid(n, title, panel_in=(5.5, 4.2), max_cols=max(1, n))
 
 
 def _metrics(run_dir: str) -> list[dict] | None:
@@ -573,77 +560,76 @@ def plot_batch_vs_tokens(groups: list[dict], path: Path) -> list[str]:
     return warnings
 
 
-def plot_loss_vs_steps(groups: list[dict], path: Path) -> None:
-    """Panel (b): loss vs steps, a marker where each arm ends, and each arm's steps saved
-    drawn as a dotted line from its end to S_small on the small curve."""
-    fig, axes = _figure(len(groups), PLOTS["loss_vs_steps"])
+def plot_val_loss(groups: list[dict], path: Path, x: str) -> None:
+    """Validation loss versus `x` ("step": panel (b), or "tokens": panel (c)) per arm, a marker
+    where each arm ends; against steps, also each arm's steps saved, drawn as a dotted line
+    from its end to S_small on the small curve."""
+    name, xlabel = {"step": ("loss_vs_steps", "optimizer steps"),
+                    "tokens": ("loss_vs_tokens", "tokens")}[x]
+    fig, axes = _figure(len(groups), PLOTS[name])
     for g, ax in zip(groups, axes, strict=False):
         drawn = False
         for i, a in enumerate(g["arms"]):
             curve = [p for p in g["runs"][a["arm"]]["curve"] if is_finite(p["val_loss"])
-                     and p["step"] > 0]
+                     and p[x] > 0]
             if not curve:
                 continue
             color = arm_color(a, i)
-            ax.plot([p["step"] for p in curve], [p["val_loss"] for p in curve], "-",
-                    color=color, label=a["arm"])
-            ax.plot([curve[-1]["step"]], [curve[-1]["val_loss"]], "o", color=color)
-            if a["s_small"] is not None and a["val_loss"] is not None:
+            ax.plot([p[x] for p in curve], [p["val_loss"] for p in curve], "-", color=color,
+                    label=a["arm"])
+            ax.plot([curve[-1][x]], [curve[-1]["val_loss"]], "o", color=color)
+            if x == "step" and a["s_small"] is not None and a["val_loss"] is not None:
                 ax.plot([a["steps"], a["s_small"]], [a["val_loss"]] * 2, ":", color=color)
                 ax.plot([a["s_small"]], [a["val_loss"]], "x", color=color)
             drawn = True
         if not drawn:
             empty_axes(ax, "no validation curve")
         log_axes(ax)
-        label_axes(ax, "optimizer steps", "validation loss (nats/token)", g["name"],
-                   legend=drawn)
-    save_figure(fig, path)
-
-
-def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
-    """Panel (c): loss vs tokens per arm."""
-    fig, axes = _figure(len(groups), PLOTS["loss_vs_tokens"])
-    for g, ax in zip(groups, axes, strict=False):
-        drawn = False
-        for i, a in enumerate(g["arms"]):
-            curve = [p for p in g["runs"][a["arm"]]["curve"] if is_finite(p["val_loss"])
-                     and p["tokens"] > 0]
-            if curve:
-                color = arm_color(a, i)
-                ax.plot([p["tokens"] for p in curve], [p["val_loss"] for p in curve], "-",
-                        color=color, label=a["arm"])
-                ax.plot([curve[-1]["tokens"]], [curve[-1]["val_loss"]], "o", color=color)
-                drawn = True
-        if not drawn:
-            empty_axes(ax, "no validation curve")
-        log_axes(ax)
-        label_axes(ax, "tokens", "validation loss (nats/token)", g["name"], legend=drawn)
+        label_axes(ax, xlabel, "validation loss (nats/token)", g["name"], legend=drawn)
     save_figure(fig, path)
 
 
 def write_plots(result: dict, out: Path) -> dict[str, str]:
     """Every plot of PLOTS as `<name>.png` in `out`; returns {name: file name}."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     groups = result["groups"]
     result["warnings"] += plot_batch_vs_tokens(groups, out / "batch_vs_tokens.png")
-    plot_loss_vs_steps(groups, out / "loss_vs_steps.png")
-    plot_loss_vs_tokens(groups, out / "loss_vs_tokens.png")
+    plot_val_loss(groups, out / "loss_vs_steps.png", "step")
+    plot_val_loss(groups, out / "loss_vs_tokens.png", "tokens")
     return {name: f"{name}.png" for name in PLOTS}
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs and the whole pipeline
+# The pipeline
 
 
-def latest_schedules_dir(runs_root: str | Path = "runs") -> Path | None:
-    """The `<runs_root>/schedules/<scale>` folder whose newest summary.json is the most recent."""
-    newest: dict[Path, float] = {}
-    for path in Path(runs_root).glob(f"{SWEEP}/*/*/summary.json"):
-        folder = path.parent.parent
-        newest[folder] = max(newest.get(folder, 0.0), path.stat().st_mtime)
-    return max(newest, key=newest.get) if newest else None
+def wandb_fields(result: dict, loaded: dict) -> dict:
+    """The analysis run's group (that of the first run read) and its table of arms."""
+    first = loaded["runs"][0]
+    arms = [(g["name"], *(a.get(c) for c in WANDB_COLUMNS[1:]))
+            for g in result["groups"] for a in g["arms"]]
+    return {"group": render.logged_group(first["run_dir"], first["sweep"]),
+            "tables": {"arms": (WANDB_COLUMNS, arms)}}
+
+
+def summary_lines(result: dict) -> list[str]:
+    """Per group, the arms as an aligned table: batch, steps, tokens, loss, steps saved."""
+    header = ["arm", "batch", "steps", "tokens x", "loss", "S_small", "saved", "%"]
+    lines = []
+    for g in result["groups"]:
+        lines.append(f"{g['name']}:")
+        rows = [[c[0], c[1], c[3], c[5], c[6], c[9], c[10], c[11]] for c in
+                map(arm_cells, g["arms"])]
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+        lines += ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))
+                  for r in [header, *rows]]
+    return lines
+
+
+STUDY = render.Study(
+    name="schedules", document_file="schedules.json",
+    no_runs_fix="a sweep folder, or run make sweep-schedules",
+    analyse=analyse, write_plots=write_plots, document=schedules_document,
+    markdown=report_markdown, wandb=wandb_fields, summary_lines=summary_lines)
 
 
 def run_analysis(paths: list[str] | None = None, out: str | None = None,
@@ -651,61 +637,19 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
                  project: str = "critbatch") -> dict:
     """Load, analyse and write the report folder; returns {"out", "result", "document"}.
 
+    The runs come from `paths`, else the `<runs_root>/schedules/<scale>` folder written last.
     Raises ResultsError (one line for the user) when nothing can be analysed: a missing
     path, no runs, or every run left out.
     """
-    t0 = time.perf_counter()
     if paths:
         roots = [Path(p) for p in paths]
     else:
-        latest = latest_schedules_dir(runs_root)
-        if latest is None:
+        scale = render.latest_scale(runs_root, (SWEEP,))
+        if scale is None:
             raise ResultsError(f"no schedule-study runs under {runs_root}/{SWEEP}/; pass run "
                                "directories or train them first (make sweep-schedules)")
-        roots = [latest]
-        print(f"no paths given: analysing the latest schedule study, {latest}", flush=True)
-    loaded = load_runs(roots)
-    inputs = [str(p) for p in roots]
-    where = ", ".join(inputs)
-    if not loaded["runs"] and not loaded["left_out"]:
-        raise ResultsError(f"no runs found under {where} (no summary.json); pass run "
-                           "directories or a sweep folder, or run make sweep-schedules")
-    result = analyse(loaded["runs"], loaded["left_out"], loaded["warnings"])
-    if not result["groups"]:
-        first = result["left_out"][0]
-        raise ResultsError(f"nothing to analyse under {where}: all {len(result['left_out'])} "
-                           f"runs were left out; first: {first['run_dir']}: {first['detail']}")
-    out_dir = Path(out) if out else default_out(roots)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plots = write_plots(result, out_dir)
-    document = schedules_document(result, inputs)
-    write_json_atomic(out_dir / "schedules.json", document)
-    (out_dir / "report.md").write_text(
-        report_markdown(result, inputs, plots, time.perf_counter() - t0))
-    first = loaded["runs"][0]
-    arms = [(g["name"], *(a.get(c) for c in WANDB_COLUMNS[1:]))
-            for g in result["groups"] for a in g["arms"]]
-    publish_report(out_dir, name="schedules", group=logged_group(first["run_dir"],
-                                                                 first["sweep"]),
-                   mode=wandb_mode, project=project,
-                   config={"inputs": inputs, "n_runs": result["n_runs"]}, images=plots,
-                   files=["report.md", "schedules.json", *plots.values()],
-                   tables={"arms": (WANDB_COLUMNS, arms)})
-    print_summary(result, out_dir, time.perf_counter() - t0)
-    return {"out": out_dir, "result": result, "document": document}
-
-
-def print_summary(result: dict, out: Path, elapsed_s: float) -> None:
-    print(f"{result['n_runs']} runs in {len(result['groups'])} group(s), "
-          f"{len(result['left_out'])} left out", flush=True)
-    header = ["arm", "batch", "steps", "tokens x", "loss", "S_small", "saved", "%"]
-    for g in result["groups"]:
-        print(f"{g['name']}:")
-        rows = [[c[0], c[1], c[3], c[5], c[6], c[9], c[10], c[11]] for c in
-                map(arm_cells, g["arms"])]
-        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-        for r in [header, *rows]:
-            print("  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
-    for w in result["warnings"]:
-        print(f"warning: {w}")
-    print(f"report: {out / 'report.md'} ({elapsed_s:.1f} s)", flush=True)
+        roots = [Path(runs_root) / SWEEP / scale]
+        print(f"no paths given: analysing the latest schedule study, {roots[0]}", flush=True)
+    return render.run_study(STUDY, partial(load_runs, roots), [str(p) for p in roots],
+                            Path(out) if out else render.default_out(roots),
+                            wandb_mode=wandb_mode, project=project)
