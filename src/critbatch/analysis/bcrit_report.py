@@ -22,17 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit
-from critbatch.analysis.plotting import (
-    empty_axes,
-    label_axes,
-    label_log_ticks,
-    log_axes,
-    panel_grid,
-    pyplot,
-    save_figure,
-    shown_groups,
-)
+from critbatch.analysis import bcrit, plotting
 from critbatch.analysis.render import (
     Study,
     default_out,
@@ -288,12 +278,12 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
 
 def _panels(groups: list[dict], title: str):
     """One panel per group: (figure, [(group, axes)])."""
-    fig, axes = panel_grid(len(groups), title)
+    fig, axes = plotting.panel_grid(len(groups), title)
     return fig, list(zip(groups, axes, strict=False))
 
 
 def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
-    plt = pyplot()
+    plt = plotting.pyplot()
     fig, panels = _panels(groups, PLOTS["loss_vs_tokens"])
     for g, ax in panels:
         batches = sorted({c.batch_size for c in g["cells"]})
@@ -315,13 +305,13 @@ def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
                     if a < b:
                         x = np.geomspace(a, b, 30)
                         ax.plot(x, [curve.loss_at(v)[0] for v in x], "k--", lw=1)
-        log_axes(ax)
-        label_axes(ax, "tokens seen", "final validation loss (nats/token)", g["name"])
-    save_figure(fig, path)
+        plotting.log_axes(ax)
+        plotting.label_axes(ax, "tokens seen", "final validation loss (nats/token)", g["name"])
+    plotting.save_figure(fig, path)
 
 
 def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
-    plt = pyplot()
+    plt = plotting.pyplot()
     fig, panels = _panels(groups, PLOTS["lr_sensitivity"])
     for g, ax in panels:
         budget = max(g["budgets"])
@@ -330,19 +320,19 @@ def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
         for color, c in zip(colors, cs, strict=False):
             ax.plot(c.lrs, c.losses, "o-", color=color, label=f"B={c.batch_size}")
             ax.plot([c.lr], [c.loss], "*", color=color, ms=10)
-        log_axes(ax)
-        label_axes(ax, "peak learning rate", "final validation loss (nats/token)",
-                   f"{g['name']}, {budget:,} tokens (star: refined optimum)")
-    save_figure(fig, path)
+        plotting.log_axes(ax)
+        plotting.label_axes(ax, "peak learning rate", "final validation loss (nats/token)",
+                            f"{g['name']}, {budget:,} tokens (star: refined optimum)")
+    plotting.save_figure(fig, path)
 
 
 def plot_effective_tokens(groups: list[dict], path: Path) -> None:
-    plt = pyplot()
+    plt = plotting.pyplot()
     fig, panels = _panels(groups, PLOTS["effective_tokens"])
     for g, ax in panels:
         rows = [r for r in g["per_run"] if r["effective_tokens"]]
         if not rows:
-            empty_axes(ax, "no baseline: no effective tokens")
+            plotting.empty_axes(ax, "no baseline: no effective tokens")
         budgets = sorted({r["tokens"] for r in rows})
         labelled = False
         colors = plt.cm.plasma(np.linspace(0, 0.8, max(1, len(budgets))))
@@ -356,19 +346,20 @@ def plot_effective_tokens(groups: list[dict], path: Path) -> None:
                     mfc="none", mec="k", ms=10,
                     label="extrapolated" if ext and not labelled else None)
             labelled = labelled or bool(ext)
-        log_axes(ax, x=True, y=True)
-        label_axes(ax, "batch size (sequences)", "effective tokens (baseline tokens)",
-                   f"{g['name']} (dotted: tokens seen)", legend=bool(rows))
-    save_figure(fig, path)
+        plotting.log_axes(ax, x=True, y=True)
+        plotting.label_axes(ax, "batch size (sequences)", "effective tokens (baseline tokens)",
+                            f"{g['name']} (dotted: tokens seen)", legend=bool(rows))
+    plotting.save_figure(fig, path)
 
 
 def plot_pareto(groups: list[dict], path: Path) -> None:
-    plt = pyplot()
+    plt = plotting.pyplot()
     fig, panels = _panels(groups, PLOTS["pareto"])
     for g, ax in panels:
         seq_len = g["key"]["seq_len"]
         if not g["pareto"]:
-            empty_axes(ax, "no Pareto frontier:\nneeds two batch sizes\nwith several budgets")
+            plotting.empty_axes(ax, "no Pareto frontier:\nneeds two batch sizes\nwith several "
+                                    "budgets")
         colors = plt.cm.cividis(np.linspace(0, 0.9, max(1, len(g["pareto"]))))
         for color, p in zip(colors, g["pareto"], strict=False):
             ax.plot(p["tokens"], p["steps"], "o", color=color,
@@ -377,14 +368,14 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
                 b = np.geomspace(min(p["batch_sizes"]) / 3, max(p["batch_sizes"]) * 3, 60)
                 s = p["s_min"] + p["e_min"] / b
                 ax.plot(s * b * seq_len, s, "-", color=color, lw=1)
-        log_axes(ax, x=True, y=True)
-        label_axes(ax, "tokens E to reach the target loss", "optimizer steps S", g["name"],
-                   legend=bool(g["pareto"]))
-    save_figure(fig, path)
+        plotting.log_axes(ax, x=True, y=True)
+        plotting.label_axes(ax, "tokens E to reach the target loss", "optimizer steps S",
+                            g["name"], legend=bool(g["pareto"]))
+    plotting.save_figure(fig, path)
 
 
 def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
-    plt = pyplot()
+    plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.8))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.11, top=0.93)
     styles = {"per_run": ("o", "C0"), "pareto": ("s", "C1"), "b_noise": ("^", "C3"),
@@ -405,17 +396,18 @@ def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
                 label="Kaplan et al. 2020: 2e8 / L^4.8")
         ax.legend(fontsize=8)
     else:
-        empty_axes(ax, "no B_crit estimate yet")
-    log_axes(ax, x=True, y=True)
+        plotting.empty_axes(ax, "no B_crit estimate yet")
+    plotting.log_axes(ax, x=True, y=True)
     if points:
-        label_log_ticks(ax.xaxis, list(np.geomspace(grid[0], grid[-1], 6)))
-    label_axes(ax, "loss L (nats/token)", "B_crit (tokens)", PLOTS["bcrit_vs_loss"], legend=False)
-    save_figure(fig, path)
+        plotting.label_log_ticks(ax.xaxis, list(np.geomspace(grid[0], grid[-1], 6)))
+    plotting.label_axes(ax, "loss L (nats/token)", "B_crit (tokens)", PLOTS["bcrit_vs_loss"],
+                        legend=False)
+    plotting.save_figure(fig, path)
 
 
 def write_plots(result: dict, out: Path) -> dict[str, str]:
     """Every plot of PLOTS as `<name>.png` in `out`; returns {name: file name}."""
-    groups = shown_groups(result["groups"], result["warnings"])
+    groups = plotting.shown_groups(result["groups"], result["warnings"])
     plot_loss_vs_tokens(groups, out / "loss_vs_tokens.png")
     plot_lr_sensitivity(groups, out / "lr_sensitivity.png")
     plot_effective_tokens(groups, out / "effective_tokens.png")

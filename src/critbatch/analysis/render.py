@@ -45,7 +45,7 @@ def fmt(x, spec: str = ".4g") -> str:
     return format(x, spec)
 
 
-def fmt_nonfinite(x, spec: str = ".4g") -> str:
+def fmt_nan(x, spec: str = ".4g") -> str:
     """A table cell that spells NaN and inf out ('-' for None): where a diverged number is a
     result, not a gap."""
     if x is None:

@@ -32,8 +32,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from critbatch.analysis import render
-from critbatch.analysis.plotting import empty_axes, label_axes, log_axes, panel_grid, save_figure
+from critbatch.analysis import plotting, render
 from critbatch.analysis.render import (
     fmt,
     inputs_line,
@@ -519,7 +518,7 @@ def arm_color(a: dict, i: int) -> str:
 
 def _figure(n: int, title: str):
     """One row of `n` panels, one per optimizer group."""
-    return panel_grid(n, title, panel_in=(5.5, 4.2), max_cols=max(1, n))
+    return plotting.panel_grid(n, title, panel_in=(5.5, 4.2), max_cols=max(1, n))
 
 
 def _metrics(run_dir: str) -> list[dict] | None:
@@ -553,10 +552,10 @@ def plot_batch_vs_tokens(groups: list[dict], path: Path) -> list[str]:
                 ax.plot([t for t, _ in trace], [b for _, b in trace], ":", color=color, lw=1,
                         label=f"{a['arm']}: online B_noise")
         if not g["arms"]:
-            empty_axes(ax, "no runs")
-        log_axes(ax, x=True, y=True)
-        label_axes(ax, "tokens", "batch size (sequences)", g["name"])
-    save_figure(fig, path)
+            plotting.empty_axes(ax, "no runs")
+        plotting.log_axes(ax, x=True, y=True)
+        plotting.label_axes(ax, "tokens", "batch size (sequences)", g["name"])
+    plotting.save_figure(fig, path)
     return warnings
 
 
@@ -583,10 +582,10 @@ def plot_val_loss(groups: list[dict], path: Path, x: str) -> None:
                 ax.plot([a["s_small"]], [a["val_loss"]], "x", color=color)
             drawn = True
         if not drawn:
-            empty_axes(ax, "no validation curve")
-        log_axes(ax)
-        label_axes(ax, xlabel, "validation loss (nats/token)", g["name"], legend=drawn)
-    save_figure(fig, path)
+            plotting.empty_axes(ax, "no validation curve")
+        plotting.log_axes(ax)
+        plotting.label_axes(ax, xlabel, "validation loss (nats/token)", g["name"], legend=drawn)
+    plotting.save_figure(fig, path)
 
 
 def write_plots(result: dict, out: Path) -> dict[str, str]:

@@ -15,16 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from critbatch.analysis.plotting import (
-    empty_axes,
-    label_axes,
-    label_log_ticks,
-    log_axes,
-    panel_grid,
-    pyplot,
-    save_figure,
-    shown_groups,
-)
+from critbatch.analysis import plotting
 from critbatch.analysis.render import (
     fmt_nan,
     inputs_line,
@@ -191,7 +182,7 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def _batch_colors(groups: list[dict]) -> dict[int, Any]:
-    plt = pyplot()
+    plt = plotting.pyplot()
     batches = sorted({r["batch_size"] for g in groups for r in g["per_batch"]})
     colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(batches))))
     return dict(zip(batches, colors, strict=False))
@@ -201,7 +192,7 @@ def plot_per_batch(groups: list[dict], curves: dict, path: Path, which: int, yla
                    title: str, log_y: bool) -> None:
     """Per-step curves (train loss: which=1, grad norm: which=2) per batch size, one panel
     per group: every step faint, a moving average solid, an x where a diverged run ends."""
-    fig, axes = panel_grid(len(groups), title, panel_in=(6.0, 4.2))
+    fig, axes = plotting.panel_grid(len(groups), title, panel_in=(6.0, 4.2))
     colors = _batch_colors(groups)
     for g, ax in zip(groups, axes, strict=False):
         tops, finite = [], []
@@ -223,20 +214,20 @@ def plot_per_batch(groups: list[dict], curves: dict, path: Path, which: int, yla
                 tops.append(values[0])
             finite += list(values[np.isfinite(values)])
         if not g["per_batch"]:
-            empty_axes(ax, f"no {BATCH_STAGE} runs")
+            plotting.empty_axes(ax, f"no {BATCH_STAGE} runs")
         if tops and max(finite) > 1.5 * max(tops):  # a diverging loss must not squash the
             ax.set_ylim(top=1.5 * max(tops))            # others: stop the axis at 1.5 x start
-        log_axes(ax, x=True, y=log_y)
+        plotting.log_axes(ax, x=True, y=log_y)
         if log_y and finite:
-            label_log_ticks(ax.yaxis, list(np.geomspace(min(finite), max(finite), 5)))
-        label_axes(ax, "optimizer step (steps)", ylabel, g["name"], legend=bool(finite))
-    save_figure(fig, path)
+            plotting.label_log_ticks(ax.yaxis, list(np.geomspace(min(finite), max(finite), 5)))
+        plotting.label_axes(ax, "optimizer step (steps)", ylabel, g["name"], legend=bool(finite))
+    plotting.save_figure(fig, path)
 
 
 def plot_accumulation(result: dict, path: Path) -> None:
     """Per comparison: the two train-loss curves (left) and |difference| per step on a log
     axis with the tolerance ACCUM_TOLERANCE x |plain loss| (right)."""
-    plt = pyplot()
+    plt = plotting.pyplot()
     entries = [(g, e) for g in result["groups"] for e in g["accumulation"]
                if e["plain_run_dir"]][:MAX_ACCUM_ROWS]
     n = max(1, len(entries))
@@ -246,7 +237,7 @@ def plot_accumulation(result: dict, path: Path) -> None:
     fig.suptitle(PLOTS["accumulation"], fontsize=9)
     if not entries:
         axes[0, 1].set_visible(False)
-        empty_axes(axes[0, 0], "no accumulation run with a plain run to compare")
+        plotting.empty_axes(axes[0, 0], "no accumulation run with a plain run to compare")
         axes[0, 0].set_axis_off()
     for (g, e), (left, right) in zip(entries, axes, strict=False):
         s_p, loss_p, _ = result["curves"][e["plain_run_dir"]]
@@ -255,9 +246,9 @@ def plot_accumulation(result: dict, path: Path) -> None:
         left.plot(s_a, loss_a, "--", color="C1", lw=1.2,
                   label=f"{e['batch_size'] // (e['micro_batch_size'] or 1)} x "
                         f"{e['micro_batch_size']} accumulated")
-        log_axes(left)
-        label_axes(left, "optimizer step (steps)", "train loss (nats/token)",
-                   f"{g['name']}: {e['verdict']}")
+        plotting.log_axes(left)
+        plotting.label_axes(left, "optimizer step (steps)", "train loss (nats/token)",
+                            f"{g['name']}: {e['verdict']}")
         diff = np.where(e["abs_diff"] > 0, e["abs_diff"], np.nan)
         if np.isfinite(diff).any():
             right.plot(e["steps"], diff, ".-", color="C3", lw=0.8, ms=3,
@@ -266,20 +257,21 @@ def plot_accumulation(result: dict, path: Path) -> None:
             tol = [e["tolerance"] * abs(plain_at.get(s, np.nan)) for s in e["steps"]]
             right.plot(e["steps"], tol, ":", color="k", lw=1,
                        label=f"{e['tolerance']:g} x plain loss (tolerance)")
-            log_axes(right, x=True, y=True)
+            plotting.log_axes(right, x=True, y=True)
         else:
-            empty_axes(right, "identical at every step compared (|difference| = 0)")
-            log_axes(right)
-        label_axes(right, "optimizer step (steps)", "|train loss difference| (nats/token)",
-                   f"difference over {e['steps_compared']} steps",
-                   legend=bool(np.isfinite(diff).any()))
-    save_figure(fig, path)
+            plotting.empty_axes(right, "identical at every step compared (|difference| = 0)")
+            plotting.log_axes(right)
+        plotting.label_axes(right, "optimizer step (steps)",
+                            "|train loss difference| (nats/token)",
+                            f"difference over {e['steps_compared']} steps",
+                            legend=bool(np.isfinite(diff).any()))
+    plotting.save_figure(fig, path)
 
 
 def plot_lr_tuning(result: dict, path: Path) -> None:
     """Final validation loss against lr at the base batch, one line per lr grid; a star at
     the best lr, an x (at the top of the axis) for an lr whose runs all diverged."""
-    plt = pyplot()
+    plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.6))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.12, top=0.92)
     seen, drawn, lrs = set(), 0, []
@@ -303,18 +295,18 @@ def plot_lr_tuning(result: dict, path: Path) -> None:
             top = max(r["val_loss"] for r in ok)
             ax.plot(bad, [top] * len(bad), "x", color=color, ms=9, label=f"{label}: diverged")
     if not drawn:
-        empty_axes(ax, f"no {LR_STAGE} runs")
-    log_axes(ax)
-    label_log_ticks(ax.xaxis, sorted(set(lrs)))
-    label_axes(ax, "peak learning rate at the base batch (batch in sequences: see legend)",
-               "final validation loss (nats/token)", PLOTS["lr_tuning"] + " (star: best)",
-               legend=bool(drawn))
-    save_figure(fig, path)
+        plotting.empty_axes(ax, f"no {LR_STAGE} runs")
+    plotting.log_axes(ax)
+    plotting.label_log_ticks(ax.xaxis, sorted(set(lrs)))
+    plotting.label_axes(ax, "peak learning rate at the base batch (batch in sequences: see "
+                        "legend)", "final validation loss (nats/token)",
+                        PLOTS["lr_tuning"] + " (star: best)", legend=bool(drawn))
+    plotting.save_figure(fig, path)
 
 
 def write_plots(result: dict, out: Path) -> dict[str, str]:
     """Every plot of PLOTS as `<name>.png` in `out`; returns {name: file name}."""
-    groups = shown_groups(result["groups"], result["warnings"])
+    groups = plotting.shown_groups(result["groups"], result["warnings"])
     plot_per_batch(groups, result["curves"], out / "train_loss.png", 1,
                    "train loss (nats/token)", PLOTS["train_loss"], log_y=False)
     plot_per_batch(groups, result["curves"], out / "grad_norm.png", 2,
