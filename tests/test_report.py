@@ -81,7 +81,7 @@ def test_default_paths_pick_the_latest_sweep_and_its_baseline(tmp_path):
     scale = "adamw_w64"
     assert paths == [runs_root / "batch" / scale, runs_root / "baseline" / scale]
     assert "latest sweep" in sentence
-    assert report.default_out([runs_root / "batch" / scale]) == (
+    assert render.default_out([runs_root / "batch" / scale]) == (
         runs_root / "batch" / scale / "report").resolve()
     proc = fit_bcrit("--wandb", "disabled", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

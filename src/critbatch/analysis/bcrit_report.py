@@ -22,20 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit, plotting
-from critbatch.analysis.render import (
-    Study,
-    default_out,
-    fmt,
-    fmt_interval,
-    inputs_line,
-    left_out_table,
-    logged_group,
-    md_table,
-    plots_section,
-    run_study,
-    warnings_section,
-)
+from critbatch.analysis import bcrit, plotting, render
+from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import latest_sweep_dir, load_runs, load_wandb_runs
 from critbatch.errors import ResultsError
 
@@ -234,13 +222,13 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                     elapsed_s: float) -> str:
     fits = result["fits"]
     lines = ["# Critical batch size report", "", QUESTION, "",
-             inputs_line(result, inputs, elapsed_s), "",
+             render.inputs_line(result, inputs, elapsed_s), "",
              "## Groups", "",
              "Runs are compared only within a group (same data, vocabulary, seq_len, width, "
              "depth and optimizer).", "",
              groups_table(result["groups"])]
     if result["left_out"]:
-        lines += ["", "### Runs left out", "", left_out_table(result["left_out"])]
+        lines += ["", "### Runs left out", "", render.left_out_table(result["left_out"])]
     lines += ["", "## Loss at the best learning rate", "",
               "Final validation loss at the best lr of each cell (grid minimum refined by a "
               "parabola in log lr), and its difference from the baseline batch at the same "
@@ -267,8 +255,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "Best lr (refined) against batch size at one budget, power law lr* ~ B^k over the "
               "batch sizes below the largest (Adam expected 0.5 <= k <= 1).", "",
               lr_scaling_table(fits["lr_scaling"]), ""]
-    lines += plots_section(plots, PLOTS)
-    lines += warnings_section(result["warnings"])
+    lines += render.plots_section(plots, PLOTS)
+    lines += render.warnings_section(result["warnings"])
     return "\n".join(lines) + "\n"
 
 
@@ -426,7 +414,7 @@ def majority_logged_group(groups: list[dict]) -> str:
     names = Counter()
     for g in groups:
         run_dir = g["cells"][0].run_dir if g["cells"] else None
-        names[logged_group(run_dir, g["sweep"])] += g["n_runs"]
+        names[render.logged_group(run_dir, g["sweep"])] += g["n_runs"]
     return names.most_common(1)[0][0] if names else "single"
 
 
@@ -460,13 +448,14 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
-def study(baseline_batch: int | None = None) -> Study:
+def study(baseline_batch: int | None = None) -> render.Study:
     """The B_crit study for `render.run_study` (`baseline_batch`: see `bcrit.analyse`)."""
-    return Study(name="fit_bcrit", document_file="fits.json",
-                 no_runs_fix="a sweep folder, or run make sweep-batch",
-                 analyse=partial(bcrit.analyse, baseline_batch=baseline_batch),
-                 write_plots=write_plots, document=fits_document, markdown=report_markdown,
-                 wandb=wandb_fields, summary_lines=summary_lines, extra_files=write_csv)
+    return render.Study(name="fit_bcrit", document_file="fits.json",
+                        no_runs_fix="a sweep folder, or run make sweep-batch",
+                        analyse=partial(bcrit.analyse, baseline_batch=baseline_batch),
+                        write_plots=write_plots, document=fits_document,
+                        markdown=report_markdown, wandb=wandb_fields,
+                        summary_lines=summary_lines, extra_files=write_csv)
 
 
 def run_analysis(paths: list[str] | None = None, out: str | None = None,
@@ -487,12 +476,13 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
     else:
         if paths:
             roots = [Path(p) for p in paths]
-            default = default_out(roots)
+            default = render.default_out(roots)
         else:
             roots, sentence = default_inputs(runs_root)
             default = roots[0] / "report"  # the latest sweep's, not its companion's
             print(sentence, flush=True)
         load = partial(load_runs, roots)
         inputs = [str(p) for p in roots]
-    return run_study(study(baseline_batch), load, inputs, Path(out) if out else default,
-                     wandb_mode=wandb_mode, project=project)
+    return render.run_study(study(baseline_batch), load, inputs,
+                            Path(out) if out else default, wandb_mode=wandb_mode,
+                            project=project)

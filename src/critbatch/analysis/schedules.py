@@ -20,7 +20,7 @@ estimate. When L is below every point of the small curve, S_small(L) > steps_sma
 steps_small - steps_arm is reported as a lower bound.
 
 `run_analysis` (what `analysis/schedules.py` calls) loads the runs, analyses them and writes,
-through `render.run_study`, `report.md`, `schedules.json` (schema in `schedules_document`)
+through `run_study`, `report.md`, `schedules.json` (schema in `schedules_document`)
 and the plots of `PLOTS`. Batch sizes in sequences; losses in nats/token unless `_per_byte`.
 """
 
@@ -33,14 +33,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from critbatch.analysis import plotting, render
-from critbatch.analysis.render import (
-    fmt,
-    inputs_line,
-    left_out_table,
-    md_table,
-    plots_section,
-    warnings_section,
-)
+from critbatch.analysis.render import fmt, md_table
 from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
 from critbatch.errors import ResultsError
 
@@ -473,7 +466,7 @@ def arm_table(group: dict) -> str:
 def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                     elapsed_s: float) -> str:
     lines = ["# Batch-size schedules report", "", QUESTION, "",
-             inputs_line(result, inputs, elapsed_s), "",
+             render.inputs_line(result, inputs, elapsed_s), "",
              "## Arms per optimizer", "",
              "S_small: the optimizer steps the constant-small run needed to reach the arm's "
              "final validation loss, interpolated linearly in log(step) between the two eval "
@@ -496,10 +489,10 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                   for a in g["arms"] if a["b_noise"] is not None]
         lines += notes + ([""] if notes else [])
     lines += [CAVEAT, ""]
-    lines += plots_section(plots, PLOTS)
-    lines += warnings_section(result["warnings"])
+    lines += render.plots_section(plots, PLOTS)
+    lines += render.warnings_section(result["warnings"])
     if result["left_out"]:
-        lines += ["", "## Runs left out", "", left_out_table(result["left_out"])]
+        lines += ["", "## Runs left out", "", render.left_out_table(result["left_out"])]
     return "\n".join(lines) + "\n"
 
 

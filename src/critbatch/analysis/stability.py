@@ -102,7 +102,7 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], Path, st
 
 def default_out(paths: list[Path]) -> Path:
     """`<root>/stability/<scale>/report` when every path lies in a stage folder of one scale;
-    otherwise `<common folder>/report`, as the B_crit report does."""
+    otherwise `<common folder>/report` (`render.default_out`)."""
     found = {stage_scale(p) for p in paths}
     if len(found) == 1 and None not in found:
         root, scale = found.pop()

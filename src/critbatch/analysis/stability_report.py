@@ -15,15 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from critbatch.analysis import plotting
-from critbatch.analysis.render import (
-    fmt_nan,
-    inputs_line,
-    left_out_table,
-    md_table,
-    plots_section,
-    warnings_section,
-)
+from critbatch.analysis import plotting, render
+from critbatch.analysis.render import fmt_nan, md_table
 from critbatch.analysis.results import is_finite
 from critbatch.analysis.stability_rules import (
     ACCUM_DEVIATION,
@@ -129,7 +122,7 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
         "precision, as it must? Batch sizes in sequences; losses in nats/token unless marked "
         "nats/byte; steps are optimizer steps; grad norm is the global L2 norm of the gradient "
         "before clipping.", "",
-        inputs_line(result, inputs, elapsed_s), "",
+        render.inputs_line(result, inputs, elapsed_s), "",
         "## Rules", "",
         f"- **Tail window**: {RULES['tail_window']}.",
         f"- **diverged**: {RULES['diverged']}.",
@@ -162,10 +155,10 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
         for e in g["accumulation"]:
             lines += [f"- `{e['accum_run_dir']}` against `{e['plain_run_dir'] or 'nothing'}`: "
                       f"**{e['verdict']}**.", ""]
-    lines += plots_section(plots, PLOTS)
-    lines += warnings_section(result["warnings"])
+    lines += render.plots_section(plots, PLOTS)
+    lines += render.warnings_section(result["warnings"])
     lines += ["", "## Runs left out", "",
-              left_out_table(result["left_out"]) if result["left_out"] else "None."]
+              render.left_out_table(result["left_out"]) if result["left_out"] else "None."]
     return "\n".join(lines) + "\n"
 
 
