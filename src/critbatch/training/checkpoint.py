@@ -9,6 +9,8 @@ directory, no summary.json yet) continues as if it had never stopped:
 - `optimizers`: the state_dict of every optimizer (AdamW moments, Muon momentum, lrs);
 - `curve`, `losses`, `gns`, `status`, `status_reason`, `diverged_step`: the eval points so
   far, the train losses the divergence rule looks at, the `NoiseEMA` sums, the verdict;
+- `tokens`, `batch_changes`, `batch_plan`: tokens seen, a scheduled batch's changes and
+  its adaptive controller;
 - `rng`: torch's CPU (and CUDA) generator states; `elapsed_s`: training time so far;
 - `wandb_run_id`: the W&B run to continue (`wandb.init(id=..., resume="allow")`).
 
@@ -47,7 +49,8 @@ class CheckpointError(CritbatchError):
 
 @dataclass
 class TrainState:
-    """What the training loop carries between steps besides the model and optimizers."""
+    """What the training loop carries between steps besides the model and optimizers: one
+    object per run, updated in place by the loop and written whole by `save`."""
 
     step: int = 0  # optimizer steps taken
     curve: list[dict] = field(default_factory=list)  # eval points so far
