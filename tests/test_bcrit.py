@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -140,19 +141,24 @@ def write_noise(run_dir, b_noise_seq, loss, seq_len=64):
     (run_dir / "noise.json").write_text(json.dumps(noise))
 
 
-def test_kaplan_points_are_marked_by_kind(batch_sweep, tmp_path):
+def test_kaplan_points_are_marked_by_method_and_fitted_apart(batch_sweep, tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64, 256, 1024), all_budgets=True)
     dirs, _ = runs.find_run_dirs([tmp_path])
     write_noise(dirs[0], 226.0, 3.0)
     summary = json.loads((dirs[1] / "summary.json").read_text())
     summary.update(b_noise=150.0, b_noise_tokens=150.0 * 64, b_noise_loss=3.2)
     files.write_json_atomic(dirs[1] / "summary.json", summary)
-    kaplan = analyse_dir(tmp_path)["fits"]["kaplan"]
-    kinds = kaplan["n_by_kind"]
+    fits = analyse_dir(tmp_path)["fits"]
+    points = fits["kaplan_points"]
+    methods = Counter(p["method"] for p in points)
+    kinds = Counter(p.get("kind") for p in points if p["method"] == "noise")
     assert kinds["b_noise"] == 1 and kinds["b_noise_online"] == 1
-    assert kinds["pareto"] == bcrit.PARETO_TARGETS and kinds["per_run"] > 0
-    assert kaplan["n_points"] == sum(kinds.values())
-    noise_point = next(p for p in kaplan["points"] if p["kind"] == "b_noise")
+    assert methods["pareto"] == bcrit.PARETO_TARGETS and methods["per_run"] > 0
+    rows = {(r["optimizer"], r["method"]): r for r in fits["kaplan"]}
+    assert set(rows) == {("adamw", m) for m in ("per_run", "pareto", "combined", "noise")}
+    assert rows[("adamw", "noise")]["n_points"] == 2
+    assert rows[("adamw", "combined")]["n_points"] == methods["per_run"] + methods["pareto"]
+    noise_point = next(p for p in points if p.get("kind") == "b_noise")
     assert noise_point["b_crit_tokens"] == 226.0 * 64 and noise_point["loss"] == 3.0
     assert noise_point["kaplan_tokens"] == pytest.approx(2e8 / 3.0**4.8)
 

@@ -24,8 +24,8 @@ PER_RUN_KEYS = {"run_dir", "optimizer", "batch_size", "tokens", "val_loss", "eff
                 "r", "b_crit", "b_crit_low", "b_crit_high", "extrapolated"}
 PARETO_KEYS = {"optimizer", "target_loss", "s_min", "e_min", "b_crit", "b_crit_low",
                "b_crit_high"}
-KAPLAN_KEYS = {"b_star_tokens", "b_star_tokens_low", "b_star_tokens_high", "exponent",
-               "exponent_low", "exponent_high", "n_points"}
+KAPLAN_KEYS = {"optimizer", "method", "b_star_tokens", "b_star_tokens_low", "b_star_tokens_high",
+               "exponent", "exponent_low", "exponent_high", "n_points", "interval"}
 
 
 def fit_bcrit(*args, cwd=REPO):
@@ -49,10 +49,12 @@ def test_cli_end_to_end_writes_every_output(tmp_path):
     assert elapsed < 30  # the issue's goal is < 10 s; generous for loaded CI machines
 
     fits = json.loads((out / "fits.json").read_text())
-    assert set(fits) == {"per_run", "pareto", "kaplan", "lr_scaling", "warnings"}
+    assert set(fits) == {"per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling",
+                         "warnings"}
     assert all(set(r) >= PER_RUN_KEYS for r in fits["per_run"])
     assert all(set(p) >= PARETO_KEYS for p in fits["pareto"]) and fits["pareto"]
-    assert set(fits["kaplan"]) >= KAPLAN_KEYS
+    assert fits["kaplan"] and all(set(row) >= KAPLAN_KEYS for row in fits["kaplan"])
+    assert {row["optimizer"] for row in fits["kaplan"]} == {"adamw", "muon"}
     assert set(fits["lr_scaling"]) == {"adamw", "muon"}
     assert all("exponent" in v for v in fits["lr_scaling"].values())
     assert all(f"{k}_tokens" in r for r in fits["per_run"] for k in ("b_crit", "b_crit_low",
@@ -123,7 +125,7 @@ def test_thin_data_gives_a_partial_report(tmp_path):
     assert "one batch size only" in text and "make sweep-batch" in text
     assert "corrupt" in text and "is not a JSON object" in text
     fits = json.loads((tmp_path / "rep" / "fits.json").read_text())
-    assert fits["per_run"] == [] and fits["kaplan"]["exponent"] is None
+    assert fits["per_run"] == [] and fits["kaplan"] == []
     for name in OUTPUTS:
         assert (tmp_path / "rep" / name).exists(), name
 

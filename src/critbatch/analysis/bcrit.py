@@ -1,6 +1,6 @@
 """The critical batch size from finished runs: pure fitting functions, no I/O, no torch.
 
-Three measurements of B_crit (formulas in `../shared/docs/science.md`, sections 1, 3-5):
+Three measurements of B_crit (formulas in `docs/science.md`, sections 1, 3-5):
 
 1. **Tokens-equivalent, per run** (McCandlish et al. 2018). A small-batch baseline b at
    several budgets gives final loss versus tokens, L_b(E). A run with batch B that saw E
@@ -27,21 +27,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from critbatch.analysis.kaplan import collect_points, corpus_filter, kaplan_fits
 from critbatch.analysis.results import is_finite
-from critbatch.science.fits import LossCurve, fit_lr_scaling, refine_best_lr
-from critbatch.science.laws import (
-    KAPLAN_B_STAR_TOKENS,
-    KAPLAN_EXPONENT,
-    bcrit_corrected,
-    bcrit_naive,
-    fit_kaplan,
-    fit_pareto,
-    kaplan_prediction_tokens,
-)
+from critbatch.science.fits import LossCurve, fit_lr_scaling, nominal_budgets, refine_best_lr
+from critbatch.science.laws import bcrit_corrected, bcrit_naive, fit_pareto, pareto_degeneracy
 
 GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer")
 MIN_BASELINE_BUDGETS = 3
 PARETO_TARGETS = 5  # target losses per Pareto frontier
+BUDGET_TOLERANCE = 0.01  # runs whose tokens are this close (relative) share one budget
+PARETO_MAX_INTERVAL_FACTOR = 100.0  # a Pareto B_crit interval wider than this is degenerate
+Z95 = 1.959963984540054
 
 # The sweeps that fill each gap (make targets; see sweeps/).
 FIX_BASELINE = "`make sweep-batch` (its baseline sweep trains the smallest batch at four budgets)"
@@ -125,7 +121,7 @@ class Cell:
     tokens: int  # training tokens seen
     lr: float  # refined best lr
     loss: float  # nats/token at the refined best lr (mean over seeds)
-    loss_sigma: float  # nats/token: seed std error, else the lr refinement's size; NaN: unknown
+    loss_sigma: float  # nats/token: the loss's standard error (`sigma_source`); NaN: unknown
     bytes_per_token: float
     run_dir: str  # the grid run nearest the optimum
     edge: str | None  # None, "low", "high" or "single" (see refine_best_lr)
@@ -134,52 +130,73 @@ class Cell:
     losses: list[float] = field(default_factory=list)  # mean loss per grid lr
     n_seeds: int = 1
     curve: list[dict] = field(default_factory=list)  # eval points of run_dir
+    budget: int = 0  # the nominal token budget (tokens of runs within 1% are one budget)
+    sigma_source: str | None = None  # "seeds", "seed scatter", "lr refinement" or None
 
     @property
     def loss_per_byte(self) -> float:
         return self.loss / self.bytes_per_token
 
 
-def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None) -> list[Cell]:
-    """Collapse a group's runs into cells (batch size x tokens), each at its best lr.
+def seed_scatter(runs: list[dict], budgets: dict[int, int]) -> tuple[float, int] | None:
+    """(standard deviation of one run's final loss, degrees of freedom), pooled over every
+    (batch, budget, lr) trained at several seeds; None when no cell has two seeds.
 
-    Seeds at the same lr are averaged; the standard error of the mean over seeds at the best
-    grid lr is the loss uncertainty, or, with one seed, |grid minimum - refined minimum| (how
-    much the refinement moved the answer). `diverged_lrs` maps (batch_size, tokens) to the lrs
-    that diverged, to say whether an edge optimum has a diverged neighbour.
+    The run-to-run noise of a group: it applies to every cell, single-seed ones included.
     """
+    by_cell: dict[tuple, list[float]] = defaultdict(list)
+    for run in runs:
+        key = (run["batch_size"], budgets[run["tokens"]], float(run["lr"]))
+        by_cell[key].append(float(run["val_loss"]))
+    dof = sum(len(v) - 1 for v in by_cell.values())
+    if dof == 0:
+        return None
+    pooled = sum(float(np.var(v, ddof=1)) * (len(v) - 1) for v in by_cell.values() if len(v) > 1)
+    return math.sqrt(pooled / dof), dof
+
+
+def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
+                  scatter: float | None = None) -> list[Cell]:
+    """Collapse a group's runs into cells (batch size x nominal budget), each at its best lr.
+
+    Seeds at the same lr are averaged. The loss uncertainty of a cell is, in order: the
+    standard error over its own seeds at the best grid lr ("seeds"), the group's pooled seed
+    scatter `scatter` (one run's standard deviation) over sqrt(seeds) ("seed scatter"), or,
+    without any seeds, |grid minimum - refined minimum|, how much the lr refinement moved
+    the answer ("lr refinement": a size, not a confidence interval). `diverged_lrs` maps
+    (batch_size, budget) to the lrs that diverged, to say whether an edge optimum has a
+    diverged neighbour.
+    """
+    budgets = nominal_budgets([r["tokens"] for r in runs], BUDGET_TOLERANCE)
     by_cell: dict[tuple, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        by_cell[(run["batch_size"], run["tokens"])][float(run["lr"])].append(run)
+        by_cell[(run["batch_size"], budgets[run["tokens"]])][float(run["lr"])].append(run)
     cells = []
-    for (batch, tokens), by_lr in sorted(by_cell.items()):
+    for (batch, budget), by_lr in sorted(by_cell.items()):
         lrs = sorted(by_lr)
         means = [float(np.mean([r["val_loss"] for r in by_lr[lr]])) for lr in lrs]
         lr_star, loss_star, edge = refine_best_lr(lrs, means)
         i = int(np.argmin(means))
         seeds = [r["val_loss"] for r in by_lr[lrs[i]]]
         if len(seeds) > 1:
-            sigma = float(np.std(seeds, ddof=1) / math.sqrt(len(seeds)))
+            sigma, source = float(np.std(seeds, ddof=1) / math.sqrt(len(seeds))), "seeds"
+        elif scatter is not None:
+            sigma, source = scatter / math.sqrt(len(seeds)), "seed scatter"
         elif edge is None:
-            sigma = abs(means[i] - loss_star)
+            sigma, source = abs(means[i] - loss_star), "lr refinement"
         else:  # one seed and no refinement: the uncertainty is unknown, not zero
-            sigma = float("nan")
-        tried = (diverged_lrs or {}).get((batch, tokens), [])
+            sigma, source = float("nan"), None
+        tried = (diverged_lrs or {}).get((batch, budget), [])
         edge_diverged = (edge == "high" and any(lr > lrs[-1] for lr in tried)) or (
             edge == "low" and any(lr < lrs[0] for lr in tried))
         best_run = by_lr[lrs[i]][0]
-        cells.append(Cell(batch_size=int(batch), tokens=int(tokens), lr=lr_star, loss=loss_star,
-                          loss_sigma=sigma, bytes_per_token=float(best_run["bytes_per_token"]),
+        cells.append(Cell(batch_size=int(batch), tokens=int(best_run["tokens"]), lr=lr_star,
+                          loss=loss_star, loss_sigma=sigma,
+                          bytes_per_token=float(best_run["bytes_per_token"]),
                           run_dir=best_run["run_dir"], edge=edge, edge_diverged=edge_diverged,
-                          lrs=lrs, losses=means, n_seeds=len(seeds), curve=best_run["curve"]))
+                          lrs=lrs, losses=means, n_seeds=len(seeds), curve=best_run["curve"],
+                          budget=int(budget), sigma_source=source))
     return cells
-
-
-# ---------------------------------------------------------------------------------------------
-# Loss versus tokens: monotone interpolation, power-law extrapolation, inversion
-
-
-
 
 
 
@@ -187,58 +204,69 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None) -> list[Ce
 # B_crit per run (tokens-equivalent analysis)
 
 
-
-
+def interval_label(*sources: str | None) -> str | None:
+    """What a per-run B_crit interval is, from the sources of the loss uncertainties in it."""
+    if any(src is None for src in sources):
+        return None
+    if "lr refinement" in sources:
+        return ("+-1.96 x the lr refinement's size (one seed: not a confidence interval; "
+                "train a second seed of the baseline for one)")
+    return "95%, from the seed-to-seed scatter of the final loss"
 
 
 def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline_sigma: float,
-                  seq_len: int) -> dict:
+                  seq_len: int, baseline_source: str | None = None) -> dict:
     """Effective tokens, r and B_crit (with its interval) for one cell against the baseline.
 
-    The loss uncertainty is the cell's `loss_sigma` and the baseline's (`baseline_sigma`,
-    the mean over its cells) added in quadrature; the interval is the B_crit of the losses
-    L +- 1.96 sigma, inverted through the same baseline curve (None when a sigma is unknown:
-    a single lr or an edge optimum with one seed). r <= 1 means no measurable
-    cost: `b_crit` is None and `b_crit_low` is the bound implied by the upper end of r (None
-    when that end is <= 1 too). An unbounded end of an interval is None.
+    The loss uncertainty is the cell's `loss_sigma` and the baseline's (`baseline_sigma`)
+    added in quadrature; the interval is the B_crit of the losses L +- 1.96 sigma, inverted
+    through the same baseline curve (None when a sigma is unknown); `interval` says what it
+    is. r <= 1 means no measurable cost: `b_crit` is None and `b_crit_low` is the bound
+    implied by the upper end of r (None when that end is <= 1 too). A batch not above the
+    baseline's is never given a B_crit (`below_baseline`), nor is a run that lost more than
+    the model allows (r >= B/b). An unbounded end of an interval is None.
     """
-    z = 1.959963984540054
     sigma = math.hypot(cell.loss_sigma, baseline_sigma)  # NaN when either is unknown
     e_eff, extrapolated = baseline.tokens_for(cell.loss)
     e_hi = e_lo = float("nan")
     if math.isfinite(sigma):
-        e_hi, _ = baseline.tokens_for(cell.loss - z * sigma)  # lower loss: more tokens worth
-        e_lo, _ = baseline.tokens_for(cell.loss + z * sigma)
+        e_hi, _ = baseline.tokens_for(cell.loss - Z95 * sigma)  # lower loss: more tokens worth
+        e_lo, _ = baseline.tokens_for(cell.loss + Z95 * sigma)
     r = cell.tokens / e_eff if e_eff > 0 else float("nan")
     r_hi = cell.tokens / e_lo if e_lo > 0 else float("nan")
     r_lo = cell.tokens / e_hi if e_hi > 0 else float("nan")
     b, B = baseline_batch, cell.batch_size
+    below = cell.batch_size <= baseline_batch
 
     def bc(r_value: float) -> float | None:
-        if not math.isfinite(r_value) or r_value <= 1:
+        if below or not math.isfinite(r_value) or r_value <= 1:
             return None
-        return max(0.0, bcrit_corrected(B, b, r_value))
+        value = bcrit_corrected(B, b, r_value)
+        return value if value > 0 else None
 
     b_crit = bc(r)
     note = None
-    if not math.isfinite(r):
+    if below:
+        note = f"below the baseline batch {b}: no B_crit against it"
+    elif not math.isfinite(r):
         note = "outside the baseline's range and no extrapolation possible"
     elif r <= 1:
         low = bc(r_hi)
         note = "no measurable cost" + (f" (B_crit > {low:.3g})" if low else "")
-    elif b_crit == 0.0:
+    elif b_crit is None:
         note = f"r = {r:.3g} >= B/b: worse than the model allows (too few steps?)"
     row = {
-        "run_dir": cell.run_dir, "batch_size": B, "tokens": cell.tokens, "lr": cell.lr,
-        "lr_edge": cell.edge, "val_loss": cell.loss, "val_loss_per_byte": cell.loss_per_byte,
-        "val_loss_sigma": sigma,
+        "run_dir": cell.run_dir, "batch_size": B, "tokens": cell.tokens, "budget": cell.budget,
+        "lr": cell.lr, "lr_edge": cell.edge, "val_loss": cell.loss,
+        "val_loss_per_byte": cell.loss_per_byte, "val_loss_sigma": sigma,
         "effective_tokens": e_eff if math.isfinite(e_eff) else None,
         "r": r if math.isfinite(r) else None,
         "b_crit": b_crit,
         "b_crit_low": bc(r_hi),
         "b_crit_high": bc(r_lo) if b_crit is not None else None,
-        "b_crit_naive": bcrit_naive(B, r) if math.isfinite(r) and r > 1 else None,
-        "extrapolated": bool(extrapolated),
+        "b_crit_naive": bcrit_naive(B, r) if math.isfinite(r) and r > 1 and not below else None,
+        "interval": interval_label(cell.sigma_source, baseline_source),
+        "extrapolated": bool(extrapolated), "below_baseline": below,
         "baseline_batch": b, "note": note,
     }
     for k in ("b_crit", "b_crit_low", "b_crit_high", "b_crit_naive"):
@@ -246,12 +274,33 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
     return row
 
 
-def choose_baseline(cells: list[Cell], forced: int | None = None) -> tuple[int | None, str | None]:
-    """The baseline batch: the smallest with >= 3 budgets (or `forced` with >= 2).
+def most_efficient_batch(cells: list[Cell]) -> int | None:
+    """Among batch sizes with a loss curve (two budgets or more), the one with the lowest loss
+    at the largest budget they all share: the most token-efficient. None without a shared
+    budget."""
+    budgets: dict[int, dict[int, float]] = defaultdict(dict)
+    for c in cells:
+        budgets[c.batch_size][c.budget] = c.loss
+    curves = {b: v for b, v in budgets.items() if len(v) >= 2}
+    shared = set.intersection(*(set(v) for v in curves.values())) if curves else set()
+    if not shared:
+        return None
+    budget = max(shared)
+    return min(curves, key=lambda b: (curves[b][budget], b))
+
+
+def choose_baseline(cells: list[Cell],
+                    forced: int | str | None = None) -> tuple[int | None, str | None]:
+    """The baseline batch: the smallest with >= 3 budgets, `forced` (with >= 2), or with
+    "auto" the most token-efficient batch with a curve (`most_efficient_batch`).
 
     Returns (batch size or None, warning or None).
     """
     budgets = Counter(c.batch_size for c in cells)
+    if forced == "auto":
+        forced = most_efficient_batch(cells)
+        if forced is None:
+            return choose_baseline(cells)
     if forced is not None:
         if budgets.get(forced, 0) >= 2:
             warn = None if budgets[forced] >= MIN_BASELINE_BUDGETS else (
@@ -269,10 +318,29 @@ def choose_baseline(cells: list[Cell], forced: int | None = None) -> tuple[int |
                   f"{FIX_BASELINE}")
 
 
+def more_efficient_than_baseline(cells: list[Cell], baseline_batch: int) -> list[Cell]:
+    """Cells of larger batches whose loss is below the baseline's at the same budget by more
+    than their combined uncertainty (1.96 sigma; any margin when it is unknown).
+
+    McCandlish's model has the loss at equal tokens rising with the batch; a larger batch
+    that beats the baseline means the baseline is less token-efficient (a U-shaped E(B):
+    too small a batch for its lr, or a noisy optimizer), and per-run B_crit against it is
+    biased low.
+    """
+    base = {c.budget: c for c in cells if c.batch_size == baseline_batch}
+    better = []
+    for c in cells:
+        ref = base.get(c.budget)
+        if c.batch_size <= baseline_batch or ref is None:
+            continue
+        margin = Z95 * math.hypot(c.loss_sigma, ref.loss_sigma)
+        if c.loss < ref.loss - (margin if math.isfinite(margin) else 0.0):
+            better.append(c)
+    return better
+
+
 # ---------------------------------------------------------------------------------------------
 # Pareto frontier S = S_min + E_min / B
-
-
 
 
 def pareto_frontiers(cells: list[Cell], seq_len: int,
@@ -304,7 +372,8 @@ def pareto_frontiers(cells: list[Cell], seq_len: int,
         fit = fit_pareto(batches, steps)
         row = {"optimizer": optimizer, "target_loss": float(target), **fit,
                "batch_sizes": batches.tolist(), "steps": steps.tolist(),
-               "tokens": tokens.tolist()}
+               "tokens": tokens.tolist(),
+               "degenerate": pareto_degeneracy(fit, PARETO_MAX_INTERVAL_FACTOR)}
         for k in ("b_crit", "b_crit_low", "b_crit_high", "e_min"):
             row[f"{k}_tokens"] = None if row[k] is None else row[k] * seq_len
         rows.append(row)
@@ -313,20 +382,6 @@ def pareto_frontiers(cells: list[Cell], seq_len: int,
         warn = (f"Pareto frontier for {optimizer} rests on two batch sizes: exact fit, no "
                 f"confidence interval; add batch sizes with {FIX_PARETO}")
     return rows, warn
-
-
-# ---------------------------------------------------------------------------------------------
-# Kaplan's law and learning-rate scaling
-
-
-
-
-
-
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +398,7 @@ def noise_points(runs: list[dict]) -> list[dict]:
         if noise and noise.get("resolved") and is_finite(noise.get("b_noise_tokens")):
             points.append({
                 "kind": "b_noise", "run_dir": run["run_dir"], "group": group,
-                "loss": noise["val_loss"],
+                "optimizer": run["optimizer"], "loss": noise["val_loss"],
                 "loss_per_byte": noise["val_loss_per_byte"], "b_noise": noise["b_noise"],
                 "b_noise_tokens": noise["b_noise_tokens"], "b_noise_low": noise["b_noise_low"],
                 "b_noise_high": noise["b_noise_high"], "trace": noise["trace"],
@@ -357,22 +412,141 @@ def noise_points(runs: list[dict]) -> list[dict]:
                 run["b_noise_tokens"] > 0):
             points.append({
                 "kind": "b_noise_online", "run_dir": run["run_dir"], "group": group,
-                "loss": run["b_noise_loss"],
+                "optimizer": run["optimizer"], "loss": run["b_noise_loss"],
                 "loss_per_byte": run["b_noise_loss"] / run["bytes_per_token"],
                 "b_noise": run.get("b_noise"), "b_noise_tokens": run["b_noise_tokens"],
                 "b_noise_low": None, "b_noise_high": None})
     return points
 
 
-def analyse(runs: list[dict], baseline_batch: int | None = None,
+def cell_warnings(name: str, cells: list[Cell]) -> list[str]:
+    """Edge optima and untuned cells of one group."""
+    warnings = []
+    for c in cells:
+        if c.edge in ("low", "high"):
+            why = "the next lr diverged" if c.edge_diverged else "widen the lr grid"
+            warnings.append(f"{name}: batch {c.batch_size} at {c.tokens:,} tokens has its best "
+                            f"lr on the {c.edge} edge of the grid ({c.lr:.3g}); {why}")
+    single = [c for c in cells if c.edge == "single"]
+    if single:
+        warnings.append(f"{name}: {len(single)} of {len(cells)} cells were trained at one lr "
+                        "only: their loss is not at a tuned lr and has no uncertainty")
+    return warnings
+
+
+def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str]) -> None:
+    """The baseline curve of group `g` and the per-run B_crit of its other cells, in place."""
+    name, seq_len, optimizer = g["name"], g["key"]["seq_len"], g["key"]["optimizer"]
+    base_cells = [c for c in cells if c.batch_size == b]
+    curve = LossCurve([c.tokens for c in base_cells], [c.loss for c in base_cells])
+    if curve.dropped:
+        warnings.append(f"{name}: baseline loss does not fall with tokens at {curve.dropped}; "
+                        "those budgets were dropped from its curve")
+    known = [c for c in base_cells if math.isfinite(c.loss_sigma)]
+    sigma_b = float(np.mean([c.loss_sigma for c in known])) if known else float("nan")
+    source_b = known[0].sigma_source if known else None
+    if any(c.sigma_source == "lr refinement" for c in known):
+        source_b = "lr refinement"
+    g.update(baseline_batch=b, baseline=curve)
+    for c in more_efficient_than_baseline(cells, b):
+        base = next(x for x in base_cells if x.budget == c.budget)
+        warnings.append(f"{name}: batch {c.batch_size} reaches a lower loss than the baseline "
+                        f"{b} at {c.budget:,} tokens ({c.loss:.4f} < {base.loss:.4f} nats/token): "
+                        "the baseline is less token-efficient, so per-run B_crit against it is "
+                        "biased low; try --baseline-batch auto")
+    below = sorted({c.batch_size for c in cells if c.batch_size < b})
+    if below:
+        warnings.append(f"{name}: batch sizes {below} are below the baseline {b}: listed, with "
+                        "no B_crit")
+    others = [c for c in cells if c.batch_size != b]
+    if not others:
+        warnings.append(f"{name}: only the baseline batch {b} was trained; run {FIX_BATCH}")
+    for c in others:
+        row = per_run_bcrit(c, curve, b, sigma_b, seq_len, source_b)
+        row.update(optimizer=optimizer, group=name)
+        g["per_run"].append(row)
+        if row["extrapolated"] and not row["below_baseline"]:
+            warnings.append(f"{name}: batch {c.batch_size} at {c.tokens:,} tokens: effective "
+                            "tokens extrapolated beyond the baseline's budgets (power law)")
+
+
+def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batch,
+                  warnings: list[str]) -> dict:
+    """Cells, baseline, per-run B_crit and Pareto rows of one group of comparable runs."""
+    name = group_name(key)
+    seq_len, optimizer = key[2], key[5]
+    budgets = nominal_budgets([r["tokens"] for r in members], BUDGET_TOLERANCE)
+    scatter = seed_scatter(members, budgets)
+    nominal = sorted(set(budgets.values()))
+
+    def budget_of(tokens: int) -> int:  # a diverged run's tokens, on the members' budgets
+        return min(nominal, key=lambda n: abs(n - tokens))
+
+    cells = best_lr_cells(members, {(b, budget_of(t)): v for (k, b, t), v in diverged.items()
+                                    if k == key}, scatter[0] if scatter else None)
+    warnings += cell_warnings(name, cells)
+    batches = sorted({c.batch_size for c in cells})
+    g = {"key": dict(zip(GROUP_KEYS, key, strict=True)), "name": name, "cells": cells,
+         "n_runs": len(members), "batch_sizes": batches,
+         "budgets": sorted({c.budget for c in cells}), "baseline_batch": None,
+         "baseline": None, "per_run": [], "pareto": [], "lr_scaling": None,
+         "seed_scatter": scatter[0] if scatter else None,
+         "seed_scatter_dof": scatter[1] if scatter else 0,
+         "sweep": Counter(r["sweep"] for r in members).most_common(1)[0][0]}
+    if len(batches) < 2:
+        warnings.append(f"{name}: one batch size only ({batches[0]}); B_crit needs several: "
+                        f"run {FIX_BATCH}")
+    b, warn = choose_baseline(cells, baseline_batch)
+    if warn:
+        warnings.append(f"{name}: {warn}")
+    if b is not None:
+        baseline_rows(g, cells, b, warnings)
+    rows, warn = pareto_frontiers(cells, seq_len, optimizer)
+    if warn and len(batches) >= 2:
+        warnings.append(f"{name}: {warn}")
+    for row in rows:
+        row["group"] = name
+        if row["degenerate"]:
+            warnings.append(f"{name}: Pareto fit at {row['target_loss']:.4f} nats/token is "
+                            f"degenerate ({row['degenerate']}); left out of Kaplan's law")
+    g["pareto"] = rows
+    return g
+
+
+def lr_scaling_fits(out_groups: list[dict], warnings: list[str]) -> dict:
+    """Per optimizer, the lr-scaling power law of the group with the most batch sizes that
+    have an interior best lr at one nominal budget (the largest such budget)."""
+    by_opt: dict[str, list] = defaultdict(list)
+    for g in out_groups:
+        budgets = Counter(c.budget for c in g["cells"])
+        if not budgets:
+            continue
+        best_budget = max(budgets, key=lambda t: (budgets[t], t))
+        pts = [c for c in g["cells"] if c.budget == best_budget and c.edge is None]
+        if len(pts) >= 2:
+            by_opt[g["key"]["optimizer"]].append((len(pts), g, pts))
+    lr_scaling = {}
+    for opt, options in sorted(by_opt.items()):
+        _, g, pts = max(options, key=lambda o: o[0])
+        fit = fit_lr_scaling([c.batch_size for c in pts], [c.lr for c in pts])
+        if fit:
+            lr_scaling[opt] = g["lr_scaling"] = {**fit, "group": g["name"]}
+    if not lr_scaling and out_groups:
+        warnings.append("lr scaling: no group has two batch sizes with an interior best lr at "
+                        f"one budget; run {FIX_BATCH}")
+    return lr_scaling
+
+
+def analyse(runs: list[dict], baseline_batch: int | str | None = None,
             left_out: list[dict] | None = None, warnings: list[str] | None = None) -> dict:
     """Every fit of the report, from loaded runs (see module docstring).
 
     Returns a dict with `groups` (per group: key, cells, baseline curve, per-run rows,
-    Pareto rows, lr scaling), the public `fits` (per_run, pareto, kaplan, lr_scaling,
-    warnings), `left_out`, `noise`, `n_runs` and `warnings` (the list in `fits`). Never
-    raises on thin data: what cannot be computed is named in the warnings together with the
-    sweep that fills it.
+    Pareto rows, lr scaling), the public `fits` (per_run, pareto, kaplan: one row per
+    optimizer and method, kaplan_points, lr_scaling, warnings), `left_out`, `noise`, `n_runs`
+    and `warnings` (the list in `fits`). `baseline_batch`: a batch size, "auto" or None (see
+    `choose_baseline`). Never raises on thin data: what cannot be computed is named in the
+    warnings together with the sweep that fills it.
     """
     warnings = list(warnings or [])
     groups, dropped, split_warnings = split_runs(runs)
@@ -387,136 +561,20 @@ def analyse(runs: list[dict], baseline_batch: int | None = None,
         if run["status"] == "diverged":
             diverged[(tuple(run[k] for k in GROUP_KEYS), run["batch_size"], run["tokens"])].append(
                 float(run["lr"]))
-    per_run, pareto, out_groups = [], [], []
-    lr_by_opt: dict[str, list] = defaultdict(list)
-    for key, members in groups.items():
-        name = group_name(key)
-        seq_len, optimizer = key[2], key[5]
-        cells = best_lr_cells(members, {(b, t): v for (k, b, t), v in diverged.items()
-                                        if k == key})
-        for c in cells:
-            if c.edge in ("low", "high"):
-                why = ("the next lr diverged" if c.edge_diverged else "widen the lr grid")
-                warnings.append(f"{name}: batch {c.batch_size} at {c.tokens:,} tokens has its "
-                                f"best lr on the {c.edge} edge of the grid ({c.lr:.3g}); {why}")
-        single = [c for c in cells if c.edge == "single"]
-        if single:
-            warnings.append(f"{name}: {len(single)} of {len(cells)} cells were trained at one lr "
-                            "only: their loss is not at a tuned lr and has no uncertainty")
-        batches = sorted({c.batch_size for c in cells})
-        g = {"key": dict(zip(GROUP_KEYS, key, strict=True)), "name": name, "cells": cells,
-             "n_runs": len(members), "batch_sizes": batches,
-             "budgets": sorted({c.tokens for c in cells}), "baseline_batch": None,
-             "baseline": None, "per_run": [], "pareto": [], "lr_scaling": None,
-             "sweep": Counter(r["sweep"] for r in members).most_common(1)[0][0]}
-        out_groups.append(g)
-        if len(batches) < 2:
-            warnings.append(f"{name}: one batch size only ({batches[0]}); B_crit needs several: "
-                            f"run {FIX_BATCH}")
-        b, warn = choose_baseline(cells, baseline_batch)
-        if warn:
-            warnings.append(f"{name}: {warn}")
-        if b is not None:
-            base_cells = [c for c in cells if c.batch_size == b]
-            curve = LossCurve([c.tokens for c in base_cells], [c.loss for c in base_cells])
-            if curve.dropped:
-                warnings.append(f"{name}: baseline loss does not fall with tokens at "
-                                f"{curve.dropped}; those budgets were dropped from its curve")
-            sigma_b = float(np.mean([c.loss_sigma for c in base_cells]))  # NaN if any unknown
-            g.update(baseline_batch=b, baseline=curve)
-            others = [c for c in cells if c.batch_size != b]
-            if not others:
-                warnings.append(f"{name}: only the baseline batch {b} was trained; run "
-                                f"{FIX_BATCH}")
-            for c in others:
-                row = per_run_bcrit(c, curve, b, sigma_b, seq_len)
-                row.update(optimizer=optimizer, group=name)
-                g["per_run"].append(row)
-                if row["extrapolated"]:
-                    warnings.append(f"{name}: batch {c.batch_size} at {c.tokens:,} tokens: "
-                                    "effective tokens extrapolated beyond the baseline's "
-                                    "budgets (power law)")
-            per_run += g["per_run"]
-        rows, warn = pareto_frontiers(cells, seq_len, optimizer)
-        if warn and len(batches) >= 2:
-            warnings.append(f"{name}: {warn}")
-        for row in rows:
-            row["group"] = name
-        g["pareto"] = rows
-        pareto += rows
-        # lr scaling: at the budget shared by the most batch sizes (the largest such budget)
-        budgets = Counter(c.tokens for c in cells)
-        if budgets:
-            best_budget = max(budgets, key=lambda t: (budgets[t], t))
-            pts = [c for c in cells if c.tokens == best_budget and c.edge is None]
-            if len(pts) >= 2:
-                lr_by_opt[optimizer].append((len(pts), name, pts))
-    lr_scaling = {}
-    for opt, options in sorted(lr_by_opt.items()):
-        _, name, pts = max(options, key=lambda o: o[0])
-        fit = fit_lr_scaling([c.batch_size for c in pts], [c.lr for c in pts])
-        if fit:
-            lr_scaling[opt] = {**fit, "group": name}
-            for g in out_groups:
-                if g["name"] == name:
-                    g["lr_scaling"] = lr_scaling[opt]
-    if not lr_scaling and groups:
-        warnings.append("lr scaling: no group has two batch sizes with an interior best lr at "
-                        f"one budget; run {FIX_BATCH}")
+    out_groups = [analyse_group(key, members, diverged, baseline_batch, warnings)
+                  for key, members in groups.items()]
+    per_run = [row for g in out_groups for row in g["per_run"]]
+    pareto = [row for g in out_groups for row in g["pareto"]]
+    lr_scaling = lr_scaling_fits(out_groups, warnings)
     noise = noise_points(runs)
     for p in noise:
         if p.get("unresolved"):
             warnings.append(f"B_noise not resolved in {p['run_dir']} (|G|^2 <= 0 with "
                             f"K = {p['micro_batches']}); increase K")
-    kaplan = kaplan_analysis(groups, per_run, pareto, [p for p in noise if "loss" in p],
-                             warnings)
+    points = collect_points(per_run, pareto, [p for p in noise if "loss" in p])
+    points = corpus_filter(groups, points, warnings, group_name)
+    kaplan = kaplan_fits(points, warnings, f"run {FIX_PARETO} for B_crit across losses")
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
-            "warnings": warnings, "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan,
-                     "lr_scaling": lr_scaling, "warnings": warnings}}
-
-
-def kaplan_analysis(groups: dict, per_run: list[dict], pareto: list[dict], noise: list[dict],
-                    warnings: list[str]) -> dict:
-    """Collect B_crit(L) points of every kind and fit Kaplan's law over them (`fit_kaplan`).
-
-    Points: per-run B_crit (at the run's loss), Pareto B_crit (at the target loss), B_noise
-    (noise.json and online, at the loss measured with it); all in tokens and nats/token. Only
-    one corpus and vocabulary can share a fit (the loss scale depends on them): the one with
-    the most runs; a warning names any other left out.
-    """
-    points = []
-    for row in per_run:
-        if row["b_crit_tokens"]:
-            points.append({"kind": "per_run", "loss": row["val_loss"], "group": row["group"],
-                           "b_crit_tokens": row["b_crit_tokens"], "run_dir": row["run_dir"]})
-    for row in pareto:
-        if row["b_crit_tokens"]:
-            points.append({"kind": "pareto", "loss": row["target_loss"], "group": row["group"],
-                           "b_crit_tokens": row["b_crit_tokens"], "run_dir": None})
-    for p in noise:
-        points.append({"kind": p["kind"], "loss": p["loss"], "group": p["group"],
-                       "b_crit_tokens": p["b_noise_tokens"], "run_dir": p["run_dir"]})
-    corpora = Counter()
-    for key, members in groups.items():
-        corpora[key[:2]] += len(members)
-    if len(corpora) > 1:
-        keep = corpora.most_common(1)[0][0]
-        names = {group_name(k) for k in groups if k[:2] == keep}
-        warnings.append(f"Kaplan fit uses {keep[0]} V{keep[1]} only; losses of other corpora or "
-                        "vocabularies are on another scale")
-        points = [p for p in points if p["group"] in names]
-    fit = fit_kaplan([p["loss"] for p in points], [p["b_crit_tokens"] for p in points])
-    fit["n_by_kind"] = dict(Counter(p["kind"] for p in points))
-    for p in points:
-        p["kaplan_tokens"] = kaplan_prediction_tokens(p["loss"], KAPLAN_B_STAR_TOKENS,
-                                                      KAPLAN_EXPONENT)
-        p["fit_tokens"] = (kaplan_prediction_tokens(p["loss"], fit["b_star_tokens"],
-                                                    fit["exponent"])
-                           if fit["exponent"] is not None else None)
-    fit["points"] = points
-    if fit["exponent"] is None:
-        warnings.append(f"Kaplan fit needs B_crit at two losses or more ({len(points)} "
-                        f"point(s)); run {FIX_PARETO} for B_crit across losses")
-    elif fit["exponent_low"] is None:
-        warnings.append("Kaplan fit rests on two points: no interval")
-    return fit
+            "warnings": warnings,
+            "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan,
+                     "kaplan_points": points, "lr_scaling": lr_scaling, "warnings": warnings}}

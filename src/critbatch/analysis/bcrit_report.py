@@ -7,8 +7,9 @@ and writes, through `render.run_study`:
                 and every warning;
 - `*.png`       loss vs tokens, lr sensitivity, effective tokens, S-E Pareto frontiers,
                 B_crit vs loss;
-- `fits.json`   the machine-readable fits (public keys: per_run, pareto, kaplan, lr_scaling,
-                warnings; B_crit in sequences with `_tokens` twins);
+- `fits.json`   the machine-readable fits (public keys: per_run, pareto, kaplan (one row per
+                optimizer and method), kaplan_points, lr_scaling, warnings; B_crit in
+                sequences with `_tokens` twins);
 - `bcrit.csv`   the per-run table;
 - a W&B run (job_type "analysis", in the group most of the analysed runs were logged in).
 """
@@ -26,6 +27,7 @@ from critbatch.analysis import bcrit, plotting, render
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import latest_sweep_dir, load_runs, load_wandb_runs
 from critbatch.errors import ResultsError
+from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 
 PLOTS = {
     "loss_vs_tokens": "Final loss versus tokens per batch size, with the baseline interpolant",
@@ -38,7 +40,7 @@ PER_RUN_COLUMNS = (
     "run_dir", "group", "optimizer", "batch_size", "tokens", "lr", "lr_edge", "val_loss",
     "val_loss_per_byte", "val_loss_sigma", "effective_tokens", "r", "b_crit", "b_crit_low",
     "b_crit_high", "b_crit_naive", "b_crit_tokens", "b_crit_low_tokens", "b_crit_high_tokens",
-    "extrapolated", "baseline_batch", "note",
+    "extrapolated", "baseline_batch", "note", "budget", "below_baseline", "interval",
 )
 # The sweep stage that pairs with each (run directories runs/<stage>/<scale>/...).
 COMPANION_STAGES = {"batch": "baseline", "baseline": "batch", "widths": "widths_batch",
@@ -68,10 +70,10 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], str]:
 
 
 def fits_document(result: dict, inputs: list[str] | None = None) -> dict:
-    """The public fits.json: exactly per_run, pareto, kaplan, lr_scaling, warnings (the
-    inputs are named in report.md, not here)."""
-    return {k: result["fits"][k] for k in ("per_run", "pareto", "kaplan", "lr_scaling",
-                                           "warnings")}
+    """The public fits.json: exactly per_run, pareto, kaplan, kaplan_points, lr_scaling,
+    warnings (the inputs are named in report.md, not here)."""
+    return {k: result["fits"][k] for k in ("per_run", "pareto", "kaplan", "kaplan_points",
+                                           "lr_scaling", "warnings")}
 
 
 def write_csv(result: dict, out: Path) -> list[str]:
@@ -131,7 +133,8 @@ QUESTION = (
     "S/S_min - 1 = B_crit/B and E/E_min - 1 = B/B_crit. This report measures B_crit three "
     "ways (tokens-equivalent per run, Pareto frontier, gradient noise scale) and fits "
     "Kaplan et al.'s (2020) B_crit(L) = B*/L^(1/alpha_B). Batch sizes in sequences unless "
-    "marked tokens; losses in nats/token unless marked nats/byte; intervals are 95%.")
+    "marked tokens; losses in nats/token unless marked nats/byte; each interval says what it "
+    "is (its level, and whether it comes from seeds, a bootstrap or a fit).")
 
 
 def groups_table(groups: list[dict]) -> str:
@@ -154,9 +157,12 @@ def per_run_table(per_run: list[dict]) -> str:
                      "yes" if r["extrapolated"] else "", r["note"] or ""])
     if not rows:
         return "No per-run B_crit (see the warnings)."
+    sources = sorted({r["interval"] for r in per_run if r.get("interval")})
+    legend = ("\n\nInterval: " + "; ".join(sources) + ".") if sources else (
+        "\n\nNo interval: the loss uncertainty is unknown (one seed and no lr refinement).")
     return md_table(["group", "B (seq)", "tokens E", "loss (nats/token)", "E_eff (tokens)",
-                     "E_eff/E", "r", "B_crit (seq) [95%]", "B_crit (tokens)", "naive B/(r-1)",
-                     "extrapolated", "note"], rows)
+                     "E_eff/E", "r", "B_crit (seq) [interval]", "B_crit (tokens)",
+                     "naive B/(r-1)", "extrapolated", "note"], rows) + legend
 
 
 def noise_table(noise: list[dict]) -> str:
@@ -179,32 +185,33 @@ def pareto_table(pareto: list[dict]) -> str:
         return "No Pareto frontier (see the warnings)."
     return md_table(
         ["group", "target loss (nats/token)", "batch sizes", "S_min (steps)",
-         "E_min (seq)", "B_crit (seq) [95%]", "B_crit (tokens)"],
+         "E_min (seq)", "B_crit (seq) [95% fit]", "B_crit (tokens)", "in Kaplan's law"],
         [[p["group"], fmt(p["target_loss"], ".4f"), ", ".join(map(str, p["batch_sizes"])),
           fmt(p["s_min"], ".4g"), fmt(p["e_min"], ".4g"),
           fmt_interval(p["b_crit"], p["b_crit_low"], p["b_crit_high"]),
-          fmt(p["b_crit_tokens"], ".3g")] for p in pareto])
+          fmt(p["b_crit_tokens"], ".3g"),
+          f"no: {p['degenerate']}" if p.get("degenerate") else "yes"] for p in pareto])
 
 
-def kaplan_tables(k: dict) -> list[str]:
-    """The Kaplan fit against Kaplan et al.'s numbers, then each point against both."""
-    points = str(k["n_points"]) + (" (" + ", ".join(f"{n} {kind}" for kind, n in
-                                                   k["n_by_kind"].items()) + ")"
-                                  if k["n_by_kind"] else "")
-    lines = [md_table(
-        ["", "B* (tokens) [95%]", "1/alpha_B [95%]", "points"],
-        [["this fit", fmt_interval(k["b_star_tokens"], k["b_star_tokens_low"],
-                                   k["b_star_tokens_high"]),
-          fmt_interval(k["exponent"], k["exponent_low"], k["exponent_high"]), points],
-         ["Kaplan et al. 2020", "2e+08", "4.8", "-"]])]
-    if k["points"]:
-        lines += ["", "Each point against the fit and Kaplan's law:", ""]
+def kaplan_tables(rows: list[dict], points: list[dict]) -> list[str]:
+    """One row per optimizer and method against Kaplan et al.'s numbers, then each point."""
+    table = [[r["optimizer"], r["method"],
+              fmt_interval(r["b_star_tokens"], r["b_star_tokens_low"], r["b_star_tokens_high"]),
+              fmt_interval(r["exponent"], r["exponent_low"], r["exponent_high"]),
+              str(r["n_points"]), r["interval"] + ("" if r["weighted"] else "; unweighted")]
+             for r in rows]
+    table.append(["Kaplan et al. 2020", "-", f"{KAPLAN_B_STAR_TOKENS:.0e}",
+                  f"{KAPLAN_EXPONENT:g}", "-", "GPT-2 tokenizer on WebText2"])
+    lines = [md_table(["optimizer", "method", "B* (tokens) [interval]",
+                       "1/alpha_B [interval]", "points", "interval"], table)]
+    if points:
+        lines += ["", "Each point against its fit and Kaplan's law:", ""]
         lines.append(md_table(
-            ["kind", "loss (nats/token)", "B_crit measured (tokens)", "this fit (tokens)",
-             "Kaplan (tokens)", "run"],
-            [[p["kind"], fmt(p["loss"], ".4f"), fmt(p["b_crit_tokens"], ".3g"),
-              fmt(p["fit_tokens"], ".3g"), fmt(p["kaplan_tokens"], ".3g"), p["run_dir"] or "-"]
-             for p in k["points"]]))
+            ["optimizer", "method", "loss (nats/token)", "B_crit measured (tokens)",
+             "its fit (tokens)", "Kaplan (tokens)", "run"],
+            [[p["optimizer"], p.get("kind") or p["method"], fmt(p["loss"], ".4f"),
+              fmt(p["b_crit_tokens"], ".3g"), fmt(p["fit_tokens"], ".3g"),
+              fmt(p["kaplan_tokens"], ".3g"), p["run_dir"] or "-"] for p in points]))
     return lines
 
 
@@ -247,10 +254,14 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "(95% interval: delta method on log B_crit).", "",
               pareto_table(fits["pareto"]),
               "", "## Kaplan's law B_crit(L) = B* / L^(1/alpha_B)", "",
-              "Least squares in log-log over every B_crit estimate (L in nats/token, B in "
-              "tokens). Kaplan et al. (2020): B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 "
-              "tokenizer on WebText2: compare the exponent and the order of magnitude).", "",
-              *kaplan_tables(fits["kaplan"]),
+              "Fitted per optimizer and per method, in log-log (L in nats/token, B in tokens), "
+              "each point weighted by its own uncertainty. Per-run and Pareto B_crit measure "
+              "the same quantity and are also fitted together (combined); B_noise is a "
+              "different quantity (B_simple) and has its own row, never pooled. Degenerate "
+              "Pareto fits are left out (see the Pareto table). Kaplan et al. (2020): B* = "
+              "2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: compare the exponent "
+              "and the order of magnitude).", "",
+              *kaplan_tables(fits["kaplan"], fits["kaplan_points"]),
               "", "## Learning rate versus batch size", "",
               "Best lr (refined) against batch size at one budget, power law lr* ~ B^k over the "
               "batch sizes below the largest (Adam expected 0.5 <= k <= 1).", "",
@@ -362,27 +373,35 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
     plotting.save_figure(fig, path)
 
 
-def plot_bcrit_vs_loss(kaplan: dict, path: Path) -> None:
+METHOD_STYLES = {"per_run": ("o", "-"), "pareto": ("s", "--"), "noise": ("^", ":")}
+
+
+def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None:
+    """Each (optimizer, method) series with its own marker (method) and colour (optimizer),
+    its fitted line, and Kaplan et al.'s law for reference."""
     plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.8))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.11, top=0.93)
-    styles = {"per_run": ("o", "C0"), "pareto": ("s", "C1"), "b_noise": ("^", "C3"),
-              "b_noise_online": ("v", "C4")}
-    points = kaplan["points"]
-    for kind, (marker, color) in styles.items():
-        ps = [p for p in points if p["kind"] == kind]
-        if ps:
-            ax.plot([p["loss"] for p in ps], [p["b_crit_tokens"] for p in ps], marker,
-                    color=color, ls="none", label=kind.replace("_", " "))
+    optimizers = sorted({p["optimizer"] for p in points})
+    colors = {opt: f"C{i}" for i, opt in enumerate(optimizers)}
+    for opt in optimizers:
+        for method, (marker, _) in METHOD_STYLES.items():
+            ps = [p for p in points if p["optimizer"] == opt and p["method"] == method]
+            if ps:
+                ax.plot([p["loss"] for p in ps], [p["b_crit_tokens"] for p in ps], marker,
+                        color=colors[opt], ls="none", label=f"{opt} {method.replace('_', ' ')}")
     if points:
         losses = np.array([p["loss"] for p in points])
         grid = np.geomspace(losses.min() / 1.05, losses.max() * 1.05, 50)
-        if kaplan["exponent"] is not None:
-            ax.plot(grid, kaplan["b_star_tokens"] / grid ** kaplan["exponent"], "k-",
-                    label=f"fit: {kaplan['b_star_tokens']:.3g} / L^{kaplan['exponent']:.2f}")
-        ax.plot(grid, bcrit.KAPLAN_B_STAR_TOKENS / grid ** bcrit.KAPLAN_EXPONENT, "k--",
+        for r in rows:
+            if r["method"] in METHOD_STYLES and r["b_star_tokens"]:
+                ax.plot(grid, r["b_star_tokens"] / grid ** r["exponent"],
+                        METHOD_STYLES[r["method"]][1], color=colors[r["optimizer"]], lw=1,
+                        label=f"{r['optimizer']} {r['method'].replace('_', ' ')} fit: "
+                              f"L^-{r['exponent']:.2f}")
+        ax.plot(grid, KAPLAN_B_STAR_TOKENS / grid ** KAPLAN_EXPONENT, "k-", lw=1.5,
                 label="Kaplan et al. 2020: 2e8 / L^4.8")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     else:
         plotting.empty_axes(ax, "no B_crit estimate yet")
     plotting.log_axes(ax, x=True, y=True)
@@ -400,7 +419,8 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
     plot_lr_sensitivity(groups, out / "lr_sensitivity.png")
     plot_effective_tokens(groups, out / "effective_tokens.png")
     plot_pareto(groups, out / "pareto.png")
-    plot_bcrit_vs_loss(result["fits"]["kaplan"], out / "bcrit_vs_loss.png")
+    plot_bcrit_vs_loss(result["fits"]["kaplan"], result["fits"]["kaplan_points"],
+                       out / "bcrit_vs_loss.png")
     return {name: f"{name}.png" for name in PLOTS}
 
 
@@ -422,13 +442,15 @@ def wandb_fields(result: dict, loaded: dict) -> dict:
     """The analysis run's group, its per-run table and its summary (the Kaplan fit)."""
     fits = result["fits"]
     cols = [c for c in PER_RUN_COLUMNS if c != "note"]
-    k = fits["kaplan"]
+    summary = {f"kaplan_exponent/{k['optimizer']}/{k['method']}": k["exponent"]
+               for k in fits["kaplan"]}
+    summary.update({f"kaplan_b_star_tokens/{k['optimizer']}/{k['method']}": k["b_star_tokens"]
+                    for k in fits["kaplan"]})
     return {
         "group": majority_logged_group(result["groups"]),
         "tables": {"per_run": (cols, [[r.get(c) for c in cols] for r in fits["per_run"]])}
         if fits["per_run"] else None,
-        "summary": {"kaplan_b_star_tokens": k["b_star_tokens"], "kaplan_exponent": k["exponent"],
-                    "n_warnings": len(fits["warnings"])}}
+        "summary": {**summary, "n_warnings": len(fits["warnings"])}}
 
 
 def summary_lines(result: dict) -> list[str]:
@@ -440,11 +462,11 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"  {r['group']}: B={r['batch_size']} tokens={r['tokens']:,} "
                      f"loss={r['val_loss']:.4f} r={fmt(r['r'], '.3f')} B_crit={interval} seq"
                      + (" (extrapolated)" if r["extrapolated"] else ""))
-    k = fits["kaplan"]
-    if k["exponent"] is not None:
-        lines.append(f"  Kaplan: B* = {k['b_star_tokens']:.3g} tokens, 1/alpha_B = "
+    for k in fits["kaplan"]:
+        lines.append(f"  Kaplan {k['optimizer']} {k['method']}: B* = "
+                     f"{fmt(k['b_star_tokens'], '.3g')} tokens, 1/alpha_B = "
                      f"{fmt_interval(k['exponent'], k['exponent_low'], k['exponent_high'])} "
-                     f"({k['n_points']} points; Kaplan: 2e8, 4.8)")
+                     f"({k['n_points']} points; {k['interval']}; Kaplan: 2e8, 4.8)")
     return lines
 
 

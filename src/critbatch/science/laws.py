@@ -123,11 +123,13 @@ def fit_kaplan(losses, b_crit_tokens, log_sigma=None) -> dict:
 
 
 def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: int = 2000,
-                     confidence: float = CONFIDENCE, seed: int = 0) -> dict:
+                     confidence: float = CONFIDENCE, seed: int = 0,
+                     unit_name: str = "runs") -> dict:
     """Percentile bootstrap interval of Kaplan's exponent and B*, resampling whole units.
 
     `units` names the independent source of each point (a run, or a seed): points of one
-    unit are drawn together, so several points read off one run count once. Each of
+    unit are drawn together, so several points read off one run count once (`unit_name`
+    says what a unit is, for the label). Each of
     `resamples` draws takes as many units as there are, with replacement, and refits
     (`fit_kaplan`, same weights); draws whose losses do not spread are skipped. Returns the
     central `confidence` interval of the exponent and of B* (tokens), the draws used and a
@@ -139,7 +141,7 @@ def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: in
     members = [np.flatnonzero(np.array([u == name for u in units])) for name in names]
     out = {"exponent_low": None, "exponent_high": None, "b_star_tokens_low": None,
            "b_star_tokens_high": None, "resamples": 0, "n_units": len(names),
-           "interval": f"{confidence:.0%} percentile bootstrap over {len(names)} runs"}
+           "interval": f"{confidence:.0%} percentile bootstrap over {len(names)} {unit_name}"}
     if len(names) < 3:
         return out
     rng = np.random.default_rng(seed)

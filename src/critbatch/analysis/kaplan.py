@@ -1,0 +1,161 @@
+"""Kaplan's B_crit(L) law fitted per optimizer and per method, never pooled across them.
+
+Kaplan et al. 2020 (section 5.1): B_crit(L) = B* / L^(1/alpha_B), with B* ~ 2e8 tokens and
+1/alpha_B ~ 4.8 for GPT-2 on WebText2. The points come from three routes:
+
+- `per_run`: tokens-equivalent B_crit of each (batch, budget) cell, at the cell's loss;
+- `pareto`: the steps/examples frontier B_crit = E_min / S_min, at its target loss;
+- `noise`: the gradient noise scale B_noise (noise.json and the online tracker), at the loss
+  it was measured at.
+
+Per-run and Pareto measure the same quantity, so they are also fitted together
+(`combined`). B_noise is B_simple, a different quantity (equal to B_crit only for SGD on a
+well-conditioned Hessian): it gets its own row, beside the others. Optimizers have their
+own laws: every row is one optimizer.
+
+Each point carries its uncertainty in log B_crit (from its interval) and the fit weighs
+points by it. The exponent's interval is a percentile bootstrap over the independent units
+the points come from: runs for per-run and noise points, Pareto frontiers (one per model)
+for Pareto points. Pareto fits that are degenerate (`science.laws.pareto_degeneracy`) are
+left out and named.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+from critbatch.science.laws import (
+    KAPLAN_B_STAR_TOKENS,
+    KAPLAN_EXPONENT,
+    bootstrap_kaplan,
+    fit_kaplan,
+    kaplan_prediction_tokens,
+)
+
+METHODS = ("per_run", "pareto", "combined", "noise")
+Z95 = 1.959963984540054
+BOOTSTRAP_RESAMPLES = 1000
+ROW_KEYS = ("optimizer", "method", "b_star_tokens", "exponent", "exponent_low", "exponent_high",
+            "b_star_tokens_low", "b_star_tokens_high", "n_points", "n_units", "interval")
+
+
+def log_sigma(low: float | None, high: float | None, z: float) -> float | None:
+    """The standard deviation in log B of a central interval [low, high] that spans +-z sigma."""
+    if not low or not high or low <= 0 or high <= low:
+        return None
+    return math.log(high / low) / (2 * z)
+
+
+def collect_points(per_run: list[dict], pareto: list[dict], noise: list[dict]) -> list[dict]:
+    """Every B_crit(L) point: optimizer, method, loss (nats/token), B in tokens, its log
+    uncertainty (None when unknown) and the unit it belongs to (for the bootstrap)."""
+    points = []
+    for row in per_run:
+        if row["b_crit_tokens"]:
+            points.append({"method": "per_run", "optimizer": row["optimizer"],
+                           "group": row["group"], "loss": row["val_loss"],
+                           "b_crit_tokens": row["b_crit_tokens"], "run_dir": row["run_dir"],
+                           "unit": row["run_dir"],
+                           "log_sigma": log_sigma(row["b_crit_low"], row["b_crit_high"], Z95)})
+    for row in pareto:
+        if row["b_crit_tokens"] and not row.get("degenerate"):
+            points.append({"method": "pareto", "optimizer": row["optimizer"],
+                           "group": row["group"], "loss": row["target_loss"],
+                           "b_crit_tokens": row["b_crit_tokens"], "run_dir": None,
+                           "unit": f"pareto:{row['group']}",
+                           "log_sigma": log_sigma(row["b_crit_low"], row["b_crit_high"], Z95)})
+    for p in noise:
+        points.append({"method": "noise", "kind": p["kind"], "optimizer": p["optimizer"],
+                       "group": p["group"], "loss": p["loss"],
+                       "b_crit_tokens": p["b_noise_tokens"], "run_dir": p["run_dir"],
+                       "unit": p["run_dir"],  # 68% intervals: +-1 sigma
+                       "log_sigma": log_sigma(p.get("b_noise_low"), p.get("b_noise_high"), 1.0)})
+    return points
+
+
+def fill_sigmas(sigmas: list[float | None]) -> list[float] | None:
+    """Unknown uncertainties take the median of the known ones; None when none is known
+    (the fit then weighs every point equally)."""
+    known = [s for s in sigmas if s]
+    if not known:
+        return None
+    median = float(np.median(known))
+    return [s if s else median for s in sigmas]
+
+
+def fit_row(optimizer: str, method: str, points: list[dict], seed: int = 0) -> dict:
+    """Kaplan's law over `points` (one optimizer, one method): the weighted fit, and the
+    bootstrap interval of the exponent over the points' units."""
+    losses = [p["loss"] for p in points]
+    b_tokens = [p["b_crit_tokens"] for p in points]
+    sigmas = fill_sigmas([p["log_sigma"] for p in points])
+    fit = fit_kaplan(losses, b_tokens, sigmas)
+    units = [p["unit"] for p in points]
+    kinds = {"per_run": "runs", "noise": "runs", "pareto": "Pareto frontiers",
+             "combined": "runs and Pareto frontiers"}
+    boot = bootstrap_kaplan(losses, b_tokens, units, sigmas, resamples=BOOTSTRAP_RESAMPLES,
+                            seed=seed, unit_name=kinds[method])
+    row = {"optimizer": optimizer, "method": method, "b_star_tokens": fit["b_star_tokens"],
+           "exponent": fit["exponent"], "exponent_low": boot["exponent_low"],
+           "exponent_high": boot["exponent_high"],
+           "b_star_tokens_low": boot["b_star_tokens_low"],
+           "b_star_tokens_high": boot["b_star_tokens_high"], "n_points": len(points),
+           "n_units": boot["n_units"],
+           "interval": boot["interval"] if boot["exponent_low"] is not None else
+           f"none: {boot['n_units']} independent {kinds[method]} (a bootstrap needs 3)",
+           "weighted": sigmas is not None,
+           "kaplan_b_star_tokens": KAPLAN_B_STAR_TOKENS, "kaplan_exponent": KAPLAN_EXPONENT}
+    return row
+
+
+def corpus_filter(groups: dict, points: list[dict], warnings: list[str],
+                  name_of) -> list[dict]:
+    """Only one corpus and vocabulary share a fit (the loss scale depends on them): the one
+    with the most runs; a warning names the others left out."""
+    corpora: Counter = Counter()
+    for key, members in groups.items():
+        corpora[key[:2]] += len(members)
+    if len(corpora) <= 1:
+        return points
+    keep = corpora.most_common(1)[0][0]
+    names = {name_of(k) for k in groups if k[:2] == keep}
+    warnings.append(f"Kaplan fits use {keep[0]} V{keep[1]} only; losses of other corpora or "
+                    "vocabularies are on another scale")
+    return [p for p in points if p["group"] in names]
+
+
+def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[dict]:
+    """One row per (optimizer, method) with two or more points (`METHODS` order); each point
+    gets its row's prediction (`fit_tokens`) and Kaplan's (`kaplan_tokens`)."""
+    rows = []
+    for optimizer in sorted({p["optimizer"] for p in points}):
+        mine = [p for p in points if p["optimizer"] == optimizer]
+        by_method = {m: [p for p in mine if p["method"] == m] for m in ("per_run", "pareto",
+                                                                         "noise")}
+        if by_method["per_run"] and by_method["pareto"]:
+            by_method["combined"] = by_method["per_run"] + by_method["pareto"]
+        for method in METHODS:
+            pts = by_method.get(method, [])
+            if not pts:
+                continue
+            row = fit_row(optimizer, method, pts)
+            if row["exponent"] is None:
+                warnings.append(f"Kaplan fit ({optimizer}, {method}) needs points at two losses "
+                                f"or more ({len(pts)} here); {fix_hint}")
+                continue
+            rows.append(row)
+            if method != "combined":
+                for p in pts:
+                    p["fit_tokens"] = kaplan_prediction_tokens(p["loss"], row["b_star_tokens"],
+                                                               row["exponent"])
+    for p in points:
+        p["kaplan_tokens"] = kaplan_prediction_tokens(p["loss"], KAPLAN_B_STAR_TOKENS,
+                                                      KAPLAN_EXPONENT)
+        p.setdefault("fit_tokens", None)
+    if not rows:
+        warnings.append(f"Kaplan fit needs B_crit at two losses or more for one optimizer and "
+                        f"method ({len(points)} point(s) in all); {fix_hint}")
+    return rows
