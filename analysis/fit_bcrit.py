@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Fit the critical batch size from finished runs and write the report.
 
-    python analysis/fit_bcrit.py [PATHS...] [--out DIR] [--baseline-batch B]
+    python analysis/fit_bcrit.py [PATHS...] [--out DIR] [--baseline-batch B|auto]
                                  [--from-wandb ENTITY/PROJECT [--group G]]
 
 PATHS are run directories or folders searched recursively for summary.json (default: the
@@ -19,13 +19,25 @@ from critbatch.analysis.render import add_wandb_arguments
 from critbatch.errors import user_errors
 
 
+def baseline_batch(text: str) -> int | str:
+    """A batch size in sequences, or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a batch size (sequences) nor "
+                                         "'auto'") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", help="run directories or sweep folders")
     parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
-    parser.add_argument("--baseline-batch", type=int, default=None,
-                        help="baseline batch size in sequences (default: the smallest batch "
-                             "with at least three budgets)")
+    parser.add_argument("--baseline-batch", type=baseline_batch, default=None,
+                        help="baseline batch size in sequences, or 'auto' for the most "
+                             "token-efficient batch with a loss curve (default: the smallest "
+                             "batch with at least three budgets)")
     parser.add_argument("--from-wandb", metavar="ENTITY/PROJECT",
                         help="read the runs from the W&B API instead of local files")
     parser.add_argument("--group", help="with --from-wandb: only this W&B group")

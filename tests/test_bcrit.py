@@ -353,3 +353,82 @@ def test_kaplan_fit_on_a_degenerate_spread_gives_no_interval_instead_of_overflow
     fit = fit_kaplan([6.0, 6.1, 6.05], [1e3, 1e1, 1e5])
     assert fit["n_points"] == 3 and fit["exponent"] is not None
     assert fit["b_star_tokens_high"] is None or math.isfinite(fit["b_star_tokens_high"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Kaplan per optimizer and method, nominal budgets, baseline diagnostics
+
+
+def test_constant_bcrit_gives_exponent_zero_per_method_and_noise_apart(tmp_path):
+    """A planted constant B_crit (true exponent 0) with B_noise points at 10x B_crit: the
+    per-run and Pareto exponents stay near 0, the noise points get their own row."""
+    truth = synthetic_sweep(tmp_path, batch_sizes=(64, 128, 256, 512, 1024), all_budgets=True)
+    dirs, _ = runs.find_run_dirs([tmp_path])
+    for run_dir, loss in zip(dirs[:4], (3.0, 2.9, 2.8, 2.7), strict=True):
+        write_noise(run_dir, 10 * truth.b_crit, loss)
+    fits = analyse_dir(tmp_path)["fits"]
+    rows = {(r["optimizer"], r["method"]): r for r in fits["kaplan"]}
+    for method in ("per_run", "pareto", "combined"):
+        assert abs(rows[("adamw", method)]["exponent"]) < 0.3, method
+    noise = rows[("adamw", "noise")]
+    assert noise["n_points"] == 4
+    assert noise["b_star_tokens"] == pytest.approx(10 * truth.b_crit * truth.seq_len, rel=0.05)
+    assert all(p["method"] == "noise" for p in fits["kaplan_points"] if p.get("kind"))
+    assert "bootstrap" in rows[("adamw", "per_run")]["interval"]
+    low, high = rows[("adamw", "per_run")]["exponent_low"], rows[("adamw", "per_run")][
+        "exponent_high"]
+    assert low <= 0.3 and high >= -0.3
+
+
+def test_lr_scaling_joins_budgets_that_differ_by_step_rounding(tmp_path):
+    """1.5M tokens is 1,499,648 tokens at batch 16 but 1,499,136 at 64 (whole steps): one
+    nominal budget, so every batch size enters the lr-scaling fit."""
+    truth = synthetic_sweep(tmp_path, batch_sizes=(32, 64, 128, 256),
+                            budgets_tokens=(375_000, 750_000, 1_500_000))
+    result = analyse_dir(tmp_path)
+    tokens = {r["tokens"] for r in result["fits"]["per_run"]}
+    assert len(tokens) > 1  # the rounding really differs between batch sizes
+    fit = result["fits"]["lr_scaling"]["adamw"]
+    assert fit["batch_sizes"] == [16, 32, 64, 128]  # all but the largest
+    assert fit["exponent"] == pytest.approx(truth.lr_exponent, abs=0.1)
+
+
+def test_a_degenerate_pareto_fit_is_left_out_of_kaplan_and_named(tmp_path):
+    """B_crit far above every batch trained, and the largest batch better than the model
+    allows: its steps fall faster than 1/B, so the fit's S_min goes negative."""
+    synthetic_sweep(tmp_path, SyntheticTruth(b_crit=1e7), batch_sizes=(32, 64, 128),
+                    all_budgets=True)
+    for path in tmp_path.rglob("b128_*/summary.json"):
+        summary = json.loads(path.read_text())
+        summary["val_loss"] -= 0.05
+        for point in summary["curve"]:
+            point["val_loss"] -= 0.05
+        files.write_json_atomic(path, summary)
+    result = analyse_dir(tmp_path)
+    degenerate = [p for p in result["fits"]["pareto"] if p["degenerate"]]
+    assert degenerate
+    assert not any(p["method"] == "pareto" and p["loss"] == d["target_loss"]
+                   for p in result["fits"]["kaplan_points"] for d in degenerate)
+    assert any("degenerate" in w and "left out of Kaplan" in w for w in result["warnings"])
+
+
+def test_u_shaped_efficiency_warns_and_auto_picks_the_efficient_baseline(tmp_path):
+    """The smallest batch pays a penalty (16/B x 0.2 nats/token): batch 64 reaches a lower loss
+    at equal tokens, which McCandlish's model forbids for a good baseline."""
+    synthetic_sweep(tmp_path, SyntheticTruth(small_batch_penalty=0.2), batch_sizes=(64, 256),
+                    all_budgets=True)
+    default = analyse_dir(tmp_path)
+    assert default["groups"][0]["baseline_batch"] == 16
+    assert any("reaches a lower loss than the baseline 16" in w for w in default["warnings"])
+    auto = analyse_dir(tmp_path, baseline_batch="auto")
+    assert auto["groups"][0]["baseline_batch"] == 64
+    assert not any("reaches a lower loss than the baseline" in w for w in auto["warnings"])
+
+
+def test_batches_below_the_baseline_are_listed_never_zero(tmp_path):
+    synthetic_sweep(tmp_path, batch_sizes=(64, 256), all_budgets=True)
+    result = analyse_dir(tmp_path, baseline_batch=64)
+    below = [r for r in result["fits"]["per_run"] if r["batch_size"] == 16]
+    assert below and all(r["below_baseline"] and r["b_crit"] is None for r in below)
+    assert all(r["b_crit"] is None or r["b_crit"] > 0 for r in result["fits"]["per_run"])
+    assert any("below the baseline 64" in w for w in result["warnings"])

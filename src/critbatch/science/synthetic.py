@@ -19,13 +19,17 @@ class SyntheticTruth:
     lr_curvature: float = 0.05  # loss penalty per (ln lr - ln lr*)^2, nats/token
     seq_len: int = 64
     bytes_per_token: float = 3.0
+    small_batch_penalty: float = 0.0  # nats/token added as penalty x 16 / B: a U-shaped E(B)
 
     def loss_of_min_tokens(self, e_min_tokens: float) -> float:
         return self.l_inf + self.a * (e_min_tokens / 1e6) ** -self.alpha
 
     def final_loss(self, batch_size: float, tokens: float) -> float:
-        """L(E / (1 + B / B_crit)): McCandlish et al.'s E = E_min (1 + B/B_crit)."""
-        return self.loss_of_min_tokens(tokens / (1 + batch_size / self.b_crit))
+        """L(E / (1 + B / B_crit)): McCandlish et al.'s E = E_min (1 + B/B_crit), plus the
+        small-batch penalty (zero by default) that makes the smallest batches less
+        token-efficient than larger ones, against the model."""
+        return (self.loss_of_min_tokens(tokens / (1 + batch_size / self.b_crit))
+                + self.small_batch_penalty * 16 / batch_size)
 
     def best_lr(self, batch_size: float) -> float:
         return self.lr_base * (batch_size / 16) ** self.lr_exponent
