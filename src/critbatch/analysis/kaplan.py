@@ -38,6 +38,8 @@ from critbatch.science.laws import (
 METHODS = ("per_run", "pareto", "combined", "noise")
 Z95 = 1.959963984540054
 BOOTSTRAP_RESAMPLES = 1000
+NOISE_FIX = ("measure B_noise at other losses: `make noise RUN=<run dir>` on runs of other "
+             "budgets, or train with micro-batches (train.micro_batch_size) for the online one")
 ROW_KEYS = ("optimizer", "method", "b_star_tokens", "exponent", "exponent_low", "exponent_high",
             "b_star_tokens_low", "b_star_tokens_high", "n_points", "n_units", "interval")
 
@@ -143,8 +145,9 @@ def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[
                 continue
             row = fit_row(optimizer, method, pts)
             if row["exponent"] is None:
+                hint = NOISE_FIX if method == "noise" else fix_hint
                 warnings.append(f"Kaplan fit ({optimizer}, {method}) needs points at two losses "
-                                f"or more ({len(pts)} here); {fix_hint}")
+                                f"or more ({len(pts)} here); {hint}")
                 continue
             rows.append(row)
             if method != "combined":
