@@ -3,18 +3,23 @@
 
     python analysis/fit_bcrit.py [PATHS...] [--out DIR] [--baseline-batch B|auto]
                                  [--from-wandb ENTITY/PROJECT [--group G]]
+                                 [--table FILE ...] [--export-table FILE]
 
 PATHS are run directories or folders searched recursively for summary.json (default: the
-latest sweep under runs/ and its companion stage). Writes report.md, plots, fits.json and
-bcrit.csv to --out (default: <sweep dir>/report/) and logs them to W&B (offline by default).
-The work is done by `critbatch.analysis.bcrit_report.run_analysis`; this file only parses arguments.
+latest sweep under runs/ and its companion stage). --table reads results from elsewhere
+instead: a CSV or JSON Lines table of runs (batch_size, seq_len, tokens, loss) or of steps
+to a target loss (batch_size, seq_len, target_loss, steps); see
+`critbatch.analysis.tables`. Writes report.md, plots, fits.json and bcrit.csv to --out
+(default: <sweep dir>/report/, or <table>-report/) and logs them to W&B (offline by
+default). --export-table FILE writes the input runs as such a table instead of a report.
+The work is done by `critbatch.analysis.bcrit_report`; this file only parses arguments.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from critbatch.analysis.bcrit_report import run_analysis
+from critbatch.analysis.bcrit_report import export_table, run_analysis
 from critbatch.analysis.render import add_wandb_arguments
 from critbatch.errors import user_errors
 
@@ -41,15 +46,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--from-wandb", metavar="ENTITY/PROJECT",
                         help="read the runs from the W&B API instead of local files")
     parser.add_argument("--group", help="with --from-wandb: only this W&B group")
+    parser.add_argument("--table", action="append", metavar="FILE",
+                        help="read runs or steps-to-target rows from a .csv or .jsonl table "
+                             "(repeatable) instead of run directories")
+    parser.add_argument("--export-table", metavar="FILE",
+                        help="write the input runs as a .csv or .jsonl table of run rows "
+                             "(no report)")
     add_wandb_arguments(parser)
     args = parser.parse_args(argv)
     with user_errors():
         if args.group and not args.from_wandb:
             parser.error("--group needs --from-wandb")
-        if args.from_wandb and args.paths:
-            parser.error("pass either PATHS or --from-wandb, not both")
+        if sum(map(bool, (args.paths, args.from_wandb, args.table))) > 1:
+            parser.error("pass one of PATHS, --from-wandb or --table")
+        if args.export_table:
+            export_table(args.export_table, args.paths, args.from_wandb, args.group, args.table)
+            return
         run_analysis(args.paths, args.out, args.baseline_batch, args.from_wandb, args.group,
-                     args.wandb_mode, args.project)
+                     args.wandb_mode, args.project, tables=args.table)
 
 
 if __name__ == "__main__":

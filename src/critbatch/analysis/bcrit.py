@@ -32,28 +32,67 @@ from critbatch.analysis.results import is_finite
 from critbatch.science.fits import LossCurve, fit_lr_scaling, nominal_budgets, refine_best_lr
 from critbatch.science.laws import bcrit_corrected, bcrit_naive, fit_pareto, pareto_degeneracy
 
-GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer")
+# A group's key: runs are comparable when all of these agree. `group_label` is None for
+# runs of this codebase and the `group` column of an external table (`analysis.tables`).
+GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer", "group_label")
+UNKNOWN_OPTIMIZER = "unknown"  # a table without an optimizer column
 MIN_BASELINE_BUDGETS = 3
 PARETO_TARGETS = 5  # target losses per Pareto frontier
 BUDGET_TOLERANCE = 0.01  # runs whose tokens are this close (relative) share one budget
 PARETO_MAX_INTERVAL_FACTOR = 100.0  # a Pareto B_crit interval wider than this is degenerate
 Z95 = 1.959963984540054
 
-# The sweeps that fill each gap (make targets; see sweeps/).
-FIX_BASELINE = "`make sweep-batch` (its baseline sweep trains the smallest batch at four budgets)"
-FIX_BATCH = "`make sweep-batch` (batch sizes x learning rates at the main budget)"
-FIX_PARETO = ("the baseline stage at a second batch size too, e.g. `python -m critbatch.train "
-              "--config-dir sweeps --config-name baseline scale=cpu train.batch_size=32`")
+
+@dataclass(frozen=True)
+class FixHints:
+    """How to fill each gap the analysis warns about, in the words of its input: sweeps to
+    run (`SWEEP_HINTS`) or rows to add to a table (`analysis.tables.TABLE_HINTS`).
+
+    Each is a sentence starting with its verb, formatted with `batch` (the batch size at
+    issue, sequences) and `more` (how many budgets it lacks); a hint may ignore them.
+    """
+
+    baseline: str  # a baseline curve: one batch size at MIN_BASELINE_BUDGETS budgets
+    batch: str  # more batch sizes (and learning rates) beside the baseline
+    pareto: str  # several budgets at a second batch size: a Pareto frontier
+    lr: str  # an lr grid per batch size with its optimum inside: the lr-scaling law
+    losses: str  # B_crit at several losses: Kaplan's law
+
+
+SWEEP_HINTS = FixHints(
+    baseline="run `make sweep-batch` (its baseline sweep trains the smallest batch at four "
+             "budgets)",
+    batch="run `make sweep-batch` (batch sizes x learning rates at the main budget)",
+    lr="run `make sweep-batch` (batch sizes x learning rates at the main budget)",
+    pareto="run the baseline stage at a second batch size too, e.g. `python -m critbatch.train "
+           "--config-dir sweeps --config-name baseline scale=cpu train.batch_size=32`",
+    losses="run the baseline stage at a second batch size too (`python -m critbatch.train "
+           "--config-dir sweeps --config-name baseline scale=cpu train.batch_size=32`) for "
+           "B_crit across losses")
 
 
 # ---------------------------------------------------------------------------------------------
 # Grouping
 
 
+def group_key(run: dict) -> tuple:
+    """The run's group key (GROUP_KEYS order; a missing `group_label` is None)."""
+    return tuple(run.get(k) for k in GROUP_KEYS)
+
+
+def model_name(key: tuple) -> str:
+    """What a group's runs share but the optimizer: the table's group label, or the data,
+    vocabulary, seq_len, width and depth."""
+    data, vocab, seq_len, width, depth, _, label = key
+    return label if label is not None else f"{data} V{vocab} T{seq_len} w{width} d{depth}"
+
+
 def group_name(key: tuple) -> str:
-    """A readable label for a group key (GROUP_KEYS order)."""
-    data, vocab, seq_len, width, depth, optimizer = key
-    return f"{data} V{vocab} T{seq_len} w{width} d{depth} {optimizer}"
+    """A readable label for a group key: its model and optimizer (the model alone when the
+    optimizer is unknown)."""
+    optimizer = key[GROUP_KEYS.index("optimizer")]
+    model = model_name(key)
+    return model if optimizer == UNKNOWN_OPTIMIZER else f"{model} {optimizer}"
 
 
 def split_runs(runs: list[dict]) -> tuple[dict[tuple, list[dict]], list[dict], list[str]]:
@@ -89,7 +128,7 @@ def split_runs(runs: list[dict]) -> tuple[dict[tuple, list[dict]], list[dict], l
             left_out.append({"run_dir": where, "reason": "incomplete",
                              "detail": "no eval point, tokens or batch_size recorded"})
         else:
-            groups[tuple(run[k] for k in GROUP_KEYS)].append(run)
+            groups[group_key(run)].append(run)
     for key, members in list(groups.items()):
         prints = Counter(r["data_fingerprint"] for r in members)
         majority = prints.most_common(1)[0][0]
@@ -289,8 +328,8 @@ def most_efficient_batch(cells: list[Cell]) -> int | None:
     return min(curves, key=lambda b: (curves[b][budget], b))
 
 
-def choose_baseline(cells: list[Cell],
-                    forced: int | str | None = None) -> tuple[int | None, str | None]:
+def choose_baseline(cells: list[Cell], forced: int | str | None = None,
+                    hints: FixHints = SWEEP_HINTS) -> tuple[int | None, str | None]:
     """The baseline batch: the smallest with >= 3 budgets, `forced` (with >= 2), or with
     "auto" the most token-efficient batch with a curve (`most_efficient_batch`).
 
@@ -300,22 +339,25 @@ def choose_baseline(cells: list[Cell],
     if forced == "auto":
         forced = most_efficient_batch(cells)
         if forced is None:
-            return choose_baseline(cells)
+            return choose_baseline(cells, hints=hints)
     if forced is not None:
         if budgets.get(forced, 0) >= 2:
             warn = None if budgets[forced] >= MIN_BASELINE_BUDGETS else (
                 f"baseline batch {forced} has only {budgets[forced]} budgets; its curve is a "
                 "straight line between them and cannot be extrapolated")
             return forced, warn
+        more = 2 - budgets.get(forced, 0)
         return None, (f"--baseline-batch {forced} has {budgets.get(forced, 0)} budget(s) here; "
-                      f"it needs at least 2; run {FIX_BASELINE}")
+                      f"it needs at least 2; " + hints.baseline.format(batch=forced, more=more))
     for batch in sorted(budgets):
         if budgets[batch] >= MIN_BASELINE_BUDGETS:
             return batch, None
     have = ", ".join(f"{b}: {n}" for b, n in sorted(budgets.items()))
+    smallest = min(budgets)
     return None, (f"no batch size has {MIN_BASELINE_BUDGETS} token budgets (budgets per batch "
-                  f"size: {have}), so there is no baseline curve and no per-run B_crit; run "
-                  f"{FIX_BASELINE}")
+                  f"size: {have}), so there is no baseline curve and no per-run B_crit; "
+                  + hints.baseline.format(batch=smallest,
+                                          more=MIN_BASELINE_BUDGETS - budgets[smallest]))
 
 
 def more_efficient_than_baseline(cells: list[Cell], baseline_batch: int) -> list[Cell]:
@@ -343,8 +385,26 @@ def more_efficient_than_baseline(cells: list[Cell], baseline_batch: int) -> list
 # Pareto frontier S = S_min + E_min / B
 
 
-def pareto_frontiers(cells: list[Cell], seq_len: int,
-                     optimizer: str) -> tuple[list[dict], str | None]:
+def pareto_row(batch_sizes, steps, seq_len: int, optimizer: str, target_loss: float,
+               tokens=None) -> dict:
+    """One Pareto fit (`fit_pareto`) at `target_loss` with its points (`tokens` default to
+    steps x batch x seq_len), its `_tokens` twins and its degeneracy (`pareto_degeneracy`;
+    None when it stands)."""
+    batches = np.asarray(batch_sizes, dtype=float)
+    steps = np.asarray(steps, dtype=float)
+    fit = fit_pareto(batches, steps)
+    tokens = steps * batches * seq_len if tokens is None else np.asarray(tokens, dtype=float)
+    row = {"optimizer": optimizer, "target_loss": float(target_loss), **fit,
+           "batch_sizes": [int(b) for b in batches], "steps": steps.tolist(),
+           "tokens": tokens.tolist(),
+           "degenerate": pareto_degeneracy(fit, PARETO_MAX_INTERVAL_FACTOR)}
+    for k in ("b_crit", "b_crit_low", "b_crit_high", "e_min"):
+        row[f"{k}_tokens"] = None if row[k] is None else row[k] * seq_len
+    return row
+
+
+def pareto_frontiers(cells: list[Cell], seq_len: int, optimizer: str,
+                     hints: FixHints = SWEEP_HINTS) -> tuple[list[dict], str | None]:
     """Pareto fits at PARETO_TARGETS target losses across the range all curves share.
 
     Uses every batch size with two budgets or more: its final loss versus tokens at the best
@@ -358,29 +418,22 @@ def pareto_frontiers(cells: list[Cell], seq_len: int,
     curves = {b: c for b, c in curves.items() if c.pchip is not None}
     if len(curves) < 2:
         return [], (f"Pareto frontier needs two batch sizes with several budgets each "
-                    f"({len(curves)} here); run {FIX_PARETO}")
+                    f"({len(curves)} here); " + hints.pareto.format(batch=max(by_batch), more=2))
     lo = max(c.loss_range[0] for c in curves.values())
     hi = min(c.loss_range[1] for c in curves.values())
     if lo >= hi:
-        return [], ("Pareto frontier: the batch sizes' loss ranges do not overlap; add budgets "
-                    f"with {FIX_PARETO}")
+        return [], ("Pareto frontier: the batch sizes' loss ranges do not overlap; "
+                    + hints.pareto.format(batch=max(curves), more=1))
     rows = []
+    batches = np.array(sorted(curves))
     for target in np.linspace(lo, hi, PARETO_TARGETS):
-        batches = np.array(sorted(curves))
         tokens = np.array([curves[b].tokens_for(float(target))[0] for b in batches])
-        steps = tokens / (batches * seq_len)
-        fit = fit_pareto(batches, steps)
-        row = {"optimizer": optimizer, "target_loss": float(target), **fit,
-               "batch_sizes": batches.tolist(), "steps": steps.tolist(),
-               "tokens": tokens.tolist(),
-               "degenerate": pareto_degeneracy(fit, PARETO_MAX_INTERVAL_FACTOR)}
-        for k in ("b_crit", "b_crit_low", "b_crit_high", "e_min"):
-            row[f"{k}_tokens"] = None if row[k] is None else row[k] * seq_len
-        rows.append(row)
+        rows.append(pareto_row(batches, tokens / (batches * seq_len), seq_len, optimizer,
+                               target, tokens))
     warn = None
     if len(curves) == 2:
         warn = (f"Pareto frontier for {optimizer} rests on two batch sizes: exact fit, no "
-                f"confidence interval; add batch sizes with {FIX_PARETO}")
+                "confidence interval; " + hints.pareto.format(batch=max(curves), more=2))
     return rows, warn
 
 
@@ -393,7 +446,7 @@ def noise_points(runs: list[dict]) -> list[dict]:
     summary keys `b_noise`, `b_noise_tokens`, `b_noise_loss` (kind `b_noise_online`)."""
     points = []
     for run in runs:
-        group = group_name(tuple(run[k] for k in GROUP_KEYS))
+        group = group_name(group_key(run))
         noise = run.get("noise")
         if noise and noise.get("resolved") and is_finite(noise.get("b_noise_tokens")):
             points.append({
@@ -434,7 +487,8 @@ def cell_warnings(name: str, cells: list[Cell]) -> list[str]:
     return warnings
 
 
-def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str]) -> None:
+def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str],
+                  hints: FixHints = SWEEP_HINTS) -> None:
     """The baseline curve of group `g` and the per-run B_crit of its other cells, in place."""
     name, seq_len, optimizer = g["name"], g["key"]["seq_len"], g["key"]["optimizer"]
     base_cells = [c for c in cells if c.batch_size == b]
@@ -460,7 +514,8 @@ def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str]) -> No
                         "no B_crit")
     others = [c for c in cells if c.batch_size != b]
     if not others:
-        warnings.append(f"{name}: only the baseline batch {b} was trained; run {FIX_BATCH}")
+        warnings.append(f"{name}: only the baseline batch {b} was trained; "
+                        + hints.batch.format(batch=b, more=0))
     for c in others:
         row = per_run_bcrit(c, curve, b, sigma_b, seq_len, source_b)
         row.update(optimizer=optimizer, group=name)
@@ -471,10 +526,10 @@ def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str]) -> No
 
 
 def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batch,
-                  warnings: list[str]) -> dict:
+                  warnings: list[str], hints: FixHints = SWEEP_HINTS) -> dict:
     """Cells, baseline, per-run B_crit and Pareto rows of one group of comparable runs."""
     name = group_name(key)
-    seq_len, optimizer = key[2], key[5]
+    seq_len, optimizer = key[GROUP_KEYS.index("seq_len")], key[GROUP_KEYS.index("optimizer")]
     budgets = nominal_budgets([r["tokens"] for r in members], BUDGET_TOLERANCE)
     scatter = seed_scatter(members, budgets)
     nominal = sorted(set(budgets.values()))
@@ -495,25 +550,81 @@ def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batc
          "sweep": Counter(r["sweep"] for r in members).most_common(1)[0][0]}
     if len(batches) < 2:
         warnings.append(f"{name}: one batch size only ({batches[0]}); B_crit needs several: "
-                        f"run {FIX_BATCH}")
-    b, warn = choose_baseline(cells, baseline_batch)
+                        + hints.batch.format(batch=batches[0], more=0))
+    b, warn = choose_baseline(cells, baseline_batch, hints)
     if warn:
         warnings.append(f"{name}: {warn}")
     if b is not None:
-        baseline_rows(g, cells, b, warnings)
-    rows, warn = pareto_frontiers(cells, seq_len, optimizer)
+        baseline_rows(g, cells, b, warnings, hints)
+    rows, warn = pareto_frontiers(cells, seq_len, optimizer, hints)
     if warn and len(batches) >= 2:
         warnings.append(f"{name}: {warn}")
+    g["pareto"] = name_pareto_rows(name, rows, warnings)
+    return g
+
+
+def name_pareto_rows(name: str, rows: list[dict], warnings: list[str]) -> list[dict]:
+    """`rows` with their group's name; a warning for each degenerate one."""
     for row in rows:
         row["group"] = name
         if row["degenerate"]:
             warnings.append(f"{name}: Pareto fit at {row['target_loss']:.4f} nats/token is "
                             f"degenerate ({row['degenerate']}); left out of Kaplan's law")
-    g["pareto"] = rows
-    return g
+    return rows
 
 
-def lr_scaling_fits(out_groups: list[dict], warnings: list[str]) -> dict:
+def target_frontiers(targets: list[dict], out_groups: list[dict], warnings: list[str],
+                     hints: FixHints = SWEEP_HINTS) -> None:
+    """Pareto fits of steps-to-target rows, added in place to `out_groups`.
+
+    Each row holds `group_label`, `optimizer`, `seq_len`, `target_loss`, `batch_size`,
+    `steps` (optimizer steps to first reach the target) and `sweep` (where it came from),
+    as `analysis.tables` reads them. One fit S = S_min + E_min / B per (group, optimizer,
+    seq_len, target loss); several rows of one batch size (e.g. one per lr) count their
+    fewest steps. The fits join the run group of the same key, or form a group of their own.
+    """
+    frontiers: dict[tuple, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for t in targets:
+        frontiers[group_key(t)][float(t["target_loss"])].append(t)
+    by_key = {tuple(g["key"].values()): g for g in out_groups}
+    for key, by_target in sorted(frontiers.items(), key=lambda kv: str(kv[0])):
+        name, rows = group_name(key), []
+        seq_len, optimizer = key[GROUP_KEYS.index("seq_len")], key[GROUP_KEYS.index("optimizer")]
+        for target, points in sorted(by_target.items()):
+            fewest: dict[int, float] = {}
+            for p in points:
+                fewest[p["batch_size"]] = min(fewest.get(p["batch_size"], math.inf), p["steps"])
+            batches = sorted(fewest)
+            if len(batches) < 2:
+                warnings.append(f"{name}: target loss {target:.4g} has one batch size only "
+                                f"({batches[0]}); " + hints.pareto.format(batch=batches[0],
+                                                                          more=1))
+                continue
+            if len(batches) == 2:
+                warnings.append(f"{name}: the Pareto fit at {target:.4g} nats/token rests on "
+                                "two batch sizes: exact fit, no confidence interval")
+            rows.append(pareto_row(batches, [fewest[b] for b in batches], seq_len, optimizer,
+                                   target))
+        rows = name_pareto_rows(name, rows, warnings)
+        batches = sorted({p["batch_size"] for pts in by_target.values() for p in pts})
+        n_rows = sum(len(pts) for pts in by_target.values())
+        g = by_key.get(key)
+        if g is None:
+            g = by_key[key] = {
+                "key": dict(zip(GROUP_KEYS, key, strict=True)), "name": name, "cells": [],
+                "n_runs": 0, "batch_sizes": [], "budgets": [], "baseline_batch": None,
+                "baseline": None, "per_run": [], "pareto": [], "lr_scaling": None,
+                "seed_scatter": None, "seed_scatter_dof": 0,
+                "sweep": Counter(p["sweep"] for pts in by_target.values()
+                                 for p in pts).most_common(1)[0][0]}
+            out_groups.append(g)
+        g["pareto"] += rows
+        g["batch_sizes"] = sorted(set(g["batch_sizes"]) | set(batches))
+        g["n_target_rows"] = n_rows
+
+
+def lr_scaling_fits(out_groups: list[dict], warnings: list[str],
+                    hints: FixHints = SWEEP_HINTS) -> dict:
     """Per optimizer, the lr-scaling power law of the group with the most batch sizes that
     have an interior best lr at one nominal budget (the largest such budget)."""
     by_opt: dict[str, list] = defaultdict(list)
@@ -531,22 +642,26 @@ def lr_scaling_fits(out_groups: list[dict], warnings: list[str]) -> dict:
         fit = fit_lr_scaling([c.batch_size for c in pts], [c.lr for c in pts])
         if fit:
             lr_scaling[opt] = g["lr_scaling"] = {**fit, "group": g["name"]}
-    if not lr_scaling and out_groups:
+    batches = sorted({c.batch_size for g in out_groups for c in g["cells"]})
+    if not lr_scaling and batches:
         warnings.append("lr scaling: no group has two batch sizes with an interior best lr at "
-                        f"one budget; run {FIX_BATCH}")
+                        "one budget; " + hints.lr.format(batch=batches[0], more=0))
     return lr_scaling
 
 
 def analyse(runs: list[dict], baseline_batch: int | str | None = None,
-            left_out: list[dict] | None = None, warnings: list[str] | None = None) -> dict:
+            left_out: list[dict] | None = None, warnings: list[str] | None = None,
+            targets: list[dict] | None = None, hints: FixHints = SWEEP_HINTS) -> dict:
     """Every fit of the report, from loaded runs (see module docstring).
 
     Returns a dict with `groups` (per group: key, cells, baseline curve, per-run rows,
     Pareto rows, lr scaling), the public `fits` (per_run, pareto, kaplan: one row per
     optimizer and method, kaplan_points, lr_scaling, warnings), `left_out`, `noise`, `n_runs`
     and `warnings` (the list in `fits`). `baseline_batch`: a batch size, "auto" or None (see
-    `choose_baseline`). Never raises on thin data: what cannot be computed is named in the
-    warnings together with the sweep that fills it.
+    `choose_baseline`). `targets`: steps-to-target rows (`target_frontiers`), fitted as
+    Pareto frontiers beside the runs'. Never raises on thin data: what cannot be computed is
+    named in the warnings together with what fills it, in the words of `hints` (sweeps to run,
+    or rows to add to a table).
     """
     warnings = list(warnings or [])
     groups, dropped, split_warnings = split_runs(runs)
@@ -559,13 +674,13 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
     diverged = defaultdict(list)
     for run in runs:
         if run["status"] == "diverged":
-            diverged[(tuple(run[k] for k in GROUP_KEYS), run["batch_size"], run["tokens"])].append(
-                float(run["lr"]))
-    out_groups = [analyse_group(key, members, diverged, baseline_batch, warnings)
+            diverged[(group_key(run), run["batch_size"], run["tokens"])].append(float(run["lr"]))
+    out_groups = [analyse_group(key, members, diverged, baseline_batch, warnings, hints)
                   for key, members in groups.items()]
+    target_frontiers(targets or [], out_groups, warnings, hints)
     per_run = [row for g in out_groups for row in g["per_run"]]
     pareto = [row for g in out_groups for row in g["pareto"]]
-    lr_scaling = lr_scaling_fits(out_groups, warnings)
+    lr_scaling = lr_scaling_fits(out_groups, warnings, hints)
     noise = noise_points(runs)
     for p in noise:
         if p.get("unresolved"):
@@ -573,7 +688,7 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
                             f"K = {p['micro_batches']}); increase K")
     points = collect_points(per_run, pareto, [p for p in noise if "loss" in p])
     points = corpus_filter(groups, points, warnings, group_name)
-    kaplan = kaplan_fits(points, warnings, f"run {FIX_PARETO} for B_crit across losses")
+    kaplan = kaplan_fits(points, warnings, hints.losses)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
             "warnings": warnings,
             "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan,

@@ -1,6 +1,7 @@
 """The B_crit study's report: tables, plots and the pipeline of `analysis/fit_bcrit.py`.
 
-`run_analysis` loads runs (local folders or W&B), analyses them (`critbatch.analysis.bcrit`)
+`run_analysis` loads runs (local folders, W&B or tables of runs and steps to a target loss:
+`critbatch.analysis.tables`), analyses them (`critbatch.analysis.bcrit`)
 and writes, through `render.run_study`:
 
 - `report.md`   the question, the groups, the tables (in the form of science.md section 3)
@@ -26,6 +27,7 @@ import numpy as np
 from critbatch.analysis import bcrit, plotting, render
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import latest_sweep_dir, load_runs, load_wandb_runs
+from critbatch.analysis.tables import export_rows, load_tables, write_table
 from critbatch.errors import ResultsError
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 
@@ -94,7 +96,8 @@ def loss_tables(groups: list[dict]) -> list[str]:
     """
     by_model: dict[tuple, list[dict]] = defaultdict(list)
     for g in groups:
-        by_model[tuple(v for k, v in g["key"].items() if k != "optimizer")].append(g)
+        if g["cells"]:  # steps-to-target rows alone have no loss
+            by_model[tuple(v for k, v in g["key"].items() if k != "optimizer")].append(g)
     out = []
     for model, gs in by_model.items():
         opts = [g["key"]["optimizer"] for g in gs]
@@ -119,9 +122,10 @@ def loss_tables(groups: list[dict]) -> list[str]:
                         "baseline" if base is cell else fmt(delta, "+.4f"),
                         fmt(cell.lr, ".3g") + flag.get(cell.edge, "")]
             rows.append(row)
-        data, vocab, seq_len, width, depth = model
-        out.append(f"**{data}, vocabulary {vocab}, seq_len {seq_len}, width {width}, depth "
-                   f"{depth}** (baseline batch: " + ", ".join(
+        data, vocab, seq_len, width, depth, label = model
+        title = (f"{label}, seq_len {seq_len}" if label is not None else
+                 f"{data}, vocabulary {vocab}, seq_len {seq_len}, width {width}, depth {depth}")
+        out.append(f"**{title}** (baseline batch: " + ", ".join(
                        f"{g['key']['optimizer']} {g['baseline_batch'] or 'none'}" for g in gs)
                    + ")\n\n" + md_table(header, rows))
     return out
@@ -138,9 +142,13 @@ QUESTION = (
 
 
 def groups_table(groups: list[dict]) -> str:
+    def runs(g: dict) -> str:
+        n = g.get("n_target_rows")
+        return str(g["n_runs"]) + (f" (+ {n} steps-to-target rows)" if n else "")
+
     return md_table(
         ["group", "sweep", "runs", "batch sizes (seq)", "budgets (tokens)", "baseline batch"],
-        [[g["name"], str(g["sweep"]), str(g["n_runs"]), ", ".join(map(str, g["batch_sizes"])),
+        [[g["name"], str(g["sweep"]), runs(g), ", ".join(map(str, g["batch_sizes"])),
           ", ".join(f"{t:,}" for t in g["budgets"]), str(g["baseline_batch"] or "none")]
          for g in groups])
 
@@ -240,7 +248,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "Final validation loss at the best lr of each cell (grid minimum refined by a "
               "parabola in log lr), and its difference from the baseline batch at the same "
               "budget.", "",
-              "\n\n".join(loss_tables(result["groups"])), "",
+              "\n\n".join(loss_tables(result["groups"])) or "No runs (see the Pareto frontier).",
+              "",
               "## Effective tokens and B_crit per run", "",
               "E_eff: baseline tokens that reach the run's loss (PCHIP in log tokens; "
               "extrapolated with L = L_inf + A E^-alpha where marked). r = E/E_eff; "
@@ -305,7 +314,10 @@ def plot_loss_vs_tokens(groups: list[dict], path: Path) -> None:
                         x = np.geomspace(a, b, 30)
                         ax.plot(x, [curve.loss_at(v)[0] for v in x], "k--", lw=1)
         plotting.log_axes(ax)
-        plotting.label_axes(ax, "tokens seen", "final validation loss (nats/token)", g["name"])
+        if not g["cells"]:
+            plotting.empty_axes(ax, "no runs: steps-to-target rows only")
+        plotting.label_axes(ax, "tokens seen", "final validation loss (nats/token)", g["name"],
+                            legend=bool(g["cells"]))
     plotting.save_figure(fig, path)
 
 
@@ -313,6 +325,9 @@ def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
     plt = plotting.pyplot()
     fig, panels = _panels(groups, PLOTS["lr_sensitivity"])
     for g, ax in panels:
+        if not g["budgets"]:
+            plotting.empty_axes(ax, "no runs: steps-to-target rows only")
+            continue
         budget = max(g["budgets"])
         cs = sorted((c for c in g["cells"] if c.tokens == budget), key=lambda c: c.batch_size)
         colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(cs))))
@@ -455,8 +470,10 @@ def wandb_fields(result: dict, loaded: dict) -> dict:
 
 def summary_lines(result: dict) -> list[str]:
     fits = result["fits"]
-    lines = [f"  {g['name']}: {g['n_runs']} runs, batch sizes {g['batch_sizes']}, "
-             f"baseline {g['baseline_batch'] or 'none'}" for g in result["groups"]]
+    lines = [f"  {g['name']}: {g['n_runs']} runs"
+             + (f" + {g['n_target_rows']} steps-to-target rows" if g.get("n_target_rows") else "")
+             + f", batch sizes {g['batch_sizes']}, baseline {g['baseline_batch'] or 'none'}"
+             for g in result["groups"]]
     for r in fits["per_run"]:
         interval = fmt_interval(r["b_crit"], r["b_crit_low"], r["b_crit_high"])
         lines.append(f"  {r['group']}: B={r['batch_size']} tokens={r['tokens']:,} "
@@ -480,31 +497,63 @@ def study(baseline_batch: int | None = None) -> render.Study:
                         summary_lines=summary_lines, extra_files=write_csv)
 
 
+def inputs_of(paths: list[str] | None = None, from_wandb: str | None = None,
+              group: str | None = None, tables: list[str] | None = None,
+              runs_root: str = "runs") -> tuple:
+    """(load, inputs, default report folder) for `render.run_study`: the tables, or the W&B
+    project `from_wandb` (only `group`), or `paths`, or else the latest sweep under
+    `runs_root` and its companion stage."""
+    if tables:
+        first = Path(tables[0])
+        return (partial(load_tables, tables), [str(t) for t in tables],
+                first.with_name(f"{first.stem}-report"))
+    if from_wandb:
+        return (partial(load_wandb_runs, from_wandb, group),
+                [f"W&B {from_wandb}" + (f" group {group}" if group else "")],
+                Path(runs_root) / "wandb" / from_wandb.replace("/", "_") / (group or "all")
+                / "report")
+    if paths:
+        roots = [Path(p) for p in paths]
+        default = render.default_out(roots)
+    else:
+        roots, sentence = default_inputs(runs_root)
+        default = roots[0] / "report"  # the latest sweep's, not its companion's
+        print(sentence, flush=True)
+    return partial(load_runs, roots), [str(p) for p in roots], default
+
+
 def run_analysis(paths: list[str] | None = None, out: str | None = None,
                  baseline_batch: int | None = None, from_wandb: str | None = None,
                  group: str | None = None, wandb_mode: str = "offline",
-                 project: str = "critbatch", runs_root: str = "runs") -> dict:
+                 project: str = "critbatch", runs_root: str = "runs",
+                 tables: list[str] | None = None) -> dict:
     """Load, analyse and write the report folder; returns {"out", "result", "document"}.
 
-    The runs come from `paths`, or the W&B project `from_wandb` (only `group`), or else the
-    latest sweep under `runs_root` and its companion stage. Raises ResultsError (one line
-    for the user) only when nothing can be computed: no runs, or every run left out.
+    The input is one of `tables` (`critbatch.analysis.tables`), the W&B project
+    `from_wandb` (only `group`), `paths`, or else the latest sweep under `runs_root` and its
+    companion stage (`inputs_of`). Raises ResultsError (one line for the user) only when
+    nothing can be computed: no runs, a bad table, or every run left out.
     """
-    if from_wandb:
-        load = partial(load_wandb_runs, from_wandb, group)
-        inputs = [f"W&B {from_wandb}" + (f" group {group}" if group else "")]
-        default = Path(runs_root) / "wandb" / from_wandb.replace("/", "_") / (
-            group or "all") / "report"
-    else:
-        if paths:
-            roots = [Path(p) for p in paths]
-            default = render.default_out(roots)
-        else:
-            roots, sentence = default_inputs(runs_root)
-            default = roots[0] / "report"  # the latest sweep's, not its companion's
-            print(sentence, flush=True)
-        load = partial(load_runs, roots)
-        inputs = [str(p) for p in roots]
+    load, inputs, default = inputs_of(paths, from_wandb, group, tables, runs_root)
     return render.run_study(study(baseline_batch), load, inputs,
                             Path(out) if out else default, wandb_mode=wandb_mode,
                             project=project)
+
+
+def export_table(file: str, paths: list[str] | None = None, from_wandb: str | None = None,
+                 group: str | None = None, tables: list[str] | None = None,
+                 runs_root: str = "runs") -> list[dict]:
+    """Write the runs of the inputs (as `run_analysis` finds them) as a table of run rows
+    (`tables.write_table`, CSV or JSON Lines by the extension); returns the rows."""
+    load, inputs, _ = inputs_of(paths, from_wandb, group, tables, runs_root)
+    loaded = load()
+    if not loaded["runs"]:
+        raise render.no_runs(", ".join(inputs), "a sweep folder, or run make sweep-batch")
+    rows, skipped = export_rows(loaded["runs"])
+    write_table(rows, file)
+    for note in skipped:
+        print(f"warning: not exported: {note}")
+    print(f"{len(rows)} runs from {', '.join(inputs)} written to {file}"
+          + (f" ({len(loaded['left_out'])} unreadable runs left out)"
+             if loaded["left_out"] else ""), flush=True)
+    return rows

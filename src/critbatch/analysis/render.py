@@ -236,17 +236,19 @@ def run_study(study: Study, load: Callable[[], dict], inputs: list[str], out_dir
     """Load, analyse and write the report folder `out_dir`; returns {"out", "result",
     "document"}.
 
-    `load()` returns {"runs", "left_out", "warnings"} (`results.load_runs`); `inputs` name
-    what it reads. Raises ResultsError (one line for the user) only when nothing can be
-    analysed: no runs, or every run left out.
+    `load()` returns {"runs", "left_out", "warnings"} (`results.load_runs`), and optionally
+    "analyse_kwargs": more arguments for `study.analyse` (input beyond runs, e.g. a table's
+    steps-to-target rows). `inputs` name what it reads. Raises ResultsError (one line for
+    the user) only when nothing can be analysed: no input, or every run left out.
     """
     t0 = time.perf_counter()
     loaded = load()
     where = ", ".join(inputs)
-    if not loaded["runs"] and not loaded["left_out"]:
+    extra = loaded.get("analyse_kwargs", {})
+    if not loaded["runs"] and not loaded["left_out"] and not extra:
         raise no_runs(where, study.no_runs_fix)
     result = study.analyse(loaded["runs"], left_out=loaded["left_out"],
-                           warnings=loaded["warnings"])
+                           warnings=loaded["warnings"], **extra)
     if not result["groups"]:
         raise all_left_out(where, result["left_out"])
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -438,16 +438,18 @@ def summary_from_wandb(config: dict, summary: dict, history: list[dict], run_pat
 def load_wandb_runs(project_path: str, group: str | None = None) -> dict:
     """Read the training runs of a W&B project (ENTITY/PROJECT), optionally one group.
 
-    Same return shape as `load_runs`. Needs network access and a W&B login.
+    Every run but those of the reports and the noise program (job types "analysis" and
+    "noise": they trained nothing): the sweeps log their runs under their stage's job type
+    ("baseline", "batch", ...), single runs under "train". Same return shape as `load_runs`.
+    Needs network access and a W&B login.
     """
     import wandb
     from tqdm import tqdm
 
-    filters: dict = {"jobType": "train"}
-    if group:
-        filters["group"] = group
+    filters: dict = {"group": group} if group else {}
     try:
-        api_runs = list(wandb.Api().runs(project_path, filters=filters))
+        api_runs = [run for run in wandb.Api().runs(project_path, filters=filters)
+                    if getattr(run, "job_type", None) not in ("analysis", "noise")]
     except Exception as err:  # the API raises many types (network, auth, not found)
         raise ResultsError(f"cannot read W&B project {project_path}: {err}") from None
     runs, left_out = [], []

@@ -1,0 +1,306 @@
+"""Results from elsewhere: a table of finished runs, or of steps to a target loss.
+
+    python analysis/fit_bcrit.py --table FILE [--table FILE ...]
+    python analysis/fit_bcrit.py [PATHS | --from-wandb E/P] --export-table FILE
+
+A table is CSV with a header row (`.csv`) or JSON Lines, one object per line (`.jsonl`,
+`.ndjson`), one row per finished run or per (batch size, target loss). Two kinds of row:
+
+- a run row: `batch_size` (sequences per optimizer step), `seq_len` (tokens per sequence),
+  `tokens` (tokens trained) and `loss` (final validation loss, nats/token; blank or nan when
+  the run has none: it is left out). Run rows become run dicts that `bcrit.analyse` reads
+  like the summaries of a sweep: one eval point, the final one, per run.
+- a steps-to-target row: `batch_size`, `seq_len`, `target_loss` (nats/token) and `steps`
+  (optimizer steps to first reach it), the form most papers publish. They go to
+  `bcrit.analyse(targets=...)`: one Pareto fit S = S_min + E_min / B per (group, optimizer,
+  seq_len, target loss), and from there into Kaplan's law.
+
+Optional columns: `group` (runs that may be compared: same model and data; default: one
+group, `DEFAULT_GROUP`), `optimizer` (default `bcrit.UNKNOWN_OPTIMIZER`), `lr` (without it,
+each cell has one lr and is flagged as untuned), `seed`, `run` (a name for the run; default
+FILE:row N), `status` (completed or diverged) and `bytes_per_token` (for losses per byte).
+Other columns are ignored. A bad table stops with one line naming the file, the row (the
+file's line: a CSV header is row 1), the column and how to fix it.
+
+`export_rows` and `write_table` turn loaded runs (a sweep's folders or W&B) into run rows,
+so any sweep round-trips through a table. B_noise measurements are not part of a table.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+from critbatch.analysis.bcrit import UNKNOWN_OPTIMIZER, FixHints, group_key, model_name
+from critbatch.errors import ResultsError
+
+RUN_COLUMNS = ("batch_size", "seq_len", "tokens", "loss")
+TARGET_COLUMNS = ("batch_size", "seq_len", "target_loss", "steps")
+EXPORT_COLUMNS = ("run", "group", "optimizer", "lr", "seed", "status", "batch_size", "seq_len",
+                  "tokens", "loss", "bytes_per_token")
+FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+DEFAULT_GROUP = "table"
+STATUSES = ("completed", "diverged")
+
+# What each numeric column holds: (what a valid cell is, how to write one).
+NUMBERS = {
+    "batch_size": ("a positive whole number", "write the sequences per optimizer step, e.g. 256"),
+    "seq_len": ("a positive whole number", "write the tokens per sequence, e.g. 512"),
+    "tokens": ("a positive whole number", "write the tokens the run trained on, e.g. 1.3e9"),
+    "loss": ("a number", "write the final validation loss in nats/token, e.g. 3.42 "
+                         "(blank or nan when the run has none)"),
+    "target_loss": ("a positive number", "write the target validation loss in nats/token, "
+                                         "e.g. 3.42"),
+    "steps": ("a positive number", "write the optimizer steps the run took to first reach "
+                                   "target_loss, e.g. 13282"),
+    "lr": ("a positive number", "write the peak learning rate, e.g. 3e-4 (every row, or drop "
+                                "the column)"),
+    "seed": ("a whole number", "write the run's seed, e.g. 0, or leave it blank"),
+    "bytes_per_token": ("a positive number", "write the corpus's bytes per token, e.g. 4.2, "
+                                             "or leave it blank"),
+}
+WHOLE = ("batch_size", "seq_len", "tokens", "seed")
+POSITIVE = ("batch_size", "seq_len", "tokens", "target_loss", "steps", "lr", "bytes_per_token")
+
+NO_LR = math.nan  # the lr of rows without one: one object, so a cell's rows share one lr bin
+
+TABLE_HINTS = FixHints(
+    baseline="add rows of batch {batch} at {more} more token budget(s), each a complete run "
+             "with its own lr schedule",
+    batch="add rows of larger batch sizes at the budgets of batch {batch}",
+    pareto="add rows of a second batch size at two token budgets or more (or steps-to-target "
+           "rows of several batch sizes)",
+    lr="add rows at three learning rates or more per batch size (an lr column), so that each "
+       "best lr lies inside its grid",
+    losses="add steps-to-target rows at several target losses (or run rows at more budgets) "
+           "for B_crit across losses")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_records(path: Path) -> tuple[list[tuple[int, dict]], str]:
+    """The rows of a table file as (row number, {column: cell}), and its format.
+
+    Row numbers are the file's lines (a CSV header is row 1); blank lines are skipped. CSV
+    cells are stripped strings; JSON Lines cells are what JSON holds.
+    """
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise ResultsError(f"{path}: unknown table format {path.suffix or '(no extension)'!r}; "
+                           "name it .csv (a header row, then one row per run) or .jsonl (one "
+                           "JSON object per line)")
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ResultsError(f"{path} does not exist; pass a .csv or .jsonl table") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ResultsError(f"{path} cannot be read as text ({err}); save it as UTF-8 "
+                           ".csv or .jsonl") from None
+    if not text.strip():
+        raise ResultsError(f"{path}: the file is empty; write a header row ("
+                           f"{','.join(RUN_COLUMNS)} or {','.join(TARGET_COLUMNS)}) and one "
+                           "row per finished run")
+    records = []
+    if kind == "csv":
+        reader = csv.reader(io.StringIO(text))
+        header = [h.strip() for h in next(reader)]
+        for cells in reader:
+            if not any(c.strip() for c in cells):
+                continue
+            if len(cells) != len(header):
+                raise ResultsError(f"{path} row {reader.line_num}: {len(cells)} cells under "
+                                   f"{len(header)} columns; give every row one cell per "
+                                   "header column (leave optional ones empty)")
+            records.append((reader.line_num, dict(zip(header, (c.strip() for c in cells),
+                                                      strict=True))))
+    else:
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ResultsError(f"{path} row {n}, column {err.colno}: not valid JSON "
+                                   f"({err.msg}); write one JSON object per line") from None
+            if not isinstance(record, dict):
+                raise ResultsError(f"{path} row {n}: a JSON {type(record).__name__}, not an "
+                                   "object; write one object per line, e.g. "
+                                   '{"batch_size": 256, "seq_len": 512, "tokens": 1e9, '
+                                   '"loss": 3.4}')
+            records.append((n, record))
+    if not records:
+        raise ResultsError(f"{path}: no rows below the header; add one row per finished run")
+    return records, kind
+
+
+def is_blank(cell) -> bool:
+    return cell is None or (isinstance(cell, str) and not cell.strip())
+
+
+def number(cell, column: str, where: str) -> float:
+    """A numeric cell (NUMBERS[column]), or a one-line error naming where it is."""
+    what, how = NUMBERS[column]
+    try:
+        if isinstance(cell, bool) or not isinstance(cell, int | float | str):
+            raise ValueError
+        value = float(cell)
+    except ValueError:
+        raise ResultsError(f"{where}, column {column}: {cell!r} is not {what}; {how}") from None
+    bad = column != "loss" and not math.isfinite(value)
+    bad |= column in POSITIVE and not value > 0
+    bad |= column in WHOLE and math.isfinite(value) and value != round(value)
+    if bad:
+        raise ResultsError(f"{where}, column {column}: {cell!r} is not {what}; {how}")
+    return int(value) if column in WHOLE else value
+
+
+def text(record: dict, column: str, default: str) -> str:
+    cell = record.get(column)
+    return default if is_blank(cell) else str(cell).strip()
+
+
+def parse_row(record: dict, where: str, header_where: str, has_lr: bool) -> dict:
+    """One validated row: its `kind` ("run" or "target") and typed cells."""
+    filled = {k for k, v in record.items() if not is_blank(v)}
+    kind = "target" if filled & {"target_loss", "steps"} else "run"
+    need = TARGET_COLUMNS if kind == "target" else RUN_COLUMNS
+    for column in need:
+        if column not in record:
+            name, other, other_name = (("a steps-to-target row", RUN_COLUMNS, "a run row")
+                                       if kind == "target" else
+                                       ("a run row", TARGET_COLUMNS, "a steps-to-target row"))
+            raise ResultsError(f"{header_where}: no column {column}; add it: {name} needs "
+                               f"{', '.join(need)} ({other_name}: {', '.join(other)})")
+    row = {"kind": kind, "where": where}
+    for column in need:
+        cell = record[column]
+        if is_blank(cell) and column == "loss":
+            row[column] = math.nan
+        elif is_blank(cell):
+            raise ResultsError(f"{where}, column {column}: empty; {NUMBERS[column][1]}")
+        else:
+            row[column] = number(cell, column, where)
+    for column in ("lr", "seed", "bytes_per_token"):
+        if not is_blank(record.get(column)):
+            row[column] = number(record[column], column, where)
+    if kind == "run" and has_lr and "lr" not in row:
+        raise ResultsError(f"{where}, column lr: empty; {NUMBERS['lr'][1]}")
+    row["group"] = text(record, "group", DEFAULT_GROUP)
+    row["optimizer"] = text(record, "optimizer", UNKNOWN_OPTIMIZER)
+    row["status"] = text(record, "status", "completed").lower()
+    if row["status"] not in STATUSES:
+        raise ResultsError(f"{where}, column status: {record['status']!r} is not one of "
+                           f"{', '.join(STATUSES)}; write completed, diverged or leave it blank")
+    row["run"] = text(record, "run", where)
+    return row
+
+
+def run_from_row(row: dict, source: str) -> dict:
+    """A run dict that `bcrit.analyse` reads like a loaded summary: its final loss as its one
+    eval point, its group label as its group, no data, width or depth of its own."""
+    tokens, batch, seq_len = row["tokens"], row["batch_size"], row["seq_len"]
+    loss = row["loss"] if row["status"] == "completed" else math.nan
+    bytes_per_token = row.get("bytes_per_token", math.nan)
+    steps = tokens // (batch * seq_len)
+    per_byte = loss / bytes_per_token
+    return {
+        "status": row["status"], "sweep": source, "seed": row.get("seed", 0),
+        "optimizer": row["optimizer"], "lr": row.get("lr", NO_LR),
+        "group_label": row["group"], "data_name": None, "vocab_size": None, "width": None,
+        "depth": None, "seq_len": seq_len, "batch_size": batch, "tokens": tokens,
+        "steps": steps, "bytes_per_token": bytes_per_token, "val_loss": loss,
+        "val_loss_per_byte": per_byte, "data_fingerprint": None, "run_dir": row["run"],
+        "noise": None, "status_reason": None, "diverged_step": None,
+        "curve": [] if row["status"] == "diverged" else [
+            {"step": steps, "tokens": tokens, "val_loss": loss, "val_loss_per_byte": per_byte}]}
+
+
+def target_from_row(row: dict, source: str) -> dict:
+    """A steps-to-target row as `bcrit.target_frontiers` reads it."""
+    return {"group_label": row["group"], "optimizer": row["optimizer"],
+            "seq_len": row["seq_len"], "target_loss": row["target_loss"],
+            "batch_size": row["batch_size"], "steps": row["steps"], "sweep": source,
+            "run_dir": row["run"]}
+
+
+def read_table(path: str | Path) -> tuple[list[dict], list[dict]]:
+    """(run dicts, steps-to-target rows) of one table file; ResultsError on a bad one."""
+    path = Path(path)
+    records, kind = read_records(path)
+    has_lr = any("lr" in r and not is_blank(r["lr"]) for _, r in records)
+    runs, targets = [], []
+    for n, record in records:
+        where = f"{path} row {n}"
+        header_where = f"{path} row 1 (the header)" if kind == "csv" else where
+        row = parse_row(record, where, header_where, has_lr)
+        if row["kind"] == "run":
+            runs.append(run_from_row(row, path.name))
+        else:
+            targets.append(target_from_row(row, path.name))
+    return runs, targets
+
+
+def load_tables(paths: list[str | Path]) -> dict:
+    """Every table's rows in `results.load_runs`'s shape, with the steps-to-target rows and
+    the table's fix hints as `analyse_kwargs` for `bcrit.analyse`."""
+    runs, targets = [], []
+    for path in paths:
+        more_runs, more_targets = read_table(path)
+        runs += more_runs
+        targets += more_targets
+    return {"runs": runs, "left_out": [], "warnings": [],
+            "analyse_kwargs": {"targets": targets, "hints": TABLE_HINTS}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
+    """Run rows (EXPORT_COLUMNS) of loaded runs, and a note for each run a table cannot hold:
+    a scheduled batch (no one batch size) or a completed run without an eval point."""
+    rows, skipped = [], []
+    for run in runs:
+        if run.get("batch_schedule", "constant") != "constant":
+            skipped.append(f"{run['run_dir']}: a {run['batch_schedule']} batch has no single "
+                           "batch size")
+            continue
+        if run["status"] == "completed" and not run["curve"]:
+            skipped.append(f"{run['run_dir']}: no eval point")
+            continue
+        loss = run["val_loss"] if run["status"] == "completed" else math.nan
+        rows.append({"run": run["run_dir"], "group": model_name(group_key(run)),
+                     "optimizer": run["optimizer"], "lr": run["lr"], "seed": run["seed"],
+                     "status": run["status"], "batch_size": run["batch_size"],
+                     "seq_len": run["seq_len"], "tokens": run["tokens"], "loss": loss,
+                     "bytes_per_token": run["bytes_per_token"]})
+    return rows, skipped
+
+
+def write_table(rows: list[dict], path: str | Path) -> None:
+    """Write run rows as CSV or JSON Lines (by the extension); a missing or non-finite number
+    is an empty cell (null in JSON)."""
+    path = Path(path)
+    kind = FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise ResultsError(f"{path}: unknown table format {path.suffix or '(no extension)'!r}; "
+                           "name the export .csv or .jsonl")
+
+    def cell(v):
+        return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
+
+    clean = [{k: cell(row.get(k)) for k in EXPORT_COLUMNS} for row in rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as handle:
+        if kind == "jsonl":
+            handle.write("".join(json.dumps(row) + "\n" for row in clean))
+        else:
+            writer = csv.DictWriter(handle, fieldnames=EXPORT_COLUMNS)
+            writer.writeheader()
+            writer.writerows({k: "" if v is None else v for k, v in row.items()}
+                             for row in clean)
