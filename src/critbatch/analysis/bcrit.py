@@ -16,7 +16,9 @@ Units: batch sizes in sequences unless a name ends in `_tokens`; losses in nats/
 a name ends in `_per_byte`; `tokens` are training tokens seen.
 
 `analyse(runs)` runs everything on the runs loaded by `critbatch.analysis.results.load_runs`
-and returns plain dicts and lists; `critbatch.analysis.bcrit_report` turns them into files.
+(or read from a table by `critbatch.analysis.tables`, with its steps-to-target rows as
+`targets`) and returns plain dicts and lists; `critbatch.analysis.bcrit_report` turns them
+into files. Its warnings say how to fill each gap in the words of the input (`FixHints`).
 """
 
 from __future__ import annotations
