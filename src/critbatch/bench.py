@@ -50,6 +50,7 @@ from critbatch.training.cli import check_overrides
 from critbatch.training.data import prepare_data, sample_batch
 from critbatch.training.gns import MicroGradNorms
 from critbatch.training.loop import train
+from critbatch.training.memory import reuse_freed_memory
 from critbatch.training.metrics import StepRecord, metrics_rows
 from critbatch.training.model import GPT, flops_per_token, param_count
 from critbatch.training.optim import adamw_options, lr_factor
@@ -741,6 +742,7 @@ def table(results: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    reuse_freed_memory()  # as the trainer does: the minimal loop and the trainer alike
     parser = argparse.ArgumentParser(prog="python -m critbatch.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", choices=list(SECTIONS),

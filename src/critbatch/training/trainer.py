@@ -16,6 +16,7 @@ from critbatch.training.checkpoint import TrainState
 from critbatch.training.config import Config, micro_batch_size, total_steps
 from critbatch.training.data import TokenData, check_seq_len, prepare_data, val_windows
 from critbatch.training.distributed import Ranks, init_ranks
+from critbatch.training.memory import reuse_freed_memory
 from critbatch.training.model import param_count
 from critbatch.training.optim import used_lr
 from critbatch.training.step import Stepper, build_stepper, resolve_device
@@ -66,6 +67,7 @@ def build_trainer(cfg: Config, run_dir: Path, overrides: list[str]) -> Trainer:
     """Everything before the first step; resumes the state of a checkpoint in `run_dir`
     (refusing one that another config wrote) and checks the batch splits into ranks."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    reuse_freed_memory()  # before the model and its first step allocate
     t = cfg.train
     resolved = asdict(cfg)
     ckpt = checkpoint.load(run_dir / "checkpoint.pt", resolved)
