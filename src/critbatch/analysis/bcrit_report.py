@@ -413,7 +413,7 @@ def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None
                 ax.plot(grid, r["b_star_tokens"] / grid ** r["exponent"],
                         METHOD_STYLES[r["method"]][1], color=colors[r["optimizer"]], lw=1,
                         label=f"{r['optimizer']} {r['method'].replace('_', ' ')} fit: "
-                              f"L^-{r['exponent']:.2f}")
+                              f"B*/L^{r['exponent']:.2f}")
         ax.plot(grid, KAPLAN_B_STAR_TOKENS / grid ** KAPLAN_EXPONENT, "k-", lw=1.5,
                 label="Kaplan et al. 2020: 2e8 / L^4.8")
         ax.legend(fontsize=7)
