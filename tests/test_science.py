@@ -91,3 +91,15 @@ def test_nominal_budgets_join_counts_within_one_percent():
     assert nominal[2_999_000] == nominal[3_000_000] == 3_000_000
     assert nominal[750_000] == 750_000
     assert len(set(nominal.values())) == 3
+
+
+def test_kaplan_prediction_survives_a_wild_fit():
+    """Few points at nearly one loss can give an exponent in the hundreds: the prediction is
+    None where it overflows, 0 where it underflows, never a ZeroDivisionError."""
+    from critbatch.science.laws import kaplan_prediction_tokens
+
+    assert kaplan_prediction_tokens(3.0, 2e8, 4.8) == pytest.approx(2e8 / 3.0**4.8)
+    assert kaplan_prediction_tokens(5.0, 1e-300, 800.0) == 0.0
+    assert kaplan_prediction_tokens(0.5, 1e10, 2000.0) is None
+    assert kaplan_prediction_tokens(3.0, None, 4.8) is None
+    assert kaplan_prediction_tokens(3.0, 1e5, None) is None

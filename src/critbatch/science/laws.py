@@ -186,6 +186,10 @@ def pareto_degeneracy(fit: dict, max_interval_factor: float = 100.0) -> str | No
     return None
 
 
-def kaplan_prediction_tokens(loss: float, b_star_tokens: float, exponent: float) -> float:
-    """B_crit(L) = B* / L^exponent in tokens (L in nats/token)."""
-    return b_star_tokens / loss**exponent
+def kaplan_prediction_tokens(loss: float, b_star_tokens: float | None,
+                             exponent: float | None) -> float | None:
+    """B_crit(L) = B* / L^exponent in tokens (L in nats/token), computed in logs; None when
+    B* or the exponent is unknown or the value overflows a float (a wild fit on few points)."""
+    if b_star_tokens is None or exponent is None or b_star_tokens <= 0 or loss <= 0:
+        return None
+    return exp_or_none(math.log(b_star_tokens) - exponent * math.log(loss))
