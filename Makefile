@@ -10,7 +10,7 @@ OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-stability \
-        sweep-schedules wandb-sync clean
+        sweep-schedules report wandb-sync clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumula
 
 sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep schedules --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+
+report: install ## re-run the analyses of every sweep under runs/ (no training)
+	$(PY) -m critbatch.sweep report
 
 wandb-sync: install ## upload the offline W&B runs under runs/ (after `wandb login`)
 	@runs=$$(find runs -type d -name 'offline-run-*' -path '*/wandb/*' 2>/dev/null); \

@@ -366,6 +366,33 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     return len(problems)
 
 
+def report_all(runs_root: Path = Path("runs")) -> int:
+    """Re-run the analysis of every experiment's sweeps found under `runs_root` (no
+    training): one report per experiment and scale, where it stands after a sweep. Returns
+    the number of analyses that failed."""
+    done = failed = 0
+    for name, exp in EXPERIMENTS.items():
+        scales = sorted({d.name for stage in exp.stages
+                         for d in (runs_root / stage).glob("*") if d.is_dir()})
+        for scale in scales:
+            folders = [str(runs_root / stage / scale) for stage in exp.stages
+                       if (runs_root / stage / scale).is_dir()]
+            out = runs_root / exp.report_stage / scale / "report"
+            script = ANALYSIS_DIR / exp.analysis
+            print(f"\n== {name} at scale={scale}: python {script.relative_to(REPO)} "
+                  f"{' '.join(folders)} --out {out}", flush=True)
+            done += 1
+            if subprocess.call([sys.executable, str(script), *folders, "--out", str(out)]):
+                failed += 1
+                print(f"warning: the {name} analysis at scale={scale} failed (its message is "
+                      "above)")
+    if not done:
+        raise ResultsError(f"no sweep folders under {runs_root}/ (runs/<stage>/<scale>); run a "
+                           "sweep first, e.g. make sweep-batch")
+    print(f"\n{done - failed}/{done} reports written")
+    return failed
+
+
 def parse_jobs(jobs: str, scale: str) -> int:
     """JOBS: a count, or `auto` = one single-threaded job per core on CPU, one job on a GPU.
 
@@ -384,13 +411,18 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m critbatch.sweep",
         description="Run an experiment's sweeps, the noise measurement and the report.",
     )
-    parser.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    parser.add_argument("experiment", choices=[*sorted(EXPERIMENTS), "report"],
+                        help="an experiment to run, or `report`: re-analyse every sweep "
+                             "under runs/ without training")
     parser.add_argument("--scale", default="auto", help="auto | smoke | cpu | gpu (default auto)")
     parser.add_argument("--jobs", default="auto",
                         help="training jobs at once; auto: one per core on CPU, 1 on GPU")
     parser.add_argument("--opt", default="adamw,muon", help="optimizers, comma-separated")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_intermixed_args(argv)
+    if args.experiment == "report":
+        with user_errors():
+            raise SystemExit(1 if report_all() else 0)
     with user_errors():
         optimizers = [o for o in args.opt.split(",") if o]
         for name in optimizers:

@@ -1,0 +1,32 @@
+"""`make report` (`python -m critbatch.sweep report`): every sweep under runs/ re-analysed
+without training, each report where its sweep writes it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from critbatch.analysis.synthetic import synthetic_sweep
+
+
+def report(cwd):
+    return subprocess.run([sys.executable, "-m", "critbatch.sweep", "report"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_report_reanalyses_every_sweep_found(tmp_path):
+    synthetic_sweep(tmp_path / "runs" / "batch", sweep="smoke", batch_sizes=(64, 256))
+    synthetic_sweep(tmp_path / "runs" / "widths_batch", sweep="cpu", batch_sizes=(64,))
+    proc = report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
+    assert (tmp_path / "runs/widths_batch/cpu/report/fits.json").exists()
+    assert "2/2 reports written" in proc.stdout
+    assert not list(tmp_path.rglob("metrics.jsonl"))  # nothing trained
+
+
+def test_report_without_sweeps_is_one_line(tmp_path):
+    proc = report(tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "no sweep folders under runs/" in proc.stderr and "make sweep-batch" in proc.stderr
