@@ -17,7 +17,6 @@ and writes, through `render.run_study`:
 
 from __future__ import annotations
 
-import csv
 from collections import Counter, defaultdict
 from functools import partial
 from pathlib import Path
@@ -27,8 +26,9 @@ import numpy as np
 from critbatch.analysis import bcrit, plotting, render
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import latest_sweep_dir, load_runs, load_wandb_runs
-from critbatch.analysis.tables import export_rows, load_tables, write_table
+from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_table
 from critbatch.errors import ResultsError
+from critbatch.files import write_text_atomic
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 
 PLOTS = {
@@ -80,12 +80,7 @@ def fits_document(result: dict, inputs: list[str] | None = None) -> dict:
 
 def write_csv(result: dict, out: Path) -> list[str]:
     """`bcrit.csv` in `out`: the per-run table (PER_RUN_COLUMNS); returns its file name."""
-    with open(out / "bcrit.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=PER_RUN_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in result["fits"]["per_run"]:
-            writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in
-                             PER_RUN_COLUMNS})
+    write_text_atomic(out / "bcrit.csv", csv_text(PER_RUN_COLUMNS, result["fits"]["per_run"]))
     return ["bcrit.csv"]
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis.results import read_config
+from critbatch.analysis.results import read_config, wandb_group_name
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic
 
@@ -162,11 +162,10 @@ def add_wandb_arguments(parser) -> None:
 
 
 def logged_group(run_dir: str | Path | None, sweep: str | None = None) -> str:
-    """The W&B group a run was logged in: `logger.group or sweep or "single"`, the trainer's
-    rule, with logger.group read back from the run's config.json (the sweeps set it, e.g.
-    "batch-cpu")."""
+    """The W&B group a run was logged in (`results.wandb_group_name`), with logger.group read
+    back from the run's config.json (the sweeps set it, e.g. "batch-cpu")."""
     config = read_config(run_dir) if run_dir is not None else None
-    return ((config.get("logger") or {}).get("group") if config else None) or sweep or "single"
+    return wandb_group_name((config.get("logger") or {}).get("group") if config else None, sweep)
 
 
 def publish_report(out: Path, *, name: str, group: str, mode: str, project: str,

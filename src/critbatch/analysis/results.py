@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from critbatch.errors import ResultsError
+from critbatch.files import write_text_atomic
 
 if TYPE_CHECKING:
     from critbatch.science.noise import NoiseEMA
@@ -98,12 +99,7 @@ def truncate_metrics(path: str | Path, step: int) -> None:
     rewrites what came after its checkpoint); atomic, and an empty file when `step` is 0."""
     path = Path(path)
     rows = read_metrics(path.parent) if step > 0 and path.exists() else []
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
 
 def validate_summary(summary: Any, where: str = "summary.json") -> dict:
@@ -173,6 +169,12 @@ def read_noise(run_dir: str | Path) -> dict | None:
         raise ResultsError(f"{path} has values of the wrong type: {', '.join(bad[:3])}; "
                            "rerun `make noise RUN=...`")
     return noise
+
+
+def wandb_group_name(logger_group: str | None, sweep: str | None) -> str:
+    """The W&B group of a run and of every job about it: `logger.group`, else the sweep's
+    name, else "single". The trainer logs under it; the analyses find runs by it."""
+    return logger_group or sweep or "single"
 
 
 def is_finite(x: float) -> bool:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from critbatch.analysis.bcrit import UNKNOWN_OPTIMIZER, FixHints, group_key, model_name
 from critbatch.errors import ResultsError
+from critbatch.files import write_text_atomic
 
 RUN_COLUMNS = ("batch_size", "seq_len", "tokens", "loss")
 TARGET_COLUMNS = ("batch_size", "seq_len", "target_loss", "steps")
@@ -282,6 +283,16 @@ def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
     return rows, skipped
 
 
+def csv_text(columns, rows: list[dict]) -> str:
+    """A CSV document with a header row; None (and missing keys) as empty cells."""
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows({k: "" if row.get(k) is None else row.get(k) for k in columns}
+                     for row in rows)
+    return buffer.getvalue()
+
+
 def write_table(rows: list[dict], path: str | Path) -> None:
     """Write run rows as CSV or JSON Lines (by the extension); a missing or non-finite number
     is an empty cell (null in JSON)."""
@@ -296,11 +307,7 @@ def write_table(rows: list[dict], path: str | Path) -> None:
 
     clean = [{k: cell(row.get(k)) for k in EXPORT_COLUMNS} for row in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as handle:
-        if kind == "jsonl":
-            handle.write("".join(json.dumps(row) + "\n" for row in clean))
-        else:
-            writer = csv.DictWriter(handle, fieldnames=EXPORT_COLUMNS)
-            writer.writeheader()
-            writer.writerows({k: "" if v is None else v for k, v in row.items()}
-                             for row in clean)
+    if kind == "jsonl":
+        write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in clean))
+    else:
+        write_text_atomic(path, csv_text(EXPORT_COLUMNS, clean))

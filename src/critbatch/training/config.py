@@ -16,6 +16,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from critbatch.analysis.results import wandb_group_name
 from critbatch.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
@@ -223,7 +224,7 @@ def micro_batch_size(cfg: Config) -> int:
 
 def wandb_group(cfg: Config) -> str:
     """The W&B group of a run and of every job about it (noise measurement, ...)."""
-    return cfg.logger.group or cfg.sweep or "single"
+    return wandb_group_name(cfg.logger.group, cfg.sweep)
 
 
 def total_steps(cfg: Config) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from critbatch.errors import DataError
-from critbatch.files import write_json_atomic
+from critbatch.files import write_bytes_atomic, write_json_atomic
 from critbatch.training.config import DataConfig
 
 CACHE_VERSION = 1
@@ -314,15 +314,6 @@ def _manifest_ok(directory: Path, key: str) -> dict | None:
         return None
 
 
-def _write_array_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(array.tobytes())
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def _build_cache(directory: Path, key: str, data: DataConfig, docs, skipped: int) -> dict:
     from tqdm import tqdm
 
@@ -340,8 +331,8 @@ def _build_cache(directory: Path, key: str, data: DataConfig, docs, skipped: int
     steps.update()
     steps.close()
     val_bytes = sum(len(t.encode()) for t in val_texts)
-    _write_array_atomic(directory / "train.bin", train_ids)
-    _write_array_atomic(directory / "val.bin", val_ids)
+    write_bytes_atomic(directory / "train.bin", train_ids.tobytes())
+    write_bytes_atomic(directory / "val.bin", val_ids.tobytes())
     manifest = {
         "version": CACHE_VERSION,
         "key": key,
