@@ -346,14 +346,9 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
              f"{extra_runs[0].name}); the report reads every run in the folder"
              for folder, extra_runs in unplanned_runs(plan).items()]
     report_dir = Path("runs") / exp.report_stage / scale / "report"
-    script = ANALYSIS_DIR / exp.analysis
-    if script.exists():
-        sweep_dirs = sorted({str(j.run_dir.parent) for j in plan if j.run_dir.parent.exists()})
-        print(f"\n== analysis: python {script.relative_to(REPO)} "
-              f"{' '.join(sweep_dirs)} --out {report_dir}", flush=True)
-        if subprocess.call([sys.executable, str(script), *sweep_dirs, "--out",
-                            str(report_dir)]):
-            problems.append("the analysis failed (its message is above)")
+    sweep_dirs = sorted({str(j.run_dir.parent) for j in plan if j.run_dir.parent.exists()})
+    if not analyse_sweep(exp, sweep_dirs, report_dir, "analysis"):
+        problems.append("the analysis failed (its message is above)")
     minutes = (time.perf_counter() - t0) / 60
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
           f"complete in {minutes:.1f} min")
@@ -364,6 +359,15 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     if (report_dir / "report.md").exists():
         print(f"report: {report_dir / 'report.md'}")
     return len(problems)
+
+
+def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str) -> bool:
+    """Run the experiment's analysis script over `folders` into `out`, saying so; True when it
+    succeeded."""
+    script = ANALYSIS_DIR / exp.analysis
+    print(f"\n== {title}: python {script.relative_to(REPO)} {' '.join(folders)} --out {out}",
+          flush=True)
+    return subprocess.call([sys.executable, str(script), *folders, "--out", str(out)]) == 0
 
 
 def report_all(runs_root: Path = Path("runs")) -> int:
@@ -378,11 +382,8 @@ def report_all(runs_root: Path = Path("runs")) -> int:
             folders = [str(runs_root / stage / scale) for stage in exp.stages
                        if (runs_root / stage / scale).is_dir()]
             out = runs_root / exp.report_stage / scale / "report"
-            script = ANALYSIS_DIR / exp.analysis
-            print(f"\n== {name} at scale={scale}: python {script.relative_to(REPO)} "
-                  f"{' '.join(folders)} --out {out}", flush=True)
             done += 1
-            if subprocess.call([sys.executable, str(script), *folders, "--out", str(out)]):
+            if not analyse_sweep(exp, folders, out, f"{name} at scale={scale}"):
                 failed += 1
                 print(f"warning: the {name} analysis at scale={scale} failed (its message is "
                       "above)")

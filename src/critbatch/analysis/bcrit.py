@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.analysis.kaplan import collect_points, corpus_filter, kaplan_fits
+from critbatch.analysis.kaplan import collect_points, kaplan_fits
 from critbatch.analysis.results import is_finite
 from critbatch.science.fits import LossCurve, fit_lr_scaling, nominal_budgets, refine_best_lr
 from critbatch.science.laws import bcrit_corrected, bcrit_naive, fit_pareto, pareto_degeneracy
@@ -651,6 +651,21 @@ def lr_scaling_fits(out_groups: list[dict], warnings: list[str],
     return lr_scaling
 
 
+def one_corpus(groups: dict, points: list[dict], warnings: list[str]) -> list[dict]:
+    """Only one corpus and vocabulary share a fit (the loss scale depends on them): the one
+    with the most runs; a warning names the others left out."""
+    corpora: Counter = Counter()
+    for key, members in groups.items():
+        corpora[key[:2]] += len(members)  # (data_name, vocab_size)
+    if len(corpora) <= 1:
+        return points
+    keep = corpora.most_common(1)[0][0]
+    names = {group_name(k) for k in groups if k[:2] == keep}
+    warnings.append(f"Kaplan fits use {keep[0]} V{keep[1]} only; losses of other corpora or "
+                    "vocabularies are on another scale")
+    return [p for p in points if p["group"] in names]
+
+
 def analyse(runs: list[dict], baseline_batch: int | str | None = None,
             left_out: list[dict] | None = None, warnings: list[str] | None = None,
             targets: list[dict] | None = None, hints: FixHints = SWEEP_HINTS) -> dict:
@@ -689,7 +704,7 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
             warnings.append(f"B_noise not resolved in {p['run_dir']} (|G|^2 <= 0 with "
                             f"K = {p['micro_batches']}); increase K")
     points = collect_points(per_run, pareto, [p for p in noise if "loss" in p])
-    points = corpus_filter(groups, points, warnings, group_name)
+    points = one_corpus(groups, points, warnings)
     kaplan = kaplan_fits(points, warnings, hints.losses)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
             "warnings": warnings,

@@ -23,7 +23,6 @@ left out and named.
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import numpy as np
 
@@ -111,22 +110,6 @@ def fit_row(optimizer: str, method: str, points: list[dict], seed: int = 0) -> d
            "weighted": sigmas is not None,
            "kaplan_b_star_tokens": KAPLAN_B_STAR_TOKENS, "kaplan_exponent": KAPLAN_EXPONENT}
     return row
-
-
-def corpus_filter(groups: dict, points: list[dict], warnings: list[str],
-                  name_of) -> list[dict]:
-    """Only one corpus and vocabulary share a fit (the loss scale depends on them): the one
-    with the most runs; a warning names the others left out."""
-    corpora: Counter = Counter()
-    for key, members in groups.items():
-        corpora[key[:2]] += len(members)
-    if len(corpora) <= 1:
-        return points
-    keep = corpora.most_common(1)[0][0]
-    names = {name_of(k) for k in groups if k[:2] == keep}
-    warnings.append(f"Kaplan fits use {keep[0]} V{keep[1]} only; losses of other corpora or "
-                    "vocabularies are on another scale")
-    return [p for p in points if p["group"] in names]
 
 
 def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[dict]:
