@@ -7,7 +7,7 @@ import torch
 
 from critbatch.training.config import ModelConfig, OptimConfig, TrainConfig
 from critbatch.training.model import GPT, param_count
-from critbatch.training.optim import build_optimizers, lr_factor, used_lr
+from critbatch.training.optim import build_optimizers, lr_factor, used_lr, wsd_decay_start
 
 WIDTHS = (128, 192, 256, 320, 384)
 
@@ -99,7 +99,7 @@ def test_lr_scaling_sets_the_lr_used():
 )
 def test_schedule_values(schedule, step, expected):
     train = TrainConfig(schedule=schedule, warmup_steps=10, min_lr_ratio=0.1,
-                        wsd_decay_fraction=0.2)
+                        cooldown_fraction=0.2)
     assert lr_factor(step, 101, train) == pytest.approx(expected)
 
 
@@ -113,8 +113,25 @@ def test_warmup_is_counted_in_steps_whatever_the_batch():
 
 
 def test_wsd_decays_monotonically_to_the_floor():
-    train = TrainConfig(schedule="wsd", warmup_steps=5, min_lr_ratio=0.0, wsd_decay_fraction=0.3)
+    train = TrainConfig(schedule="wsd", warmup_steps=5, min_lr_ratio=0.0, cooldown_fraction=0.3)
     values = [lr_factor(s, 200, train) for s in range(200)]
     assert values[-1] == pytest.approx(0.0)
     tail = values[140:]
     assert all(a >= b for a, b in zip(tail, tail[1:], strict=False))
+
+
+def test_wsd_cooldown_is_one_minus_sqrt():
+    # 100 steps, 20% cooldown: steps 80..99 decay; at step 84 (5 of 20 done) 1 - sqrt(1/4)
+    train = TrainConfig(schedule="wsd", warmup_steps=10, min_lr_ratio=0.0, cooldown_fraction=0.2)
+    assert lr_factor(79, 100, train) == 1.0
+    assert lr_factor(84, 100, train) == pytest.approx(0.5)
+    assert lr_factor(99, 100, train) == pytest.approx(0.0)
+
+
+def test_a_shorter_wsd_run_is_a_prefix_of_a_longer_one_until_its_cooldown():
+    train = TrainConfig(schedule="wsd", warmup_steps=10, cooldown_fraction=0.2)
+    for short in (25, 50, 137):
+        start = wsd_decay_start(short, train)
+        assert [lr_factor(s, short, train) for s in range(start)] == [
+            lr_factor(s, 1000, train) for s in range(start)]
+        assert lr_factor(start, short, train) < 1.0

@@ -42,6 +42,7 @@ SUMMARY_KEYS = (
     "data_fingerprint", "git_revision", "critbatch_version",
 )
 CURVE_KEYS = ("step", "tokens", "val_loss", "val_loss_per_byte")
+CURVE_OPTIONAL_KEYS = ("b_noise",)  # sequences: the online B_noise at the eval (when tracked)
 
 # noise.json (python -m critbatch.noise). B_noise in sequences unless `_tokens`; when the
 # |G|^2 estimate is not positive, `resolved` is false and the b_noise fields are null.
@@ -220,16 +221,20 @@ def build_summary(
     data_fingerprint: str, wall_time_s: float, device: str, dtype: str, compile: bool,
     world_size: int, wandb_run_id: str | None, noise: NoiseEMA, gns_ema: float | None,
     checkpoint_saves: int, checkpoint_time_s: float, git_revision: str,
-    versions: dict[str, str],
+    versions: dict[str, str], branch_of: str | None = None, branch_at_tokens: int | None = None,
 ) -> dict:
     """summary.json's dict: `SUMMARY_KEYS` first, then the rest, from plain values.
 
     `config` is the resolved config as a dict; `curve` the eval points with their
     `eval_time_s`, which tokens_per_s leaves out; `noise` the online tracker at the end
-    (`gns_ema` None when it was off); `wandb_run_id` is kept unless logging was disabled.
+    (`gns_ema` None when it was off); `wandb_run_id` is kept unless logging was disabled;
+    `branch_of` / `branch_at_tokens`: a cooldown branch's parent run folder and the tokens
+    it forked at (training/branches.py).
     """
     m, t, o, data = config["model"], config["train"], config["optim"], config["data"]
-    train_seconds = max(1e-9, wall_time_s - sum(p["eval_time_s"] for p in curve))
+    start = branch_at_tokens or 0  # a branch's time counts from its fork
+    train_seconds = max(1e-9, wall_time_s - sum(p["eval_time_s"] for p in curve
+                                                if p["tokens"] > start))
     final = curve[-1] if curve and status == "completed" else None
     batch_size_final = batch_changes[-1]["batch_size"] if batch_changes else batch_size_start
     return {
@@ -255,9 +260,9 @@ def build_summary(
         "bytes_per_token": bytes_per_token,
         "val_loss": final["val_loss"] if final else float("nan"),
         "val_loss_per_byte": final["val_loss_per_byte"] if final else float("nan"),
-        "curve": [{k: p[k] for k in CURVE_KEYS} for p in curve],
+        "curve": [{k: p[k] for k in CURVE_KEYS + CURVE_OPTIONAL_KEYS if k in p} for p in curve],
         "wall_time_s": wall_time_s,
-        "tokens_per_s": tokens / train_seconds,
+        "tokens_per_s": (tokens - start) / train_seconds,
         "data_name": data["name"],
         "data_fingerprint": data_fingerprint,
         "git_revision": git_revision,
@@ -298,6 +303,12 @@ def build_summary(
         "resumed_at": resumed_at,  # steps this run was resumed from (killed before)
         "checkpoint_saves": checkpoint_saves,  # by this process, the final one included
         "checkpoint_time_s": checkpoint_time_s,  # their total time
+        # cooldown branches: the parent run folder's path and the tokens the branch forked at
+        # (both None for a run trained from the start); its own share of the time is
+        # wall_time_s, which counts from the fork
+        "cooldown_fraction": t.get("cooldown_fraction"),
+        "branch_of": branch_of,
+        "branch_at_tokens": branch_at_tokens,
     }
 
 

@@ -65,6 +65,9 @@ class TrainState:
     # a scheduled batch's changes, {step, tokens, batch_size}, and its controller's state
     batch_changes: list[dict] = field(default_factory=list)
     batch_plan: dict = field(default_factory=dict)
+    # a cooldown branch's parent run folder and the tokens it forked at (training/branches.py)
+    branch_of: str | None = None
+    branch_at_tokens: int | None = None
 
 
 def save(path: Path, model: torch.nn.Module, optimizers: list, cfg_dict: dict,

@@ -26,7 +26,7 @@ from critbatch.training.config import (
     to_config,
 )
 from critbatch.training.distributed import launched_ranks
-from critbatch.training.loop import train
+from critbatch.training.loop import train_with_branches
 
 log = logging.getLogger("critbatch")
 
@@ -128,10 +128,10 @@ def _hydra_main(composed: DictConfig) -> None:
     try:
         with user_errors(), disk_errors():
             cfg = to_config(composed)
-            if finished_run(run_dir, cfg):
+            finished = finished_run(run_dir, cfg)
+            if finished:
                 log.info(f"{run_dir}: already finished, skipped")
-                return
-            train(cfg, run_dir, overrides)
+            train_with_branches(cfg, run_dir, overrides, skip_finished=finished)
     except SystemExit:
         if not multirun:
             _cleanup_failed_run(run_dir)

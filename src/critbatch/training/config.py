@@ -96,6 +96,9 @@ class TrainConfig:
     # sequences per forward/backward; null = batch_size (constant) or batch_size_start (ramp;
     # adaptive: half of it, since B_noise needs >= 2 micro-batches a step)
     micro_batch_size: int | None = None
+    # constant batch, micro_batch_size null: split each step into this many micro-batches
+    # (>= 2 turns on the online B_noise, which needs two or more a step)
+    micro_batches: int = 1
     tokens: int = 4_000_000  # token budget; steps = tokens // (batch_size * seq_len)
     steps: int | None = None  # optimizer steps; when set, tokens = steps x batch_size x seq_len
     # constant | ramp | adaptive. ramp: from batch_size_start to batch_size over the first
@@ -109,7 +112,13 @@ class TrainConfig:
     warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
     schedule: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
     min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
-    wsd_decay_fraction: float = 0.2  # wsd only: share of the steps spent decaying
+    # wsd only: share of the steps spent in the cooldown, a 1-sqrt decay from the peak to
+    # min_lr_ratio (Hagele et al. 2024: 1-sqrt beats a linear cooldown; 20% matches cosine)
+    cooldown_fraction: float = 0.2
+    # wsd only: fractions of the budget (e.g. [0.125,0.25,0.5]) at which this run also yields
+    # a loss: at (1 - cooldown_fraction) x each one the state forks into a branch run folder
+    # (<run>/branches/tokens=N) that cools down to that budget (training/branches.py)
+    branch_budgets: list[float] = field(default_factory=list)
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     seed: int = 0  # seeds the init and the batch sequence
     eval_points: int = 8  # evaluations, log-spaced in tokens, always including the end
@@ -216,7 +225,7 @@ def micro_batch_size(cfg: Config) -> int:
     if t.micro_batch_size:
         return t.micro_batch_size
     if t.batch_schedule == "constant" or not t.batch_size_start:
-        return t.batch_size
+        return max(1, t.batch_size // max(1, t.micro_batches))
     if t.batch_schedule == "adaptive":
         return max(1, t.batch_size_start // 2)
     return t.batch_size_start
@@ -269,9 +278,18 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
+RENAMED = {"wsd_decay_fraction": "cooldown_fraction"}  # train keys renamed since: old -> new
+
+
 def run_differences(saved: dict, current: dict) -> list[str]:
     """Dotted keys in which a run's saved resolved config differs from `current` (both as
-    dicts), leaving out the sweep grids (`grid`: only what a run trained with counts)."""
+    dicts), leaving out the sweep grids (`grid`: only what a run trained with counts).
+    Keys renamed since the run was saved (RENAMED) are compared under their new names."""
+    train = dict(saved.get("train") or {})
+    for old, new in RENAMED.items():
+        if old in train:
+            train.setdefault(new, train.pop(old))
+    saved = {**saved, "train": train} if "train" in saved else saved
     return config_differences({k: v for k, v in saved.items() if k != "grid"},
                               {k: v for k, v in current.items() if k != "grid"})
 
@@ -339,8 +357,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
     if not 0 <= t.min_lr_ratio <= 1:
         raise ConfigError(f"train.min_lr_ratio={t.min_lr_ratio} must lie in [0, 1]")
-    if not 0 < t.wsd_decay_fraction <= 1:
-        raise ConfigError(f"train.wsd_decay_fraction={t.wsd_decay_fraction} must lie in (0, 1]")
+    if not 0 < t.cooldown_fraction <= 1:
+        raise ConfigError(f"train.cooldown_fraction={t.cooldown_fraction} must lie in (0, 1]")
+    if t.micro_batches < 1:
+        raise ConfigError(f"train.micro_batches={t.micro_batches} must be >= 1")
+    _validate_branches(cfg)
     if not 0 <= t.gns.ema < 1:
         raise ConfigError(f"train.gns.ema={t.gns.ema} must lie in [0, 1) (e.g. 0.95)")
     if not 0 < d.val_fraction < 0.5:
@@ -357,6 +378,26 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.device={t.device} is not auto, cpu, cuda or cuda:N")
     if d.name == "text_files" and not d.paths:
         raise ConfigError("data=text_files needs data.paths, e.g. data.paths='[corpus/*.txt]'")
+
+
+def _validate_branches(cfg: Config) -> None:
+    t = cfg.train
+    if not t.branch_budgets:
+        return
+    fractions = list(t.branch_budgets)
+    if t.schedule != "wsd":
+        raise ConfigError(f"train.branch_budgets={fractions} needs train.schedule=wsd (a branch "
+                          f"forks off the constant phase); {t.schedule} has none")
+    if t.batch_schedule != "constant" or t.steps is not None:
+        raise ConfigError("train.branch_budgets needs a constant batch and a token budget "
+                          "(train.batch_schedule=constant, train.steps=null)")
+    if any(not 0 < f < 1 for f in fractions) or sorted(set(fractions)) != fractions:
+        raise ConfigError(f"train.branch_budgets={fractions} must be increasing fractions of "
+                          "the budget in (0, 1), e.g. [0.125,0.25,0.5]")
+    smallest = fractions[0] * t.tokens // (t.batch_size * cfg.model.seq_len)
+    if smallest < 1:
+        raise ConfigError(f"train.branch_budgets: {fractions[0]} of train.tokens={t.tokens} is "
+                          "less than one step; raise train.tokens or the fraction")
 
 
 def _validate_batch_schedule(cfg: Config) -> None:

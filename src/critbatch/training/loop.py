@@ -17,7 +17,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from critbatch import files
 from critbatch.analysis import results as runs
-from critbatch.training import checkpoint
+from critbatch.errors import ResultsError
+from critbatch.training import branches, checkpoint
 from critbatch.training.config import Config
 from critbatch.training.data import sample_batch
 from critbatch.training.distributed import rank_share, shutdown
@@ -49,6 +50,8 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                             tr.ranks.main)
     state.wandb_run_id = wandb_run.id  # a resumed run continues this W&B run
     saver = checkpoint.Every(t.checkpoint_every_steps, t.checkpoint_every_minutes, state.step)
+    forks = {b.fork_step: b for b in branches.plan_branches(cfg, run_dir, tr.overrides)
+             if b.fork_step > state.step and tr.ranks.main}
     eval_at = [x for x in eval_tokens(plan.budget, plan.start * seq_len, t.eval_points)
                if x > state.tokens]
     pending: list[StepRecord] = []  # steps not logged yet
@@ -70,11 +73,15 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
                 last = plan.is_last(state.tokens)
                 eval_now = last or (eval_at and state.tokens >= eval_at[0])
                 save_now = tr.ranks.main and not last and saver.due(state.step)  # after a flush
-                if (save_now or eval_now or last or state.step % t.log_every == 0
+                branch = forks.get(state.step)
+                if (save_now or eval_now or last or branch or state.step % t.log_every == 0
                         or plan.decides(state.step)):
                     log_steps(tr, wandb_run, pending)  # metrics, B_noise, divergence
                     pending.clear()
                     bar.set_postfix(train_loss=f"{state.losses[-1]:.3f}")
+                if branch and state.status == "completed":
+                    branches.fork(branch, tr.stepper.model, tr.stepper.optimizers, tr.gns, state,
+                                  run_dir)
                 if eval_now and state.status == "completed":
                     eval_at = [x for x in eval_at if x > state.tokens]
                     evaluate_and_log(tr, wandb_run, factor * tr.lr, batch_size)
@@ -100,6 +107,28 @@ def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dic
         f"tokens in {wall_time:.1f}s ({summary['tokens_per_s']:,.0f} tokens/s); {run_dir}"
     )
     return summary
+
+
+def train_with_branches(cfg: Config, run_dir: Path, overrides: list[str] | None = None,
+                        skip_finished: bool = True) -> list[dict]:
+    """Train the run in `run_dir` (unless it finished and `skip_finished`), then its cooldown
+    branches that are not finished (training/branches.py), one after the other; returns the
+    summaries trained here."""
+    overrides = list(overrides or [])
+    summaries = []
+    if not (skip_finished and (run_dir / "summary.json").exists()):
+        summaries.append(train(cfg, run_dir, overrides))
+    for branch in branches.pending(cfg, run_dir, overrides):
+        if not (branch.run_dir / "checkpoint.pt").exists():
+            raise ResultsError(
+                f"{branch.run_dir} has no checkpoint to cool down from (the run finished "
+                f"without forking it, or the folder was removed); delete {run_dir} to train "
+                "the run and its branches again")
+        log.info(f"cooldown branch to {branch.tokens / 1e6:.3f}M tokens, from step "
+                 f"{branch.fork_step} of {run_dir}")
+        with branches.log_file(branch.run_dir / "train.log"):
+            summaries.append(train(branch.cfg, branch.run_dir, branch.overrides))
+    return summaries
 
 
 def progress_bar(tr: Trainer) -> tqdm:
@@ -151,6 +180,8 @@ def evaluate_and_log(tr: Trainer, wandb_run, lr: float, batch_size: int) -> None
         "val_loss_per_byte": val_loss / tr.data.bytes_per_token,
         "eval_time_s": time.perf_counter() - clock,
     }
+    if tr.gns_on:
+        point["b_noise"] = tr.gns.b_noise  # sequences; None until resolved
     state.curve.append(point)
     wandb_run.log({k: point[k] for k in ("tokens", "val_loss", "val_loss_per_byte")},
                   step=state.step)
@@ -200,6 +231,7 @@ def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
         dtype=dtype_name(tr.dtype), compile=tr.compile, world_size=tr.ranks.world,
         wandb_run_id=wandb_run_id, noise=tr.gns,
         gns_ema=tr.cfg.train.gns.ema if tr.gns_on else None, checkpoint_saves=saver.saves,
+        branch_of=state.branch_of, branch_at_tokens=state.branch_at_tokens,
         checkpoint_time_s=saver.seconds, git_revision=runs.git_revision(),
         versions=runs.package_versions(),
     )

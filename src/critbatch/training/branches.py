@@ -1,0 +1,126 @@
+"""Cooldown branches: one warmup-stable-decay run also yields the loss at smaller budgets.
+
+A wsd run holds the peak lr until its cooldown (`optim.wsd_decay_start`), and that start
+never moves earlier as the budget grows, so a run of budget f x D is, step for step, the
+prefix of the run of budget D up to its own cooldown. With `train.branch_budgets=[f, ...]`
+the run of budget D saves its state at each such step into a branch folder,
+`<run>/branches/tokens=<f x D>/checkpoint.pt`, written with the config of the run of
+budget f x D. After the run ends, each branch resumes from that checkpoint as an ordinary
+run and cools down to its budget: it is the separate run of that budget (same seed, same
+batches), at the cost of its cooldown only. A branch's folder is a complete run folder
+(config.json, metrics.jsonl from step 1, summary.json with its own `tokens` plus
+`branch_of` and `branch_at_tokens`), so the analysis, W&B, skip-if-done and resume treat
+it like any run.
+
+Crash safety comes from the checkpoints: a parent killed before a fork rewrites it when it
+passes the fork again (the same bytes); a branch killed mid-cooldown resumes from its own
+checkpoint; a finished parent whose branches are not all finished trains only those.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from critbatch import files
+from critbatch.analysis import results as runs
+from critbatch.errors import ResultsError
+from critbatch.training import checkpoint
+from critbatch.training.config import Config, token_budget, total_steps
+from critbatch.training.optim import wsd_decay_start
+
+log = logging.getLogger("critbatch")
+
+BRANCHES_DIR = "branches"
+BRANCH_OVERRIDES = ("train.tokens=", "train.branch_budgets=")  # what a branch sets itself
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One cooldown branch of a run: its config and folder, and where it forks."""
+
+    fraction: float  # of the parent's train.tokens
+    cfg: Config  # the parent's config at the branch's budget, without branches of its own
+    run_dir: Path
+    overrides: list[str]  # the parent's, with the branch's train.tokens
+    fork_step: int  # optimizer steps the parent has taken when it forks = the branch's
+    #                 first cooldown step
+
+    @property
+    def tokens(self) -> int:
+        return token_budget(self.cfg)
+
+    @property
+    def done(self) -> bool:
+        return (self.run_dir / "summary.json").exists()
+
+
+def plan_branches(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Branch]:
+    """The branches `cfg.train.branch_budgets` asks of the run in `run_dir`, smallest first."""
+    branches = []
+    for fraction in cfg.train.branch_budgets:
+        sub = copy.deepcopy(cfg)
+        sub.train.tokens = int(fraction * cfg.train.tokens)
+        sub.train.branch_budgets = []
+        own = [o for o in overrides if not o.startswith(BRANCH_OVERRIDES)]
+        branches.append(Branch(
+            fraction=fraction, cfg=sub,
+            run_dir=run_dir / BRANCHES_DIR / f"tokens={token_budget(sub)}",
+            overrides=[*own, f"train.tokens={sub.train.tokens}", "train.branch_budgets=[]"],
+            fork_step=wsd_decay_start(total_steps(sub), sub.train)))
+    return branches
+
+
+def fork(branch: Branch, model, optimizers: list, gns, state: checkpoint.TrainState,
+         parent_dir: Path) -> None:
+    """Save the parent's state now (after `branch.fork_step` steps, metrics flushed) as the
+    branch's checkpoint, with the branch's config, and the parent's metrics rows so far as
+    the start of the branch's metrics.jsonl. A finished branch is left alone."""
+    if branch.done:
+        return
+    assert state.step == branch.fork_step, (state.step, branch.fork_step)
+    branch.run_dir.mkdir(parents=True, exist_ok=True)
+    start = copy.deepcopy(state)
+    start.wandb_run_id, start.elapsed_s, start.resumed_at = None, 0.0, []
+    start.branch_of, start.branch_at_tokens = parent_dir.name, state.tokens
+    checkpoint.save(branch.run_dir / "checkpoint.pt", model, optimizers, asdict(branch.cfg),
+                    gns, start)
+    rows = [r for r in runs.read_metrics(parent_dir) if r["step"] <= state.step]
+    files.write_text_atomic(branch.run_dir / "metrics.jsonl",
+                            "".join(json.dumps(r) + "\n" for r in rows))
+    log.info(f"step:{state.step} tokens:{state.tokens / 1e6:.3f}M forked the cooldown branch "
+             f"to {branch.tokens / 1e6:.3f}M tokens -> {branch.run_dir}")
+
+
+def pending(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Branch]:
+    """The run's branches that still have to be trained (none when the parent diverged
+    before their fork: there is no state to branch from, as for the separate run)."""
+    todo = [b for b in plan_branches(cfg, run_dir, overrides) if not b.done]
+    summary = _summary_or_none(run_dir)
+    if summary and summary["status"] == "diverged":
+        todo = [b for b in todo if (b.run_dir / "checkpoint.pt").exists()]
+    return todo
+
+
+@contextmanager
+def log_file(path: Path):
+    """Copy critbatch's log lines to `path` (a branch's own train.log) meanwhile."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] - %(message)s"))
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+
+
+def _summary_or_none(run_dir: Path) -> dict | None:
+    try:
+        return runs.read_summary(run_dir)
+    except ResultsError:
+        return None
