@@ -3,6 +3,7 @@ run with branches survives being killed anywhere."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import subprocess
@@ -110,10 +111,8 @@ def _steps_logged(run_dir: Path) -> int:
     """Metrics rows written so far by the run and its branches together."""
     total = 0
     for path in [run_dir, *run_dir.glob("branches/*")]:
-        try:
+        with contextlib.suppress(OSError):
             total += len(runs.read_metrics(path))
-        except OSError:
-            pass
     return total
 
 
