@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from critbatch import files
-from critbatch.analysis import bcrit, synthetic
+from critbatch.analysis import bcrit, pareto, synthetic
 from critbatch.analysis import results as runs
 from critbatch.analysis.bcrit import analyse
 from critbatch.analysis.results import (
@@ -102,7 +102,7 @@ def test_lr_scaling_exponent_recovered(batch_sweep):
 def test_pareto_bcrit_recovered(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64, 256, 1024), all_budgets=True)
     rows = analyse_dir(tmp_path)["fits"]["pareto"]
-    assert len(rows) == bcrit.PARETO_TARGETS
+    assert len(rows) == pareto.PARETO_TARGETS
     for p in rows:
         assert rel_err(p["b_crit"]) < 0.10, p
         assert p["b_crit_low"] <= p["b_crit"] <= p["b_crit_high"]
@@ -153,7 +153,7 @@ def test_kaplan_points_are_marked_by_method_and_fitted_apart(batch_sweep, tmp_pa
     methods = Counter(p["method"] for p in points)
     kinds = Counter(p.get("kind") for p in points if p["method"] == "noise")
     assert kinds["b_noise"] == 1 and kinds["b_noise_online"] == 1
-    assert methods["pareto"] == bcrit.PARETO_TARGETS and methods["per_run"] > 0
+    assert methods["pareto"] == pareto.PARETO_TARGETS and methods["per_run"] > 0
     rows = {(r["optimizer"], r["method"]): r for r in fits["kaplan"]}
     assert set(rows) == {("adamw", m) for m in ("per_run", "pareto", "combined", "noise")}
     assert rows[("adamw", "noise")]["n_points"] == 2

@@ -7,10 +7,18 @@ Three measurements of B_crit (formulas in `docs/science.md`, sections 1, 3-5):
    tokens and reached loss L is worth E_eff = L_b^{-1}(L) baseline tokens. With
    E = E_min (1 + B/B_crit), E_eff = E_min (1 + b/B_crit) and r = E / E_eff:
    B_crit = (B - b r) / (r - 1).
-2. **Pareto frontier.** For a target loss, each batch size needs E(B) tokens and
-   S(B) = E(B) / (B seq_len) steps; S = S_min + E_min / B, so B_crit(L*) = E_min / S_min.
-3. **Kaplan's law** (Kaplan et al. 2020, section 5.1): B_crit(L) = B* / L^(1/alpha_B) over
-   the estimates above and the measured gradient noise scale B_noise.
+2. **Pareto frontier** (`analysis.pareto`). For a target loss, each batch size needs E(B)
+   tokens and S(B) = E(B) / (B seq_len) steps; S = S_min + E_min / B, so
+   B_crit(L*) = E_min / S_min. Each target uses every batch size whose curve reaches it.
+3. **Kaplan's law** (Kaplan et al. 2020, section 5.1; `analysis.kaplan`):
+   B_crit(L) = B* / L^(1/alpha_B) over the estimates above, and apart from them over the
+   measured gradient noise scale B_noise (noise.json, and the online tracker's series along
+   training: `analysis.online_noise`).
+
+Per-run and Pareto B_crit are compared at each Pareto target loss (`analysis.consistency`).
+A sweep with cooldown branches (a wsd run per batch and lr, forked into branch run folders
+that end at smaller budgets, `branch_of` naming their parent) needs nothing special: a branch
+is a run at its own budget, so every batch size gets a loss curve of several budgets.
 
 Units: batch sizes in sequences unless a name ends in `_tokens`; losses in nats/token unless
 a name ends in `_per_byte`; `tokens` are training tokens seen.
@@ -26,22 +34,24 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from critbatch.analysis.consistency import consistency_rows
 from critbatch.analysis.kaplan import collect_points, kaplan_fits
+from critbatch.analysis.online_noise import online_noise_rows
+from critbatch.analysis.pareto import pareto_frontiers, pareto_row
 from critbatch.analysis.results import is_finite
 from critbatch.science.fits import LossCurve, fit_lr_scaling, nominal_budgets, refine_best_lr
-from critbatch.science.laws import bcrit_corrected, bcrit_naive, fit_pareto, pareto_degeneracy
+from critbatch.science.laws import bcrit_corrected, bcrit_naive
 
 # A group's key: runs are comparable when all of these agree. `group_label` is None for
 # runs of this codebase and the `group` column of an external table (`analysis.tables`).
 GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer", "group_label")
 UNKNOWN_OPTIMIZER = "unknown"  # a table without an optimizer column
 MIN_BASELINE_BUDGETS = 3
-PARETO_TARGETS = 5  # target losses per Pareto frontier
 BUDGET_TOLERANCE = 0.01  # runs whose tokens are this close (relative) share one budget
-PARETO_MAX_INTERVAL_FACTOR = 100.0  # a Pareto B_crit interval wider than this is degenerate
 Z95 = 1.959963984540054
 
 
@@ -62,15 +72,15 @@ class FixHints:
 
 
 SWEEP_HINTS = FixHints(
-    baseline="run `make sweep-batch` (its baseline sweep trains the smallest batch at four "
-             "budgets)",
-    batch="run `make sweep-batch` (batch sizes x learning rates at the main budget)",
-    lr="run `make sweep-batch` (batch sizes x learning rates at the main budget)",
-    pareto="run the baseline stage at a second batch size too, e.g. `python -m critbatch.train "
-           "--config-dir sweeps --config-name baseline scale=cpu train.batch_size=32`",
-    losses="run the baseline stage at a second batch size too (`python -m critbatch.train "
-           "--config-dir sweeps --config-name baseline scale=cpu train.batch_size=32`) for "
-           "B_crit across losses")
+    baseline="run `make sweep-batch` (every batch size at four budgets: one wsd run per batch "
+             "and lr with cooldown branches at 1/8, 1/4 and 1/2 of its budget)",
+    batch="run `make sweep-batch` (batch sizes x learning rates, each with its cooldown "
+          "branches)",
+    lr="run `make sweep-batch` (batch sizes x learning rates, each with its cooldown branches)",
+    pareto="run `make sweep-batch` (with train.schedule=wsd and "
+           "train.branch_budgets=[0.125,0.25,0.5] every batch size gets four budgets)",
+    losses="run `make sweep-batch` (its cooldown branches give every batch size four budgets, "
+           "so B_crit at several losses)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,10 +183,26 @@ class Cell:
     curve: list[dict] = field(default_factory=list)  # eval points of run_dir
     budget: int = 0  # the nominal token budget (tokens of runs within 1% are one budget)
     sigma_source: str | None = None  # "seeds", "seed scatter", "lr refinement" or None
+    trunk: str = ""  # the run whose training run_dir is: run_dir itself, or a branch's parent
 
     @property
     def loss_per_byte(self) -> float:
         return self.loss / self.bytes_per_token
+
+
+def trunks(runs: list[dict]) -> dict[str, str]:
+    """Each run's trunk: the run directory whose training it is part of. A run's own, or for
+    a cooldown branch (`branch_of`: its parent's folder name) the parent of that name among
+    `runs` of the same sweep (a sibling folder of that name when the parent is not among
+    them). A run and its branches share one trunk: they are not independent measurements."""
+    mains = {(r.get("sweep"), Path(r["run_dir"]).name): r["run_dir"] for r in runs
+             if not r.get("branch_of")}
+    out = {}
+    for r in runs:
+        parent = r.get("branch_of")
+        out[r["run_dir"]] = r["run_dir"] if not parent else mains.get(
+            (r.get("sweep"), parent), str(Path(r["run_dir"]).parent / parent))
+    return out
 
 
 def seed_scatter(runs: list[dict], budgets: dict[int, int]) -> tuple[float, int] | None:
@@ -209,6 +235,7 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
     diverged neighbour.
     """
     budgets = nominal_budgets([r["tokens"] for r in runs], BUDGET_TOLERANCE)
+    trunk = trunks(runs)
     by_cell: dict[tuple, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
         by_cell[(run["batch_size"], budgets[run["tokens"]])][float(run["lr"])].append(run)
@@ -236,7 +263,8 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
                           bytes_per_token=float(best_run["bytes_per_token"]),
                           run_dir=best_run["run_dir"], edge=edge, edge_diverged=edge_diverged,
                           lrs=lrs, losses=means, n_seeds=len(seeds), curve=best_run["curve"],
-                          budget=int(budget), sigma_source=source))
+                          budget=int(budget), sigma_source=source,
+                          trunk=trunk[best_run["run_dir"]]))
     return cells
 
 
@@ -297,7 +325,8 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
     elif b_crit is None:
         note = f"r = {r:.3g} >= B/b: worse than the model allows (too few steps?)"
     row = {
-        "run_dir": cell.run_dir, "batch_size": B, "tokens": cell.tokens, "budget": cell.budget,
+        "run_dir": cell.run_dir, "trunk": cell.trunk, "batch_size": B, "tokens": cell.tokens,
+        "budget": cell.budget,
         "lr": cell.lr, "lr_edge": cell.edge, "val_loss": cell.loss,
         "val_loss_per_byte": cell.loss_per_byte, "val_loss_sigma": sigma,
         "effective_tokens": e_eff if math.isfinite(e_eff) else None,
@@ -381,62 +410,6 @@ def more_efficient_than_baseline(cells: list[Cell], baseline_batch: int) -> list
         if c.loss < ref.loss - (margin if math.isfinite(margin) else 0.0):
             better.append(c)
     return better
-
-
-# ---------------------------------------------------------------------------------------------
-# Pareto frontier S = S_min + E_min / B
-
-
-def pareto_row(batch_sizes, steps, seq_len: int, optimizer: str, target_loss: float,
-               tokens=None) -> dict:
-    """One Pareto fit (`fit_pareto`) at `target_loss` with its points (`tokens` default to
-    steps x batch x seq_len), its `_tokens` twins and its degeneracy (`pareto_degeneracy`;
-    None when it stands)."""
-    batches = np.asarray(batch_sizes, dtype=float)
-    steps = np.asarray(steps, dtype=float)
-    fit = fit_pareto(batches, steps)
-    tokens = steps * batches * seq_len if tokens is None else np.asarray(tokens, dtype=float)
-    row = {"optimizer": optimizer, "target_loss": float(target_loss), **fit,
-           "batch_sizes": [int(b) for b in batches], "steps": steps.tolist(),
-           "tokens": tokens.tolist(),
-           "degenerate": pareto_degeneracy(fit, PARETO_MAX_INTERVAL_FACTOR)}
-    for k in ("b_crit", "b_crit_low", "b_crit_high", "e_min"):
-        row[f"{k}_tokens"] = None if row[k] is None else row[k] * seq_len
-    return row
-
-
-def pareto_frontiers(cells: list[Cell], seq_len: int, optimizer: str,
-                     hints: FixHints = SWEEP_HINTS) -> tuple[list[dict], str | None]:
-    """Pareto fits at PARETO_TARGETS target losses across the range all curves share.
-
-    Uses every batch size with two budgets or more: its final loss versus tokens at the best
-    lr (a `LossCurve`, interpolation only). Returns (rows, warning).
-    """
-    by_batch: dict[int, list[Cell]] = defaultdict(list)
-    for c in cells:
-        by_batch[c.batch_size].append(c)
-    curves = {b: LossCurve([c.tokens for c in cs], [c.loss for c in cs], extrapolate=False)
-              for b, cs in sorted(by_batch.items()) if len(cs) >= 2}
-    curves = {b: c for b, c in curves.items() if c.pchip is not None}
-    if len(curves) < 2:
-        return [], (f"Pareto frontier needs two batch sizes with several budgets each "
-                    f"({len(curves)} here); " + hints.pareto.format(batch=max(by_batch), more=2))
-    lo = max(c.loss_range[0] for c in curves.values())
-    hi = min(c.loss_range[1] for c in curves.values())
-    if lo >= hi:
-        return [], ("Pareto frontier: the batch sizes' loss ranges do not overlap; "
-                    + hints.pareto.format(batch=max(curves), more=1))
-    rows = []
-    batches = np.array(sorted(curves))
-    for target in np.linspace(lo, hi, PARETO_TARGETS):
-        tokens = np.array([curves[b].tokens_for(float(target))[0] for b in batches])
-        rows.append(pareto_row(batches, tokens / (batches * seq_len), seq_len, optimizer,
-                               target, tokens))
-    warn = None
-    if len(curves) == 2:
-        warn = (f"Pareto frontier for {optimizer} rests on two batch sizes: exact fit, no "
-                "confidence interval; " + hints.pareto.format(batch=max(curves), more=2))
-    return rows, warn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,7 +502,8 @@ def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str],
 
 def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batch,
                   warnings: list[str], hints: FixHints = SWEEP_HINTS) -> dict:
-    """Cells, baseline, per-run B_crit and Pareto rows of one group of comparable runs."""
+    """Cells, baseline, per-run B_crit, online B_noise series and Pareto rows of one group
+    of comparable runs."""
     name = group_name(key)
     seq_len, optimizer = key[GROUP_KEYS.index("seq_len")], key[GROUP_KEYS.index("optimizer")]
     budgets = nominal_budgets([r["tokens"] for r in members], BUDGET_TOLERANCE)
@@ -558,7 +532,8 @@ def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batc
         warnings.append(f"{name}: {warn}")
     if b is not None:
         baseline_rows(g, cells, b, warnings, hints)
-    rows, warn = pareto_frontiers(cells, seq_len, optimizer, hints)
+    g["online_noise"] = online_noise_rows(members, cells, b, budgets, name, optimizer, seq_len)
+    rows, warn = pareto_frontiers(cells, seq_len, optimizer, hints.pareto)
     if warn and len(batches) >= 2:
         warnings.append(f"{name}: {warn}")
     g["pareto"] = name_pareto_rows(name, rows, warnings)
@@ -672,9 +647,11 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
     """Every fit of the report, from loaded runs (see module docstring).
 
     Returns a dict with `groups` (per group: key, cells, baseline curve, per-run rows,
-    Pareto rows, lr scaling), the public `fits` (per_run, pareto, kaplan: one row per
-    optimizer and method, kaplan_points, lr_scaling, warnings), `left_out`, `noise`, `n_runs`
-    and `warnings` (the list in `fits`). `baseline_batch`: a batch size, "auto" or None (see
+    Pareto rows, online B_noise series, consistency rows, lr scaling), the public `fits`
+    (per_run, pareto, kaplan: one row per optimizer and method, kaplan_points, lr_scaling,
+    warnings, online_noise: the online B_noise(L) series, consistency: per-run against Pareto
+    B_crit at each target loss), `left_out`, `noise`, `n_runs` and `warnings` (the list in
+    `fits`). `baseline_batch`: a batch size, "auto" or None (see
     `choose_baseline`). `targets`: steps-to-target rows (`target_frontiers`), fitted as
     Pareto frontiers beside the runs'. Never raises on thin data: what cannot be computed is
     named in the warnings together with what fills it, in the words of `hints` (sweeps to run,
@@ -695,18 +672,24 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
     out_groups = [analyse_group(key, members, diverged, baseline_batch, warnings, hints)
                   for key, members in groups.items()]
     target_frontiers(targets or [], out_groups, warnings, hints)
+    for g in out_groups:
+        g.setdefault("online_noise", [])
+        g["consistency"] = consistency_rows(g["pareto"], g["per_run"])
     per_run = [row for g in out_groups for row in g["per_run"]]
     pareto = [row for g in out_groups for row in g["pareto"]]
+    online = [row for g in out_groups for row in g["online_noise"]]
     lr_scaling = lr_scaling_fits(out_groups, warnings, hints)
     noise = noise_points(runs)
     for p in noise:
         if p.get("unresolved"):
             warnings.append(f"B_noise not resolved in {p['run_dir']} (|G|^2 <= 0 with "
                             f"K = {p['micro_batches']}); increase K")
-    points = collect_points(per_run, pareto, [p for p in noise if "loss" in p])
+    points = collect_points(per_run, pareto, [p for p in noise if "loss" in p], online)
     points = one_corpus(groups, points, warnings)
     kaplan = kaplan_fits(points, warnings, hints.losses)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
             "warnings": warnings,
             "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan,
-                     "kaplan_points": points, "lr_scaling": lr_scaling, "warnings": warnings}}
+                     "kaplan_points": points, "lr_scaling": lr_scaling, "warnings": warnings,
+                     "online_noise": online,
+                     "consistency": [row for g in out_groups for row in g["consistency"]]}}

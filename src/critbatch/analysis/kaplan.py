@@ -5,18 +5,23 @@ Kaplan et al. 2020 (section 5.1): B_crit(L) = B* / L^(1/alpha_B), with B* ~ 2e8 
 
 - `per_run`: tokens-equivalent B_crit of each (batch, budget) cell, at the cell's loss;
 - `pareto`: the steps/examples frontier B_crit = E_min / S_min, at its target loss;
-- `noise`: the gradient noise scale B_noise (noise.json and the online tracker), at the loss
-  it was measured at.
+- `noise`: the gradient noise scale B_noise (noise.json and the online tracker's end-of-run
+  value), at the loss it was measured at;
+- `online_noise`: the online tracker's B_noise on each eval point of the baseline's main runs,
+  at that eval's validation loss (`analysis.online_noise`): B_noise(L) along training.
 
 Per-run and Pareto measure the same quantity, so they are also fitted together
 (`combined`). B_noise is B_simple, a different quantity (equal to B_crit only for SGD on a
-well-conditioned Hessian): it gets its own row, beside the others. Optimizers have their
-own laws: every row is one optimizer.
+well-conditioned Hessian): both noise methods get their own rows, beside the others and
+apart from each other. Optimizers have their own laws: every row is one optimizer.
 
 Each point carries its uncertainty in log B_crit (from its interval) and the fit weighs
 points by it. The exponent's interval is a percentile bootstrap over the independent units
-the points come from: runs for per-run and noise points, Pareto frontiers (one per model)
-for Pareto points. Pareto fits that are degenerate (`science.laws.pareto_degeneracy`) are
+the points come from: runs for per-run and noise points (a per-run point of a cooldown
+branch belongs to the run it forked from: its `trunk`), Pareto frontiers (one per model)
+for Pareto points, and for the online series blocks of consecutive eval points
+(ONLINE_NOISE_BLOCKS per run: the EMA ties neighbouring evals together, so single evals are
+not independent). Pareto fits that are degenerate (`science.laws.pareto_degeneracy`) are
 left out and named.
 """
 
@@ -34,7 +39,9 @@ from critbatch.science.laws import (
     kaplan_prediction_tokens,
 )
 
-METHODS = ("per_run", "pareto", "combined", "noise")
+METHODS = ("per_run", "pareto", "combined", "noise", "online_noise")
+NOISE_METHODS = ("noise", "online_noise")
+ONLINE_NOISE_BLOCKS = 4  # bootstrap units per run of the online series
 Z95 = 1.959963984540054
 BOOTSTRAP_RESAMPLES = 1000
 NOISE_FIX = ("measure B_noise at other losses: `make noise RUN=<run dir>` on runs of other "
@@ -50,16 +57,34 @@ def log_sigma(low: float | None, high: float | None, z: float) -> float | None:
     return math.log(high / low) / (2 * z)
 
 
-def collect_points(per_run: list[dict], pareto: list[dict], noise: list[dict]) -> list[dict]:
+def online_units(rows: list[dict]) -> list[str]:
+    """The bootstrap unit of each online B_noise row: `<run_dir>#<block>`, the run's eval
+    points cut in order into ONLINE_NOISE_BLOCKS blocks of consecutive evals (fewer when the
+    run has fewer points)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["run_dir"]] = counts.get(row["run_dir"], 0) + 1
+    seen: dict[str, int] = {}
+    units = []
+    for row in rows:
+        n, i = counts[row["run_dir"]], seen.get(row["run_dir"], 0)
+        seen[row["run_dir"]] = i + 1
+        units.append(f"{row['run_dir']}#{i * min(ONLINE_NOISE_BLOCKS, n) // n}")
+    return units
+
+
+def collect_points(per_run: list[dict], pareto: list[dict], noise: list[dict],
+                   online: list[dict] | None = None) -> list[dict]:
     """Every B_crit(L) point: optimizer, method, loss (nats/token), B in tokens, its log
-    uncertainty (None when unknown) and the unit it belongs to (for the bootstrap)."""
+    uncertainty (None when unknown) and the unit it belongs to (for the bootstrap).
+    `online`: the online B_noise series (`analysis.online_noise`), method `online_noise`."""
     points = []
     for row in per_run:
         if row["b_crit_tokens"]:
             points.append({"method": "per_run", "optimizer": row["optimizer"],
                            "group": row["group"], "loss": row["val_loss"],
                            "b_crit_tokens": row["b_crit_tokens"], "run_dir": row["run_dir"],
-                           "unit": row["run_dir"],
+                           "unit": row.get("trunk") or row["run_dir"],
                            "log_sigma": log_sigma(row["b_crit_low"], row["b_crit_high"], Z95)})
     for row in pareto:
         if row["b_crit_tokens"] and not row.get("degenerate"):
@@ -74,6 +99,12 @@ def collect_points(per_run: list[dict], pareto: list[dict], noise: list[dict]) -
                        "b_crit_tokens": p["b_noise_tokens"], "run_dir": p["run_dir"],
                        "unit": p["run_dir"],  # 68% intervals: +-1 sigma
                        "log_sigma": log_sigma(p.get("b_noise_low"), p.get("b_noise_high"), 1.0)})
+    online = online or []
+    for row, unit in zip(online, online_units(online), strict=True):
+        points.append({"method": "online_noise", "optimizer": row["optimizer"],
+                       "group": row["group"], "loss": row["val_loss"],
+                       "b_crit_tokens": row["b_noise_tokens"], "run_dir": row["run_dir"],
+                       "step": row["step"], "unit": unit, "log_sigma": None})
     return points
 
 
@@ -96,7 +127,9 @@ def fit_row(optimizer: str, method: str, points: list[dict], seed: int = 0) -> d
     fit = fit_kaplan(losses, b_tokens, sigmas)
     units = [p["unit"] for p in points]
     kinds = {"per_run": "runs", "noise": "runs", "pareto": "Pareto frontiers",
-             "combined": "runs and Pareto frontiers"}
+             "combined": "runs and Pareto frontiers",
+             "online_noise": f"blocks of consecutive eval points (up to {ONLINE_NOISE_BLOCKS} "
+                             "per run)"}
     boot = bootstrap_kaplan(losses, b_tokens, units, sigmas, resamples=BOOTSTRAP_RESAMPLES,
                             seed=seed, unit_name=kinds[method])
     row = {"optimizer": optimizer, "method": method, "b_star_tokens": fit["b_star_tokens"],
@@ -118,8 +151,8 @@ def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[
     rows = []
     for optimizer in sorted({p["optimizer"] for p in points}):
         mine = [p for p in points if p["optimizer"] == optimizer]
-        by_method = {m: [p for p in mine if p["method"] == m] for m in ("per_run", "pareto",
-                                                                         "noise")}
+        by_method = {m: [p for p in mine if p["method"] == m] for m in METHODS
+                     if m != "combined"}
         if by_method["per_run"] and by_method["pareto"]:
             by_method["combined"] = by_method["per_run"] + by_method["pareto"]
         for method in METHODS:
@@ -128,7 +161,7 @@ def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[
                 continue
             row = fit_row(optimizer, method, pts)
             if row["exponent"] is None:
-                hint = NOISE_FIX if method == "noise" else fix_hint
+                hint = NOISE_FIX if method in NOISE_METHODS else fix_hint
                 warnings.append(f"Kaplan fit ({optimizer}, {method}) needs points at two losses "
                                 f"or more ({len(pts)} here); {hint}")
                 continue
