@@ -9,8 +9,9 @@ and writes, through `render.run_study`:
 - `*.png`       loss vs tokens, lr sensitivity, effective tokens, S-E Pareto frontiers,
                 B_crit vs loss;
 - `fits.json`   the machine-readable fits (public keys: per_run, pareto, kaplan (one row per
-                optimizer and method), kaplan_points, lr_scaling, warnings; B_crit in
-                sequences with `_tokens` twins);
+                optimizer and method), kaplan_points, lr_scaling, warnings, online_noise (the
+                online B_noise(L) series), consistency (per-run against Pareto B_crit at each
+                target loss); B_crit in sequences with `_tokens` twins);
 - `bcrit.csv`   the per-run table;
 - a W&B run (job_type "analysis", in the group most of the analysed runs were logged in).
 """
@@ -36,7 +37,7 @@ PLOTS = {
     "lr_sensitivity": "Final loss versus learning rate per batch size (largest budget)",
     "effective_tokens": "Effective (baseline-equivalent) tokens versus tokens seen",
     "pareto": "Steps versus tokens to reach each target loss, with fitted hyperbolas",
-    "bcrit_vs_loss": "B_crit versus loss: estimates, fit, Kaplan's law and B_noise",
+    "bcrit_vs_loss": "B_crit vs loss: estimates, fits, Kaplan's law, B_noise, online B_noise",
 }
 PER_RUN_COLUMNS = (
     "run_dir", "group", "optimizer", "batch_size", "tokens", "lr", "lr_edge", "val_loss",
@@ -71,11 +72,15 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], str]:
 # fits.json, bcrit.csv, report.md
 
 
+FITS_KEYS = ("per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling", "warnings",
+             "online_noise", "consistency")
+ONLINE_TABLE_ROWS = 10  # eval points per run shown in report.md (fits.json has all)
+
+
 def fits_document(result: dict, inputs: list[str] | None = None) -> dict:
-    """The public fits.json: exactly per_run, pareto, kaplan, kaplan_points, lr_scaling,
-    warnings (the inputs are named in report.md, not here)."""
-    return {k: result["fits"][k] for k in ("per_run", "pareto", "kaplan", "kaplan_points",
-                                           "lr_scaling", "warnings")}
+    """The public fits.json: exactly FITS_KEYS (the inputs are named in report.md, not
+    here)."""
+    return {k: result["fits"][k] for k in FITS_KEYS}
 
 
 def write_csv(result: dict, out: Path) -> list[str]:
@@ -148,7 +153,18 @@ def groups_table(groups: list[dict]) -> str:
          for g in groups])
 
 
+def by_optimizer(rows: list[dict], table, empty: str) -> str:
+    """`table(rows of one optimizer)` under a `### <optimizer>` heading per optimizer; `empty`
+    when there are no rows."""
+    optimizers = sorted({r["optimizer"] for r in rows})
+    if not optimizers:
+        return empty
+    return "\n\n".join(f"### {opt}\n\n" + table([r for r in rows if r["optimizer"] == opt])
+                       for opt in optimizers)
+
+
 def per_run_table(per_run: list[dict]) -> str:
+    """Every (batch, budget) cell beside the baseline batch against the baseline curve."""
     rows = []
     for r in per_run:
         ratio = (r["effective_tokens"] / r["tokens"]) if r["effective_tokens"] else None
@@ -163,9 +179,9 @@ def per_run_table(per_run: list[dict]) -> str:
     sources = sorted({r["interval"] for r in per_run if r.get("interval")})
     legend = ("\n\nInterval: " + "; ".join(sources) + ".") if sources else (
         "\n\nNo interval: the loss uncertainty is unknown (one seed and no lr refinement).")
-    return md_table(["group", "B (seq)", "tokens E", "loss (nats/token)", "E_eff (tokens)",
+    return md_table(["group", "B (seq)", "E (tokens)", "loss (nats/token)", "E_eff (tokens)",
                      "E_eff/E", "r", "B_crit (seq) [interval]", "B_crit (tokens)",
-                     "naive B/(r-1)", "extrapolated", "note"], rows) + legend
+                     "naive B/(r-1) (seq)", "extrapolated", "note"], rows) + legend
 
 
 def noise_table(noise: list[dict]) -> str:
@@ -183,17 +199,82 @@ def noise_table(noise: list[dict]) -> str:
          for p in noise])
 
 
+def short_interval(n_batch_sizes: int, low) -> str:
+    """A Pareto interval's table cell; its full label (`pareto.pareto_interval_label`) is in
+    the legend under the table."""
+    if n_batch_sizes <= 2:
+        return "none (exact fit)"
+    return f"95% fit ({n_batch_sizes - 2} dof)" if low is not None else "none (no covariance)"
+
+
+def interval_legend(labels) -> str:
+    """'Interval: ...' under a table, one sentence per distinct label."""
+    labels = sorted({x for x in labels if x})
+    return ("\n\nInterval: " + "; ".join(labels) + ".") if labels else ""
+
+
 def pareto_table(pareto: list[dict]) -> str:
+    """Pareto rows (one optimizer, or several told apart by their group)."""
     if not pareto:
         return "No Pareto frontier (see the warnings)."
     return md_table(
-        ["group", "target loss (nats/token)", "batch sizes", "S_min (steps)",
-         "E_min (seq)", "B_crit (seq) [95% fit]", "B_crit (tokens)", "in Kaplan's law"],
+        ["group", "target loss (nats/token)", "batch sizes used (seq)", "S_min (steps)",
+         "E_min (seq)", "E_min (tokens)", "B_crit (seq) [interval]", "B_crit (tokens)",
+         "interval", "in Kaplan's law"],
         [[p["group"], fmt(p["target_loss"], ".4f"), ", ".join(map(str, p["batch_sizes"])),
-          fmt(p["s_min"], ".4g"), fmt(p["e_min"], ".4g"),
+          fmt(p["s_min"], ".4g"), fmt(p["e_min"], ".4g"), fmt(p["e_min_tokens"], ".4g"),
           fmt_interval(p["b_crit"], p["b_crit_low"], p["b_crit_high"]),
-          fmt(p["b_crit_tokens"], ".3g"),
-          f"no: {p['degenerate']}" if p.get("degenerate") else "yes"] for p in pareto])
+          fmt(p["b_crit_tokens"], ".3g"), short_interval(p["n_batch_sizes"], p["b_crit_low"]),
+          f"no: {p['degenerate']}" if p.get("degenerate") else "yes"] for p in pareto]
+    ) + interval_legend(p.get("interval") for p in pareto)
+
+
+def consistency_table(rows: list[dict]) -> str:
+    """Per-run against Pareto B_crit at each Pareto target loss (`analysis.consistency`)."""
+    if not rows:
+        return "No Pareto frontier to compare with (see the warnings)."
+    return md_table(
+        ["optimizer", "group", "target loss (nats/token)", "Pareto B_crit (seq) [interval]",
+         "Pareto interval", "per-run B_crit (seq)", "per-run min-max over batch sizes (seq)",
+         "per-run batch sizes (seq)", "ratio per-run/Pareto", "per-run inside the interval"],
+        [[r["optimizer"], r["group"], fmt(r["target_loss"], ".4f"),
+          fmt_interval(r["pareto_b_crit"], r["pareto_b_crit_low"], r["pareto_b_crit_high"]),
+          short_interval(len(r["pareto_batch_sizes"]), r["pareto_b_crit_low"])
+          + (" (degenerate)" if r["pareto_degenerate"] else ""),
+          fmt(r["per_run_b_crit"], ".3g"),
+          f"{fmt(r['per_run_b_crit_min'], '.3g')}-{fmt(r['per_run_b_crit_max'], '.3g')}"
+          if r["per_run_b_crit"] else "-",
+          ", ".join(map(str, r["per_run_batch_sizes"])) or "none",
+          fmt(r["ratio"], ".3f"),
+          {True: "yes", False: "no", None: "-"}[r["within_pareto_interval"]]]
+         for r in rows]) + interval_legend(r["pareto_interval"] for r in rows)
+
+
+def thinned(rows: list[dict], keep: int) -> list[dict]:
+    """At most `keep` of `rows`, evenly spaced, the first and last included."""
+    if len(rows) <= keep:
+        return rows
+    return [rows[i] for i in sorted({round(j) for j in np.linspace(0, len(rows) - 1, keep)})]
+
+
+def online_noise_table(rows: list[dict]) -> str:
+    """The online B_noise(L) series, at most ONLINE_TABLE_ROWS eval points per run."""
+    if not rows:
+        return ("No online B_noise series: no eval point of the baseline's main runs carries "
+                "a `b_noise` (online tracking needs two micro-batches or more a step: "
+                "train.micro_batches >= 2, with train.gns.enabled).")
+    runs = list(dict.fromkeys(r["run_dir"] for r in rows))
+    shown = [p for run in runs for p in thinned([r for r in rows if r["run_dir"] == run],
+                                                 ONLINE_TABLE_ROWS)]
+    note = "" if len(shown) == len(rows) else (
+        f"\n\n{len(shown)} of {len(rows)} eval points shown (evenly spaced per run); "
+        "fits.json `online_noise` holds them all.")
+    return md_table(
+        ["optimizer", "group", "run", "seed", "step", "tokens", "loss (nats/token)",
+         "B_noise (seq)", "B_noise (tokens)"],
+        [[r["optimizer"], r["group"], r["run_dir"], str(r["seed"]), str(r["step"]),
+          f"{r['tokens']:,}", fmt(r["val_loss"], ".4f"), fmt(r["b_noise"], ".4g"),
+          fmt(r["b_noise_tokens"], ".4g")] for r in shown]) + note
 
 
 def kaplan_tables(rows: list[dict], points: list[dict]) -> list[str]:
@@ -207,8 +288,10 @@ def kaplan_tables(rows: list[dict], points: list[dict]) -> list[str]:
                   f"{KAPLAN_EXPONENT:g}", "-", "GPT-2 tokenizer on WebText2"])
     lines = [md_table(["optimizer", "method", "B* (tokens) [interval]",
                        "1/alpha_B [interval]", "points", "interval"], table)]
+    points = [p for p in points if p["method"] != "online_noise"]  # a section of their own
     if points:
-        lines += ["", "Each point against its fit and Kaplan's law:", ""]
+        lines += ["", "Each point against its fit and Kaplan's law (the online B_noise series "
+                  "is listed in its own section):", ""]
         lines.append(md_table(
             ["optimizer", "method", "loss (nats/token)", "B_crit measured (tokens)",
              "its fit (tokens)", "Kaplan (tokens)", "run"],
@@ -246,25 +329,49 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "\n\n".join(loss_tables(result["groups"])) or "No runs (see the Pareto frontier).",
               "",
               "## Effective tokens and B_crit per run", "",
-              "E_eff: baseline tokens that reach the run's loss (PCHIP in log tokens; "
-              "extrapolated with L = L_inf + A E^-alpha where marked). r = E/E_eff; "
-              "B_crit = (B - b r)/(r - 1); the naive B/(r - 1) ignores the baseline's own batch.",
-              "", per_run_table(fits["per_run"]),
+              "Every (batch, budget) cell beside the baseline batch's (a cooldown branch is a "
+              "cell of its own budget). E_eff: baseline tokens that reach the run's loss (PCHIP "
+              "in log tokens over the baseline's cells at all its budgets; extrapolated with "
+              "L = L_inf + A E^-alpha where marked). r = E/E_eff; B_crit = (B - b r)/(r - 1); "
+              "the naive B/(r - 1) ignores the baseline's own batch.", "",
+              by_optimizer(fits["per_run"], per_run_table,
+                           "No per-run B_crit (see the warnings)."),
               "", "## B_noise measured", "",
               noise_table([p for p in result["noise"] if "loss" in p]),
               "", "## Pareto frontier", "",
-              "Per target loss: steps S(B) each batch size needs; weighted least-squares fit "
-              "of S = S_min + E_min/B (weights 1/S: relative errors); B_crit = E_min/S_min "
-              "(95% interval: delta method on log B_crit).", "",
-              pareto_table(fits["pareto"]),
+              "Per target loss: steps S(B) = E(B)/(B seq_len) each batch size needs, E(B) read "
+              "off its loss-versus-tokens curve at the best lr (its cells at every budget, "
+              "interpolated, never extrapolated); every batch size whose curve reaches the "
+              "target is used, and the targets span the losses three batch sizes or more reach "
+              "(two where no three do: an exact fit, no interval). Weighted least-squares fit "
+              "of S = S_min + E_min/B (weights 1/S: relative errors); B_crit = E_min/S_min.",
+              "", by_optimizer(fits["pareto"], pareto_table,
+                               "No Pareto frontier (see the warnings)."),
+              "", "## Per-run against Pareto B_crit", "",
+              "At each Pareto target loss: the per-run B_crit there (per batch size, log "
+              "B_crit interpolated linearly in loss between the two cells of adjacent budgets "
+              "whose losses bracket the target; then a mean of log B_crit over batch sizes "
+              "weighted by their intervals) against the Pareto B_crit. Both measure B_crit, so "
+              "the ratio should be near 1. The per-run values share one baseline curve: their "
+              "min-max spread is shown, not an interval.", "",
+              consistency_table(fits["consistency"]),
+              "", "## Online B_noise along training", "",
+              "The online tracker's B_noise (EMA of the two-batch estimator over micro-batches) "
+              "at each eval point, against that eval's validation loss: the baseline batch's "
+              "main runs (not cooldown branches) at the best lr of its largest budget, every "
+              "seed. Fitted as its own Kaplan method (online_noise), apart from the B_crit "
+              "estimates and from the measurements of noise.json.", "",
+              online_noise_table(fits["online_noise"]),
               "", "## Kaplan's law B_crit(L) = B* / L^(1/alpha_B)", "",
               "Fitted per optimizer and per method, in log-log (L in nats/token, B in tokens), "
               "each point weighted by its own uncertainty. Per-run and Pareto B_crit measure "
               "the same quantity and are also fitted together (combined); B_noise is a "
-              "different quantity (B_simple) and has its own row, never pooled. Degenerate "
-              "Pareto fits are left out (see the Pareto table). Kaplan et al. (2020): B* = "
-              "2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: compare the exponent "
-              "and the order of magnitude).", "",
+              "different quantity (B_simple) with rows of its own, never pooled: noise "
+              "(noise.json and the end-of-run online value) and online_noise (the online "
+              "series). Degenerate Pareto fits are left out (see the Pareto table). Each "
+              "interval column says its level and what was resampled. Kaplan et al. (2020): "
+              "B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: compare the "
+              "exponent and the order of magnitude).", "",
               *kaplan_tables(fits["kaplan"], fits["kaplan_points"]),
               "", "## Learning rate versus batch size", "",
               "Best lr (refined) against batch size at one budget, power law lr* ~ B^k over the "
@@ -383,7 +490,8 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
     plotting.save_figure(fig, path)
 
 
-METHOD_STYLES = {"per_run": ("o", "-"), "pareto": ("s", "--"), "noise": ("^", ":")}
+METHOD_STYLES = {"per_run": ("o", "-"), "pareto": ("s", "--"), "noise": ("^", ":"),
+                 "online_noise": ("x", "-.")}
 
 
 def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None:
