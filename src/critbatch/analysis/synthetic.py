@@ -1,10 +1,20 @@
 """Synthetic run directories (results format) generated from the McCandlish world, for tests
-and the analysis benchmark."""
+and the analysis benchmark.
+
+Two designs: `synthetic_sweep`, independent runs per (batch, budget, lr, seed) (the layout of
+sweeps before cooldown branches), and `synthetic_branched_sweep`, the branched design of
+`make sweep-batch`: one wsd run per (batch, lr, seed) at the full budget, forked into branch
+runs (`branch_of`, `branch_at_tokens`) that end at smaller budgets, with the online tracker's
+`b_noise` on eval points. Both use `science.synthetic.SyntheticTruth`; a branch ends at the
+loss a run planned for its budget reaches (the premise of cooldown branches, Hägele et al.
+2024), and B_noise follows a planted law `NoiseLaw`.
+"""
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from critbatch.analysis.bcrit import analyse
@@ -13,21 +23,49 @@ from critbatch.files import write_json_atomic
 from critbatch.science.synthetic import SyntheticTruth
 
 
+@dataclass(frozen=True)
+class NoiseLaw:
+    """The planted gradient noise scale: B_noise(L) = b_star_tokens / L^exponent tokens (L in
+    nats/token), Kaplan's form, so a fit of the online series knows its answer."""
+
+    b_star_tokens: float = 1.2e5
+    exponent: float = 2.0
+
+    def b_noise(self, loss: float, seq_len: int) -> float:
+        """B_noise at `loss`, in sequences."""
+        return self.b_star_tokens / loss**self.exponent / seq_len
+
+
+# b_noise of the first eval points of a run with a noise law: an online tracker that has not
+# resolved yet (None), a NaN and a negative |G|^2 estimate; the analysis must skip them.
+UNRESOLVED_B_NOISE = (None, float("nan"), -1.0)
+
+
 def synthetic_summary(truth: SyntheticTruth, *, batch_size: int, tokens: int, lr: float,
                       optimizer: str = "adamw", width: int = 64, seed: int = 0,
                       loss_offset: float = 0.0, status: str = "completed",
-                      sweep: str = "synthetic") -> dict:
-    """A complete summary.json (every SUMMARY_KEYS key) for one synthetic run."""
+                      sweep: str = "synthetic",
+                      curve_fractions=(0.125, 0.25, 0.5, 1.0),
+                      noise_law: NoiseLaw | None = None, unresolved_evals: int = 0) -> dict:
+    """A complete summary.json (every SUMMARY_KEYS key) for one synthetic run.
+
+    Eval points at `curve_fractions` of the steps; with `noise_law`, each carries `b_noise`
+    (sequences) from the law at its loss, except the first `unresolved_evals` (at most
+    three), which carry the values of `UNRESOLVED_B_NOISE` in turn.
+    """
     steps = tokens // (batch_size * truth.seq_len)
     final = truth.final_loss(batch_size, tokens) + loss_offset + truth.lr_curvature * (
         math.log(lr) - math.log(truth.best_lr(batch_size))) ** 2
     curve = []
-    for frac in (0.125, 0.25, 0.5, 1.0):
+    for i, frac in enumerate(curve_fractions):
         s = max(1, int(steps * frac))
         t = s * batch_size * truth.seq_len
         loss = truth.final_loss(batch_size, t) + (final - truth.final_loss(batch_size, tokens))
         curve.append({"step": s, "tokens": t, "val_loss": loss,
                       "val_loss_per_byte": loss / truth.bytes_per_token})
+        if noise_law is not None:
+            curve[-1]["b_noise"] = (UNRESOLVED_B_NOISE[i] if i < unresolved_evals
+                                    else noise_law.b_noise(loss, truth.seq_len))
     diverged = status == "diverged"
     return {
         "schema_version": SCHEMA_VERSION, "status": status, "sweep": sweep, "seed": seed,
@@ -85,6 +123,66 @@ def synthetic_sweep(root: str | Path, truth: SyntheticTruth | None = None, *,
                         run_dir.mkdir(parents=True, exist_ok=True)
                         write_json_atomic(run_dir / "summary.json", summary)
     return truth
+
+
+def synthetic_branched_sweep(root: str | Path, truth: SyntheticTruth | None = None, *,
+                             baseline_batch: int = 8, batch_sizes=(16, 32, 64, 128),
+                             budget_tokens: int = 2**23,
+                             branch_budgets=(0.125, 0.25, 0.5), cooldown: float = 0.2,
+                             lr_multipliers=(0.5, 1.0, 2.0), optimizers=("adamw",),
+                             baseline_seeds=(0, 1), seed_loss_offsets=(0.002, -0.002),
+                             noise_law: NoiseLaw | None = None, evals: int = 16,
+                             lr_grid_shift: float = 0.3,
+                             sweep: str = "synthetic") -> SyntheticTruth:
+    """Write the branched design of `make sweep-batch` from the McCandlish model; return the
+    truth.
+
+    Per optimizer, batch size (the baseline and `batch_sizes`) and lr of the grid
+    `best_lr(B) * 2^-lr_grid_shift * lr_multipliers`: one main run of `budget_tokens` with
+    `evals` eval points (the first three with an unresolved `b_noise`,
+    `UNRESOLVED_B_NOISE`), and one branch per fraction in `branch_budgets` that forks at
+    (1 - `cooldown`) x its budget and ends at its budget (`branch_of`: the main run's folder
+    name; `branch_at_tokens`), with eval points at the fork and the end. The baseline batch
+    runs at every seed of `baseline_seeds`, each seed i with loss offset
+    `seed_loss_offsets[i]`; the other batch sizes at seed 0 with no offset (the planted loss
+    itself). `noise_law` (default `NoiseLaw()`) puts `b_noise` on every eval point, main runs
+    and branches alike. Layout: root/<sweep>/<opt>_w64/b<B>_lr<i>_s<seed>[_branch<k>].
+    """
+    truth = truth or SyntheticTruth()
+    noise_law = noise_law or NoiseLaw()
+    root = Path(root)
+    fractions = tuple((j + 1) / evals for j in range(evals))
+    for opt in optimizers:
+        for batch in (baseline_batch, *batch_sizes):
+            seeds = baseline_seeds if batch == baseline_batch else (0,)
+            offsets = seed_loss_offsets if batch == baseline_batch else (0.0,)
+            center = truth.best_lr(batch) * 2.0**-lr_grid_shift
+            for i, m in enumerate(lr_multipliers):
+                for seed, offset in zip(seeds, offsets, strict=True):
+                    main = f"b{batch}_lr{i}_s{seed}"
+                    kwargs = dict(batch_size=batch, lr=center * m, optimizer=opt, seed=seed,
+                                  loss_offset=offset, sweep=sweep, noise_law=noise_law)
+                    folder = root / sweep / f"{opt}_w64"
+                    summary = synthetic_summary(truth, tokens=budget_tokens,
+                                                curve_fractions=fractions,
+                                                unresolved_evals=len(UNRESOLVED_B_NOISE),
+                                                **kwargs)
+                    write_run(folder / main, {**summary, "schedule": "wsd"})
+                    for k, frac in enumerate(branch_budgets):
+                        tokens = int(budget_tokens * frac)
+                        branch = synthetic_summary(truth, tokens=tokens,
+                                                   curve_fractions=(1 - cooldown, 1.0),
+                                                   **kwargs)
+                        branch.update(schedule="wsd", branch_of=main,
+                                      branch_at_tokens=int((1 - cooldown) * tokens))
+                        write_run(folder / f"{main}_branch{k}", branch)
+    return truth
+
+
+def write_run(run_dir: Path, summary: dict) -> None:
+    """`summary` as `run_dir`/summary.json (the folder created)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "summary.json", summary)
 
 
 def benchmark(root: str | Path, n_runs: int = 1000) -> dict:
