@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from critbatch import files
 from critbatch.analysis import results as runs
 from critbatch.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
-from critbatch.training.config import CONF_DIR, register_configs
+from critbatch.training.config import CONF_DIR, register_configs, total_steps
 
 REPO = CONF_DIR.parent
 STAGES = sorted(p.stem for p in SWEEPS_DIR.glob("*.yaml"))
@@ -32,37 +32,57 @@ def test_every_stage_belongs_to_an_experiment_and_says_what_it_answers():
 
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
 def test_grids_are_consistent_at_every_scale(scale):
-    (baseline,) = {j.cfg.train.batch_size for j in plan_stage("baseline", scale, "adamw", [])}
-    batch_jobs = plan_stage("batch", scale, "adamw", [])
-    cfg = batch_jobs[0].cfg
-    sizes = sorted({j.cfg.train.batch_size for j in batch_jobs})
-    assert (baseline,) == (sizes[0],) == (cfg.grid.base_batch_size,)
-    # the baseline's budgets are 1/8, 1/4, 1/2 of the main one; the batch sweep gives the 1
-    budgets = sorted({j.cfg.train.tokens for j in plan_stage("baseline", scale, "adamw", [])})
-    assert [b / cfg.train.tokens for b in budgets] == [0.125, 0.25, 0.5]
-    # three learning rates a factor 2 apart per cell, for both optimizers
-    for optimizer in ("adamw", "muon"):
-        lrs = sorted({j.cfg.optim.lr for j in plan_stage("batch", scale, optimizer, [])})
-        assert len(lrs) == 3 and lrs[1] / lrs[0] == pytest.approx(2) == lrs[2] / lrs[1]
-    # the largest batch still takes enough steps to be trained at all
-    largest = max(batch_jobs, key=lambda j: j.cfg.train.batch_size).cfg
-    assert largest.train.tokens // (largest.train.batch_size * largest.model.seq_len) >= 16
-    for job in plan_stage("widths_batch", scale, "muon", []):
-        assert job.cfg.model.width % job.cfg.model.heads == 0
+    """Five or more batch sizes doubling from the baseline, three lrs per cell, every run with
+    three cooldown branches and the online B_noise; the baseline batch at a second seed."""
+    for main, seeds in (("batch", "batch_seeds"), ("widths", "widths_seeds")):
+        for optimizer in ("adamw", "muon"):
+            jobs = plan_stage(main, scale, optimizer, [])
+            cfg = jobs[0].cfg
+            sizes = sorted({j.cfg.train.batch_size for j in jobs})
+            assert len(sizes) >= 5 and sizes[0] == cfg.grid.base_batch_size
+            assert all(b == 2 * a for a, b in zip(sizes, sizes[1:], strict=False))
+            lrs = sorted({j.cfg.optim.lr for j in jobs})
+            assert len(lrs) == 3 and lrs[2] / lrs[0] >= 4
+            widths = {j.cfg.model.width for j in jobs}
+            assert len(jobs) == len(sizes) * len(lrs) * len(widths)
+            for job in jobs:
+                t = job.cfg.train
+                assert t.schedule == "wsd" and t.branch_budgets == [0.125, 0.25, 0.5]
+                assert t.batch_size // t.micro_batches >= 1 and t.micro_batches >= 2
+                assert job.cfg.model.width % job.cfg.model.heads == 0
+                # the largest batch's smallest branch still has steps after its warmup
+                fewest = min(total_steps(b.cfg) for b in job.branches)
+                assert fewest > t.warmup_steps, (job.run_dir, fewest)
+            repeats = plan_stage(seeds, scale, optimizer, [])
+            assert {j.cfg.train.batch_size for j in repeats} == {sizes[0]}
+            assert {j.cfg.train.seed for j in repeats} == {1}
+            assert {j.cfg.optim.lr for j in repeats} == set(lrs)
+            assert {j.run_dir.parent for j in repeats} == {jobs[0].run_dir.parent}
 
 
 def test_plan_names_run_dirs_by_their_overrides():
     jobs = plan_stage("batch", "smoke", "muon", ["train.seed=3"])
-    assert len(jobs) == 9
+    assert len(jobs) == 15
     names = {j.run_dir.name for j in jobs}
-    assert len(names) == 9
+    assert len(names) == 15
     assert "optim.lr=0.02,optim=muon,train.batch_size=16,train.seed=3" in names
     assert {j.run_dir.parent for j in jobs} == {Path("runs/batch/smoke")}
     job = next(j for j in jobs if j.cfg.train.batch_size == 64)
     assert job.cfg.optim.lr_scaling == "none" and job.cfg.train.seed == 3
     assert job.cfg.sweep == "batch" and job.cfg.logger.group == "batch-smoke"
+    assert [b.run_dir.relative_to(job.run_dir) for b in job.branches] == [
+        Path("branches/tokens=16384"), Path("branches/tokens=32768"),
+        Path("branches/tokens=65536")]
     adamw = plan_stage("batch", "smoke", "adamw", [])
     assert {j.cfg.optim.lr_scaling for j in adamw} == {"sqrt"}
+
+
+def test_the_estimate_hands_out_the_longest_runs_first():
+    from critbatch.sweep import makespan
+
+    assert makespan([1, 1, 1, 1, 4], 2) == 4  # 4 | 1+1+1+1; in the given order it would be 6
+    assert makespan([3, 3, 2, 2, 2], 2) == 7  # greedy, not the optimum (3+3 | 2+2+2)
+    assert makespan([1.5], 4) == 1.5
 
 
 def test_slurm_launcher_composes():
@@ -97,32 +117,39 @@ def test_a_tiny_sweep_through_submitit_local(corpus_dir, cache_dir, tmp_path):
 
 def _sweep(cwd: Path, cache_dir: Path, **kw) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
-           "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled"]
+           "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
+           "train.tokens=32768", "grid.batch_sizes='4,8,16'"]  # 12 runs, 36 branches
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, **kw)
 
 
 @pytest.mark.slow
 def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_dir):
-    """Kill the sweep mid-way, restart it, then run it again: 18 valid runs, no duplicates."""
+    """Kill the sweep mid-way, restart it, then run it again: 12 valid runs with their 36
+    branches, no duplicates."""
     first = _sweep(tmp_path, cache_dir)
     deadline = time.time() + 300
     while time.time() < deadline and len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 4:
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    assert len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 18
+    assert len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 12
 
     second = _sweep(tmp_path, cache_dir)
     out, _ = second.communicate(timeout=900)
     assert second.returncode == 0, out[-3000:]
     run_dirs = [p for p in tmp_path.glob("runs/*/smoke/*") if p.is_dir() and p.name != "report"]
-    assert len(run_dirs) == 18, sorted(p.name for p in run_dirs)
+    assert len(run_dirs) == 12, sorted(p.name for p in run_dirs)
     for run_dir in run_dirs:
-        runs.read_summary(run_dir)
+        summary = runs.read_summary(run_dir)
+        assert len(runs.read_metrics(run_dir)) == summary["steps"]  # no step written twice
+        for branch in run_dir.glob("branches/*"):
+            assert runs.read_summary(branch)["branch_of"] == run_dir.name
+    assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 36
     assert "already complete" in out
-    noise = list(tmp_path.glob("runs/baseline/smoke/*/noise.json"))
+    noise = list(tmp_path.glob("runs/batch/smoke/*/noise.json"))
     assert len(noise) == 1 and runs.read_noise(noise[0].parent)["micro_batches"] >= 2
+    assert "train.batch_size=4" in noise[0].parent.name
     assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
 
     start = time.perf_counter()
@@ -130,7 +157,7 @@ def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_
     out, _ = third.communicate(timeout=300)
     assert third.returncode == 0, out[-3000:]
     assert time.perf_counter() - start < 30
-    assert "18 already complete, 0 to train" in out
+    assert "12 already complete, 0 to train" in out
     assert "step:" not in out  # nothing was trained
 
 

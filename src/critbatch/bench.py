@@ -227,10 +227,12 @@ def timed_step(stepper: Stepper, batch: torch.Tensor, lr_factor: float = 1.0,
 
 
 def step_timer(cfg, device: torch.device, *, dtype=torch.float32, compiled=False,
-               optim=None) -> Callable[[], tuple[float, float]]:
+               optim=None, track_micro_norms: bool = False) -> Callable[[], tuple[float, float]]:
     """A function timing one trainer step (fwd+bwd s, optimizer s) of a fresh model of `cfg`
-    on one random batch, each call another step."""
-    stepper = build_stepper(cfg, device, dtype, compiled, optim=optim)
+    on one random batch, each call another step (with the online B_noise's per-micro-batch
+    gradient norms when `track_micro_norms`)."""
+    stepper = build_stepper(cfg, device, dtype, compiled, optim=optim,
+                            track_micro_norms=track_micro_norms)
     batch = random_batch(cfg, device)
     return lambda: timed_step(stepper, batch)[:2]
 

@@ -18,7 +18,6 @@ call trains only what is missing.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import itertools
 import math
 import os
@@ -28,10 +27,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from critbatch import workers
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, ResultsError, user_errors
+from critbatch.training import branches as branching
 from critbatch.training import config as schema
-from critbatch.training.config import Config
+from critbatch.training.config import Config, micro_batch_size
 
 REPO = schema.CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
@@ -52,13 +53,17 @@ class Experiment:
 
 
 EXPERIMENTS = {
-    "batch": Experiment(("baseline", "batch"), "fit_bcrit.py", noise_stage="baseline"),
-    "widths": Experiment(("widths", "widths_batch"), "fit_bcrit.py", noise_stage="widths"),
+    "batch": Experiment(("batch", "batch_seeds"), "fit_bcrit.py", noise_stage="batch",
+                        report="batch"),
+    "widths": Experiment(("widths", "widths_seeds"), "fit_bcrit.py", noise_stage="widths",
+                         report="widths"),
     "stability": Experiment(("stability_lr", "stability", "stability_accum"), "stability.py",
                             tuning_stage="stability_lr", report="stability"),
     "schedules": Experiment(("schedules",), "schedules.py"),
 }
-RUN_OVERHEAD_S = 2.0  # per-run start-up, eval and checkpoint time, for the estimate
+RUN_OVERHEAD_S = 1.0  # per run or branch: set-up, W&B, evals, checkpoints (in a warm worker)
+NOISE_OVERHEAD_S = 10.0  # per noise measurement: a process start and its W&B run
+REPORT_S = 20.0  # the analysis and its plots
 
 
 @dataclass
@@ -70,12 +75,29 @@ class Job:
     cfg: Config
 
     @property
-    def done(self) -> bool:
+    def finished(self) -> bool:
+        """The run itself holds a valid summary.json (its branches aside)."""
         try:
             runs.read_summary(self.run_dir)
             return True
         except ResultsError:
             return False
+
+    @property
+    def branches(self) -> list[branching.Branch]:
+        return branching.plan_branches(self.cfg, self.run_dir, self.overrides)
+
+    @property
+    def done(self) -> bool:
+        """The run and every branch it can have are finished."""
+        return self.finished and not branching.pending(self.cfg, self.run_dir, self.overrides)
+
+    @property
+    def tokens_to_train(self) -> int:
+        """Tokens the job still trains: the run (unless finished) and its branches' cooldowns."""
+        left = 0 if self.finished else self.tokens
+        return left + sum(b.tokens - b.fork_step * b.cfg.train.batch_size * b.cfg.model.seq_len
+                          for b in self.branches if not b.done)
 
     @property
     def differences(self) -> list[str]:
@@ -142,7 +164,9 @@ def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None 
     if threads:
         torch.set_num_threads(threads)
     try:
-        step = step_timer(cfg, bench_device())
+        micro_batches = cfg.train.batch_size // micro_batch_size(cfg)
+        step = step_timer(cfg, bench_device(),
+                          track_micro_norms=cfg.train.gns.enabled and micro_batches >= 2)
         step()  # warm-up
         steps, elapsed = 0, 0.0
         while elapsed < seconds:
@@ -153,32 +177,36 @@ def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None 
     return steps * cfg.train.batch_size * cfg.model.seq_len / elapsed
 
 
-def estimate_seconds(jobs: list[Job], jobs_at_once: int = 1, threads: int | None = None) -> float:
-    """Wall time of the jobs from tokens/s measured on this machine (per model shape and batch).
-
-    Stages run one after the other; within one, Hydra's launcher hands the runs in order to
-    `jobs_at_once` workers, each taking the next run when it is free, so a stage lasts as
-    long as its busiest worker (one long run can keep the others idle).
-    """
+def job_seconds(jobs: list[Job], threads: int | None = None) -> dict[Path, float]:
+    """Seconds each job takes on one worker: its tokens left (run and branch cooldowns) at
+    the tokens/s measured now for its model, batch, micro-batch and optimizer, plus
+    RUN_OVERHEAD_S per run and branch."""
     rates: dict[tuple, float] = {}
-    total = 0.0
-    for stage in dict.fromkeys((j.stage, j.optimizer) for j in jobs):
-        workers = [0.0] * jobs_at_once
-        for job in (j for j in jobs if (j.stage, j.optimizer) == stage):
-            m, t = job.cfg.model, job.cfg.train
-            key = (m.width, m.depth, m.heads, m.seq_len, t.batch_size, job.cfg.data.vocab_size)
-            if key not in rates:
-                rates[key] = measure_tokens_per_s(job.cfg, threads=threads)
-            free = workers.index(min(workers))
-            workers[free] += job.tokens / rates[key] + RUN_OVERHEAD_S
-        total += max(workers)
-    return total
+    seconds = {}
+    for job in jobs:
+        m, t = job.cfg.model, job.cfg.train
+        key = (m.width, m.depth, m.heads, m.seq_len, t.batch_size, micro_batch_size(job.cfg),
+               job.cfg.data.vocab_size, job.cfg.optim.name)
+        if key not in rates:
+            rates[key] = measure_tokens_per_s(job.cfg, threads=threads)
+        runs_left = (not job.finished) + sum(not b.done for b in job.branches)
+        seconds[job.run_dir] = job.tokens_to_train / rates[key] + RUN_OVERHEAD_S * runs_left
+    return seconds
+
+
+def makespan(seconds: list[float], workers: int) -> float:
+    """Wall time of jobs of these lengths handed out longest first to `workers` workers,
+    each taking the next job when it is free (what `workers.run_jobs` does)."""
+    load = [0.0] * max(1, workers)
+    for s in sorted(seconds, reverse=True):
+        load[load.index(min(load))] += s
+    return max(load)
 
 
 def unplanned_runs(jobs: list[Job]) -> dict[Path, list[Path]]:
     """Finished run directories in the plan's stage folders that the plan does not name (an
     older grid, a different lr_scaling): {folder: [run dirs]}, for the folders that have any."""
-    planned = {j.run_dir.resolve() for j in jobs}
+    planned = {d.resolve() for j in jobs for d in [j.run_dir, *(b.run_dir for b in j.branches)]}
     found = {}
     for folder in sorted({j.run_dir.parent for j in jobs}):
         finished = runs.find_run_dirs([folder])[0] if folder.exists() else []
@@ -202,22 +230,36 @@ def check_finished(jobs: list[Job]) -> None:
 
 
 def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
-               device: str = "cpu") -> None:
+               device: str = "cpu") -> dict[Path, float]:
+    """Print what the sweep will train and how long it should take; return each job's
+    estimated seconds (for the progress lines)."""
     todo = [j for j in jobs if not j.done]
-    print(f"sweep-{experiment} at scale={scale}: {len(jobs)} runs, {len(jobs) - len(todo)} "
-          f"already complete, {len(todo)} to train")
+    n_branches = sum(len(j.cfg.train.branch_budgets) for j in jobs)
+    print(f"sweep-{experiment} at scale={scale}: {len(jobs)} runs"
+          + (f" (+{n_branches} cooldown branches)" if n_branches else "")
+          + f", {len(jobs) - len(todo)} already complete, {len(todo)} to train")
     for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in jobs):
         part = [j for j in jobs if (j.stage, j.optimizer) == (stage, optimizer)]
         left = sum(not j.done for j in part)
         print(f"  {stage:<15} optim={optimizer:<6} {len(part):>3} runs ({left} to train) "
               f"-> {part[0].run_dir.parent}")
-    if todo:
-        tokens = sum(j.tokens for j in todo)
-        threads = job_threads(jobs_at_once) if device == "cpu" else None
-        seconds = estimate_seconds(todo, jobs_at_once, threads)
-        print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {seconds / 60:.1f} min "
-              f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
-              flush=True)
+    if not todo:
+        return {}
+    threads = job_threads(jobs_at_once) if device == "cpu" else None
+    seconds = job_seconds(todo, threads)
+    training = makespan(list(seconds.values()), jobs_at_once)
+    tokens = sum(j.tokens_to_train for j in todo)
+    fewest = min((b.cfg for j in jobs for b in j.branches), default=None,
+                 key=lambda c: schema.total_steps(c))
+    if fewest is not None:
+        print(f"  fewest optimizer steps of any run: {schema.total_steps(fewest)} (batch "
+              f"{fewest.train.batch_size}, {schema.token_budget(fewest):,} tokens; warmup "
+              f"{fewest.train.warmup_steps} steps)")
+    print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {training / 60:.1f} min of "
+          f"training + ~{(NOISE_OVERHEAD_S + REPORT_S) / 60:.1f} min of noise and report "
+          f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
+          flush=True)
+    return seconds
 
 
 def _device_name() -> str:
@@ -231,19 +273,23 @@ def job_threads(jobs_at_once: int) -> int:
     return max(1, (os.cpu_count() or 1) // jobs_at_once)
 
 
-def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,
-                 device: str) -> int:
-    """Run one Hydra multirun in a child process; its jobs skip runs already complete."""
-    cmd = [sys.executable, "-m", "critbatch.train", "--config-dir", str(SWEEPS_DIR),
-           "--config-name", stage, f"scale={scale}", f"optim={optimizer}", *extra]
-    env = dict(os.environ)
-    if jobs_at_once > 1:
-        cmd += ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={jobs_at_once}"]
-        if device == "cpu":  # split the cores between the jobs
-            threads = job_threads(jobs_at_once)
-            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    print(f"\n== {stage} (optim={optimizer}): python {' '.join(cmd[1:])}", flush=True)
-    return subprocess.call(cmd, env=env)
+def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
+               seconds: dict[Path, float]) -> None:
+    """Train the jobs not done on `jobs_at_once` workers (workers.run_jobs)."""
+    todo = [j for j in jobs if not j.done]
+    if not todo:
+        return
+    threads = job_threads(jobs_at_once) if device == "cpu" else None
+    root = Path("runs").absolute()
+
+    def name(run_dir: Path) -> str:
+        return str(run_dir.relative_to(root)) if run_dir.is_relative_to(root) else str(run_dir)
+
+    print(f"\n== training {len(todo)} runs on {jobs_at_once} worker(s); each run's log is "
+          "its train.log", flush=True)
+    workers.run_jobs([(j.cfg, j.run_dir.absolute(), j.overrides) for j in todo], jobs_at_once,
+                     threads, {j.run_dir.absolute(): seconds.get(j.run_dir, 0.0) for j in todo},
+                     name)
 
 
 def final_loss(job: Job) -> float:
@@ -253,8 +299,11 @@ def final_loss(job: Job) -> float:
 
 
 def noise_target(jobs: list[Job], stage: str, optimizer: str) -> Job | None:
-    """The baseline's largest-budget run (best lr among those completed) for B_noise."""
-    done = [j for j in jobs if j.stage == stage and j.optimizer == optimizer and j.done]
+    """The run B_noise is measured at: among the stage's finished runs of the smallest batch
+    (the baseline), the largest budget's best lr."""
+    done = [j for j in jobs if j.stage == stage and j.optimizer == optimizer and j.finished]
+    done = [j for j in done if j.cfg.train.batch_size == min(k.cfg.train.batch_size
+                                                             for k in done)]
     if not done:
         return None
     top = max(j.tokens for j in done)
@@ -298,49 +347,26 @@ def plan_experiment(exp: Experiment, scale: str, optimizers: list[str], extra: l
 
 def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: list[str],
                    extra: list[str]) -> int:
-    """Every stage of an experiment; returns how many runs or stages did not complete."""
+    """Every stage of an experiment; returns how many runs or stages did not complete.
+
+    The stages train together on one pool of workers, except that the stages after a tuning
+    stage wait for its best lr."""
     exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
     plan = plan_experiment(exp, scale, optimizers, extra)
     check_finished(plan)
     device = "cuda" if scale == "gpu" else "cpu"
-    print_plan(experiment, scale, plan, jobs_at_once, device)
+    seconds = print_plan(experiment, scale, plan, jobs_at_once, device)
     t0 = time.perf_counter()
     problems = []
-    for stage, optimizer in itertools.product(exp.stages, optimizers):
-        overrides = stage_extra(exp, stage, optimizer, plan, extra)
-        if overrides is None:
-            problems.append(f"{stage} (optim={optimizer}) not run: every run of "
-                            f"{exp.tuning_stage} diverged or failed, so no lr to carry")
-            plan = [j for j in plan if (j.stage, j.optimizer) != (stage, optimizer)]
-            continue
-        if stage != exp.tuning_stage and exp.tuning_stage:  # the tuned lr is known now
-            plan = [j for j in plan if (j.stage, j.optimizer) != (stage, optimizer)]
-            plan += plan_stage(stage, scale, optimizer, overrides)
-            check_finished(plan)
-            print(f"== {stage} (optim={optimizer}): {overrides[-1]}, the best of "
-                  f"{exp.tuning_stage}")
-        part = [j for j in plan if (j.stage, j.optimizer) == (stage, optimizer)]
-        if all(j.done for j in part):
-            print(f"== {stage} (optim={optimizer}): all {len(part)} runs complete, skipped")
-            continue
-        launch_stage(stage, scale, optimizer, overrides, jobs_at_once, device)
-
+    if exp.tuning_stage:
+        train_jobs([j for j in plan if j.stage == exp.tuning_stage], jobs_at_once, device,
+                   seconds)
+        plan, problems = replan_after_tuning(exp, scale, optimizers, extra, plan)
+    train_jobs(plan, jobs_at_once, device, seconds)
     failed = [j for j in plan if not j.done]
     problems += [f"run did not complete (see its train.log): {j.run_dir}" for j in failed]
-
-    if exp.noise_stage and importlib.util.find_spec("critbatch.noise") is not None:
-        noise_stage = exp.noise_stage
-        for optimizer in optimizers:
-            target = noise_target(plan, noise_stage, optimizer)
-            if target is None:
-                continue
-            if (target.run_dir / "noise.json").exists():
-                print(f"== noise (optim={optimizer}): {target.run_dir}/noise.json exists, skipped")
-                continue
-            print(f"\n== noise (optim={optimizer}) on {target.run_dir}", flush=True)
-            if subprocess.call([sys.executable, "-m", "critbatch.noise", str(target.run_dir)]):
-                problems.append(f"the noise measurement failed on {target.run_dir}")
+    problems += measure_noise(exp, plan, optimizers, jobs_at_once)
 
     notes = [f"{folder} holds {len(extra_runs)} finished run(s) outside this plan (e.g. "
              f"{extra_runs[0].name}); the report reads every run in the folder"
@@ -359,6 +385,62 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     if (report_dir / "report.md").exists():
         print(f"report: {report_dir / 'report.md'}")
     return len(problems)
+
+
+def replan_after_tuning(exp: Experiment, scale: str, optimizers: list[str], extra: list[str],
+                        plan: list[Job]) -> tuple[list[Job], list[str]]:
+    """The plan with the stages after the tuning stage at its best lr (per optimizer), and
+    the stages that cannot run because every tuning run diverged or failed."""
+    problems = []
+    for stage, optimizer in itertools.product(exp.stages, optimizers):
+        if stage == exp.tuning_stage:
+            continue
+        plan = [j for j in plan if (j.stage, j.optimizer) != (stage, optimizer)]
+        overrides = stage_extra(exp, stage, optimizer, plan, extra)
+        if overrides is None:
+            problems.append(f"{stage} (optim={optimizer}) not run: every run of "
+                            f"{exp.tuning_stage} diverged or failed, so no lr to carry")
+            continue
+        plan += plan_stage(stage, scale, optimizer, overrides)
+        print(f"== {stage} (optim={optimizer}): {overrides[-1]}, the best of "
+              f"{exp.tuning_stage}")
+    check_finished(plan)
+    return plan, problems
+
+
+def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
+                  jobs_at_once: int) -> list[str]:
+    """`python -m critbatch.noise` on each optimizer's noise target, side by side (output in
+    the run's noise.log); returns the problems."""
+    if not exp.noise_stage:
+        return []
+    started = []
+    for optimizer in optimizers:
+        target = noise_target(plan, exp.noise_stage, optimizer)
+        if target is None:
+            continue
+        if (target.run_dir / "noise.json").exists():
+            print(f"== noise (optim={optimizer}): {target.run_dir}/noise.json exists, skipped")
+            continue
+        print(f"== noise (optim={optimizer}) on {target.run_dir} (log: noise.log)", flush=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(job_threads(min(jobs_at_once,
+                                                                   len(optimizers)))))
+        with open(target.run_dir / "noise.log", "w") as log_file:
+            started.append((target, subprocess.Popen(
+                [sys.executable, "-m", "critbatch.noise", str(target.run_dir)],
+                stdout=log_file, stderr=subprocess.STDOUT, env=env)))
+    problems = []
+    for target, proc in started:
+        if proc.wait():
+            problems.append(f"the noise measurement failed on {target.run_dir} (see its "
+                            "noise.log)")
+            continue
+        noise = runs.read_noise(target.run_dir) or {}
+        b = noise.get("b_noise_tokens")
+        print(f"== noise (optim={target.optimizer}): B_noise "
+              + (f"{b:,.0f} tokens" if b else "not resolved")
+              + f" at val_loss {noise.get('val_loss', float('nan')):.4f} nats/token")
+    return problems
 
 
 def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str) -> bool:

@@ -184,20 +184,25 @@ class SchedulesGrid:
 class GridConfig:
     """What the sweeps in `sweeps/` vary at this scale, in Hydra's sweep syntax ("8,32,128").
 
-    The baseline sweep trains the smallest batch at 1/8, 1/4 and 1/2 of `train.tokens`;
-    its full-budget point is the batch sweep's smallest-batch run, trained once.
+    The batch and widths sweeps train every (batch size, lr) once at `train.tokens` with a
+    wsd schedule, and each run yields three more budgets by cooldown branches
+    (`branch_budgets`); the baseline batch (the first) is also trained at `baseline_seeds`,
+    whose scatter is the loss noise of every cell.
     """
 
-    batch_sizes: str = "8,32,128"  # sequences; the first is the baseline batch b
+    batch_sizes: str = "8,16,32,64,128"  # sequences, doubling; the first is the baseline b
     base_batch_size: int = 8  # sequences; batch at which the lr grid values apply
-    baseline_tokens: str = "500000,1000000,2000000"  # baseline budgets below the main one
     lrs: dict[str, str] = field(  # lr grid per optimizer, values at base_batch_size
-        default_factory=lambda: {"adamw": "1.5e-3,3e-3,6e-3", "muon": "0.01,0.02,0.04"}
+        default_factory=lambda: {"adamw": "6e-4,1.5e-3,3.75e-3", "muon": "0.004,0.01,0.025"}
     )
     lr_scaling: dict[str, str] = field(  # how each optimizer's lr follows the batch size
         default_factory=lambda: {"adamw": "sqrt", "muon": "none"}
     )
-    widths: str = "32,48,64,80,96"  # model widths of the widths sweep (heads must divide them)
+    branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
+    baseline_seeds: str = "1"  # more seeds of the baseline batch (seed 0 is in the grid)
+    micro_batches: int = 2  # per step in every sweep run: the online B_noise needs two
+    widths: str = "32,48,64,96"  # model widths of the widths sweep (heads must divide them)
+    widths_tokens: int = 750_000  # the widths sweep's budget per run (tokens)
     stability: StabilityGrid = field(default_factory=StabilityGrid)
     schedules: SchedulesGrid = field(default_factory=SchedulesGrid)
 
@@ -281,15 +286,43 @@ def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
 RENAMED = {"wsd_decay_fraction": "cooldown_fraction"}  # train keys renamed since: old -> new
 
 
+def renamed(saved: dict) -> dict:
+    """A saved resolved config with the train keys renamed since (RENAMED) under their new
+    names."""
+    if "train" not in saved:
+        return saved
+    train = dict(saved["train"])
+    for old, new in RENAMED.items():
+        if old in train:
+            train.setdefault(new, train.pop(old))
+    return {**saved, "train": train}
+
+
+def config_from_saved(saved: dict) -> Config:
+    """The typed Config of a run's saved resolved config (config.json, a checkpoint), also
+    when an older critbatch wrote it: renamed keys are mapped, retired keys dropped."""
+
+    def known(values: dict, schema: Any) -> dict:
+        out = {}
+        for key, value in values.items():
+            if not hasattr(schema, key):
+                continue
+            sub = getattr(schema, key)
+            out[key] = known(value, sub) if isinstance(value, dict) and is_dataclass(sub) \
+                else value
+        return out
+
+    merged = OmegaConf.merge(OmegaConf.structured(Config), known(renamed(saved), Config()))
+    cfg = OmegaConf.to_object(merged)
+    validate(cfg)
+    return cfg
+
+
 def run_differences(saved: dict, current: dict) -> list[str]:
     """Dotted keys in which a run's saved resolved config differs from `current` (both as
     dicts), leaving out the sweep grids (`grid`: only what a run trained with counts).
     Keys renamed since the run was saved (RENAMED) are compared under their new names."""
-    train = dict(saved.get("train") or {})
-    for old, new in RENAMED.items():
-        if old in train:
-            train.setdefault(new, train.pop(old))
-    saved = {**saved, "train": train} if "train" in saved else saved
+    saved = renamed(saved)
     return config_differences({k: v for k, v in saved.items() if k != "grid"},
                               {k: v for k, v in current.items() if k != "grid"})
 

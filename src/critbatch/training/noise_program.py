@@ -37,13 +37,12 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from critbatch import files
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, DataError, ResultsError, fail, user_errors
 from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
-from critbatch.training.config import Config, validate, wandb_group
+from critbatch.training.config import config_from_saved, wandb_group
 from critbatch.training.data import prepare_data, sample_batch, val_windows
 from critbatch.training.evaluation import evaluate
 from critbatch.training.gns import group_sums, micro_batch_gradients
@@ -61,9 +60,7 @@ def load_checkpoint(run_dir: Path) -> tuple:
                            "or train one first (make train)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-        merged = OmegaConf.merge(OmegaConf.structured(Config), ckpt["config"])
-        cfg = OmegaConf.to_object(merged)
-        validate(cfg)
+        cfg = config_from_saved(ckpt["config"])
     except Exception as err:  # truncated file, old or foreign format
         first = (str(err).splitlines() or [type(err).__name__])[0]
         raise ResultsError(f"{path} cannot be loaded ({first}); rerun the training") from None

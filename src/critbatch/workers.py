@@ -1,0 +1,158 @@
+"""The sweep's training workers: a few long-lived processes that train run after run.
+
+`python -m critbatch.sweep` plans every run with Hydra (`sweep.plan_stage` composes each
+run's config and names its folder exactly as a Hydra multirun would), then hands the runs
+to this pool instead of launching one multirun per stage and optimizer:
+
+- one process per job slot for the whole experiment, so Python, torch and W&B start once
+  per worker, not once per run or per stage;
+- runs go out longest first (by the plan's estimate), so the cores stay busy until the last
+  run rather than waiting on one long run at the end of every stage;
+- one writer prints the progress: a line per finished run, `[k/N] run  val_loss  tokens/s
+  elapsed  ETA`, while each run's own log lines, with timestamps, go to its train.log.
+
+A run and its cooldown branches are one job (`loop.train_with_branches`). A failed run is
+reported by the progress line and the sweep goes on. `python -m critbatch.train -m ...`
+(Hydra's launchers: joblib, submitit, SLURM) trains the same runs into the same folders.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from critbatch.errors import CritbatchError
+from critbatch.training.cli import disk_errors, finished_run
+from critbatch.training.config import Config
+from critbatch.training.loop import train_with_branches
+
+log = logging.getLogger("critbatch")
+LOG_FORMAT = "[%(asctime)s][%(levelname)s] - %(message)s"
+
+
+@dataclass
+class Outcome:
+    """What a worker reports about one job (a run and its branches)."""
+
+    run_dir: str
+    ok: bool
+    seconds: float  # wall time the job took in its worker
+    trained: list[dict] = field(default_factory=list)  # tokens, val_loss, tokens_per_s per run
+    error: str | None = None  # one line, when not ok
+
+
+def init_worker(threads: int | None) -> None:
+    """Each worker's torch threads (the cores split between the workers on a CPU)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@contextmanager
+def job_output(log_path: Path) -> Iterator[None]:
+    """The job's log lines (timestamped) and anything printed go to its train.log; nothing
+    reaches the sweep's terminal, so progress bars stay off and lines never interleave."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(log_path, "a", buffering=1)  # noqa: SIM115 -- closed below
+    handler = logging.StreamHandler(handle)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    saved = (sys.stdout, sys.stderr, log.handlers[:], log.level, log.propagate)
+    log.handlers, log.propagate = [handler], False
+    log.setLevel(logging.INFO)
+    sys.stdout = sys.stderr = handle
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr, log.handlers, level, log.propagate = saved
+        log.setLevel(level)
+        handle.close()
+
+
+def train_job(cfg: Config, run_dir: str, overrides: list[str]) -> Outcome:
+    """Train a planned run and its branches in this worker (a finished run is skipped,
+    its missing branches trained); never raises."""
+    start, folder = time.perf_counter(), Path(run_dir)
+    with job_output(folder / "train.log"):
+        try:
+            with disk_errors():
+                finished = finished_run(folder, cfg)
+                summaries = train_with_branches(cfg, folder, overrides, skip_finished=finished)
+        except CritbatchError as err:
+            log.error(str(err))
+            return Outcome(run_dir, False, time.perf_counter() - start, error=str(err))
+        except Exception as err:  # a bug: the traceback goes to the log, one line here
+            log.exception("the run failed")
+            first = (str(err).splitlines() or [""])[0]
+            return Outcome(run_dir, False, time.perf_counter() - start,
+                           error=f"{type(err).__name__}: {first} (traceback in {folder}/train.log)")
+    trained = [{k: s[k] for k in ("tokens", "val_loss", "tokens_per_s", "status")}
+               for s in summaries]
+    return Outcome(run_dir, True, time.perf_counter() - start, trained)
+
+
+@dataclass
+class Progress:
+    """The sweep's one progress writer: a line per finished job with the time left, from the
+    plan's estimates corrected by how long the finished jobs really took."""
+
+    total: int
+    estimates: dict[str, float]  # run_dir -> estimated seconds on one worker
+    workers: int
+    start: float = field(default_factory=time.perf_counter)
+    done: int = 0
+    spent_s: float = 0.0  # worker seconds of the finished jobs
+    planned_s: float = 0.0  # their estimates
+
+    def line(self, outcome: Outcome, name: str) -> str:
+        self.done += 1
+        self.spent_s += outcome.seconds
+        self.planned_s += self.estimates.get(outcome.run_dir, 0.0)
+        self.estimates.pop(outcome.run_dir, None)
+        ratio = self.spent_s / self.planned_s if self.planned_s > 0 else 1.0
+        left_s = sum(self.estimates.values()) * ratio / self.workers
+        elapsed = time.perf_counter() - self.start
+        if outcome.ok and outcome.trained:
+            main = outcome.trained[0]
+            what = (f"val_loss {main['val_loss']:.4f} nats/token, "
+                    f"{main['tokens_per_s'] / 1e3:,.1f}k tokens/s"
+                    + (f", +{len(outcome.trained) - 1} branch(es)"
+                       if len(outcome.trained) > 1 else ""))
+            if main["status"] != "completed":
+                what = f"{main['status']}; " + what
+        elif outcome.ok:
+            what = "already complete"
+        else:
+            what = f"FAILED: {outcome.error}"
+        eta = f", ETA {left_s / 60:.1f} min" if self.done < self.total else ""
+        return (f"[{self.done}/{self.total}] {name}: {what} ({outcome.seconds:.0f} s); "
+                f"elapsed {elapsed / 60:.1f} min{eta}")
+
+
+def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: int | None,
+             estimates: dict[Path, float], name: Callable[[Path], str] = str) -> list[Outcome]:
+    """Train `jobs` (config, run folder, overrides) on `workers` processes, longest
+    estimate first, printing a progress line as each one ends; returns their outcomes."""
+    order = sorted(jobs, key=lambda j: -estimates.get(j[1], 0.0))
+    progress = Progress(len(order), {str(j[1]): estimates.get(j[1], 0.0) for j in order},
+                        workers)
+    outcomes = []
+    context = multiprocessing.get_context("spawn")  # no fork of a process holding threads
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(train_job, cfg, str(run_dir), overrides)
+                   for cfg, run_dir, overrides in order]
+        for future in as_completed(futures):
+            outcome = future.result()
+            outcomes.append(outcome)
+            print(progress.line(outcome, name(Path(outcome.run_dir))), flush=True)
+    return outcomes
