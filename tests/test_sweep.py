@@ -282,3 +282,17 @@ def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, mo
     other.mkdir()
     files.write_json_atomic(other / "summary.json", summary)
     assert unplanned_runs(jobs) == {ramp.run_dir.parent: [other]}
+
+
+def test_efficiency_is_the_wall_time_the_runs_would_take_side_by_side_over_the_real_one():
+    from critbatch.workers import Outcome, efficiency
+
+    run = {"tokens": 1000, "trained_tokens": 1000, "tokens_per_s": 100.0, "val_loss": 3.0,
+           "status": "completed"}
+    branch = {**run, "tokens": 500, "trained_tokens": 100}  # cooled down from its fork
+    outcomes = [Outcome("a", True, 11.0, [run, branch]), Outcome("b", True, 10.0, [run])]
+    use = efficiency(outcomes, workers=2, wall_s=14.0)
+    assert use["tokens"] == 2100
+    assert use["efficiency"] == pytest.approx((10 + 1 + 10) / 2 / 14.0)
+    assert use["steady_tokens_per_s"] == pytest.approx(200.0)
+    assert efficiency([Outcome("c", False, 1.0, error="boom")], 2, 5.0) is None

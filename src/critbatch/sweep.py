@@ -274,11 +274,11 @@ def job_threads(jobs_at_once: int) -> int:
 
 
 def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
-               seconds: dict[Path, float]) -> None:
+               seconds: dict[Path, float]) -> list[workers.Outcome]:
     """Train the jobs not done on `jobs_at_once` workers (workers.run_jobs)."""
     todo = [j for j in jobs if not j.done]
     if not todo:
-        return
+        return []
     threads = job_threads(jobs_at_once) if device == "cpu" else None
     root = Path("runs").absolute()
 
@@ -287,9 +287,9 @@ def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
 
     print(f"\n== training {len(todo)} runs on {jobs_at_once} worker(s); each run's log is "
           "its train.log", flush=True)
-    workers.run_jobs([(j.cfg, j.run_dir.absolute(), j.overrides) for j in todo], jobs_at_once,
-                     threads, {j.run_dir.absolute(): seconds.get(j.run_dir, 0.0) for j in todo},
-                     name)
+    return workers.run_jobs(
+        [(j.cfg, j.run_dir.absolute(), j.overrides) for j in todo], jobs_at_once, threads,
+        {j.run_dir.absolute(): seconds.get(j.run_dir, 0.0) for j in todo}, name)
 
 
 def final_loss(job: Job) -> float:
@@ -351,19 +351,19 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
 
     The stages train together on one pool of workers, except that the stages after a tuning
     stage wait for its best lr."""
+    t0 = time.perf_counter()
     exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
     plan = plan_experiment(exp, scale, optimizers, extra)
     check_finished(plan)
     device = "cuda" if scale == "gpu" else "cpu"
     seconds = print_plan(experiment, scale, plan, jobs_at_once, device)
-    t0 = time.perf_counter()
-    problems = []
+    problems, outcomes = [], []
     if exp.tuning_stage:
-        train_jobs([j for j in plan if j.stage == exp.tuning_stage], jobs_at_once, device,
-                   seconds)
+        outcomes += train_jobs([j for j in plan if j.stage == exp.tuning_stage], jobs_at_once,
+                               device, seconds)
         plan, problems = replan_after_tuning(exp, scale, optimizers, extra, plan)
-    train_jobs(plan, jobs_at_once, device, seconds)
+    outcomes += train_jobs(plan, jobs_at_once, device, seconds)
     failed = [j for j in plan if not j.done]
     problems += [f"run did not complete (see its train.log): {j.run_dir}" for j in failed]
     problems += measure_noise(exp, plan, optimizers, jobs_at_once)
@@ -375,9 +375,16 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
     sweep_dirs = sorted({str(j.run_dir.parent) for j in plan if j.run_dir.parent.exists()})
     if not analyse_sweep(exp, sweep_dirs, report_dir, "analysis"):
         problems.append("the analysis failed (its message is above)")
-    minutes = (time.perf_counter() - t0) / 60
+    wall_s = time.perf_counter() - t0
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
-          f"complete in {minutes:.1f} min")
+          f"complete in {wall_s / 60:.1f} min")
+    use = workers.efficiency(outcomes, jobs_at_once, wall_s)
+    if use:
+        print(f"efficiency: {use['tokens'] / 1e6:,.2f}M tokens trained in {wall_s / 60:.1f} min "
+              f"= {use['tokens_per_s'] / 1e3:,.1f}k tokens/s of wall time, "
+              f"{use['efficiency']:.0%} of the {use['steady_tokens_per_s'] / 1e3:,.1f}k tokens/s "
+              f"its runs trained at ({jobs_at_once} side by side; the rest is start-up, "
+              "evaluation, noise and report)")
     for note in notes:
         print(f"note: {note}")
     for problem in problems:

@@ -45,7 +45,9 @@ class Outcome:
     run_dir: str
     ok: bool
     seconds: float  # wall time the job took in its worker
-    trained: list[dict] = field(default_factory=list)  # tokens, val_loss, tokens_per_s per run
+    # per run trained (the run, its branches): tokens, trained_tokens (a branch's from its
+    # fork), val_loss, tokens_per_s, status
+    trained: list[dict] = field(default_factory=list)
     error: str | None = None  # one line, when not ok
 
 
@@ -94,7 +96,8 @@ def train_job(cfg: Config, run_dir: str, overrides: list[str]) -> Outcome:
             first = (str(err).splitlines() or [""])[0]
             return Outcome(run_dir, False, time.perf_counter() - start,
                            error=f"{type(err).__name__}: {first} (traceback in {folder}/train.log)")
-    trained = [{k: s[k] for k in ("tokens", "val_loss", "tokens_per_s", "status")}
+    trained = [{**{k: s[k] for k in ("tokens", "val_loss", "tokens_per_s", "status")},
+                "trained_tokens": s["tokens"] - (s.get("branch_at_tokens") or 0)}
                for s in summaries]
     return Outcome(run_dir, True, time.perf_counter() - start, trained)
 
@@ -156,3 +159,16 @@ def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: 
             outcomes.append(outcome)
             print(progress.line(outcome, name(Path(outcome.run_dir))), flush=True)
     return outcomes
+
+
+def efficiency(outcomes: list[Outcome], workers: int, wall_s: float) -> dict | None:
+    """How well a sweep kept its workers training: the tokens trained per second of the
+    sweep's wall time over the rate the same runs trained at on their own (each run's
+    tokens/s, `workers` of them side by side). None when nothing was trained."""
+    trained = [t for o in outcomes for t in o.trained if t["tokens_per_s"] > 0]
+    tokens = sum(t["trained_tokens"] for t in trained)
+    if not tokens or wall_s <= 0:
+        return None
+    busy_s = sum(t["trained_tokens"] / t["tokens_per_s"] for t in trained) / max(1, workers)
+    return {"tokens": tokens, "wall_s": wall_s, "tokens_per_s": tokens / wall_s,
+            "steady_tokens_per_s": tokens / busy_s, "efficiency": busy_s / wall_s}

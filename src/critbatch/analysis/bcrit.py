@@ -684,7 +684,10 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
         if p.get("unresolved"):
             warnings.append(f"B_noise not resolved in {p['run_dir']} (|G|^2 <= 0 with "
                             f"K = {p['micro_batches']}); increase K")
-    points = collect_points(per_run, pareto, [p for p in noise if "loss" in p], online)
+    # Kaplan's "noise" method: the noise program's measurements; the online tracker enters as
+    # its own series (online_noise), not by every run's end-of-run value
+    points = collect_points(per_run, pareto,
+                            [p for p in noise if p["kind"] == "b_noise" and "loss" in p], online)
     points = one_corpus(groups, points, warnings)
     kaplan = kaplan_fits(points, warnings, hints.losses)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),

@@ -185,8 +185,16 @@ def per_run_table(per_run: list[dict]) -> str:
 
 
 def noise_table(noise: list[dict]) -> str:
+    """The noise program's measurements (noise.json); the runs' end-of-run online values only
+    when there is none (they are in fits.json `noise`, kind b_noise_online)."""
     if not noise:
         return "No B_noise measurement (noise.json or online tracking) in these runs."
+    measured = [p for p in noise if p["kind"] == "b_noise"]
+    online = len(noise) - len(measured)
+    note = (f"\n\n{online} more: the online tracker's value at the end of each run (fits.json "
+            "`noise`, kind `b_noise_online`); B_noise along training is the online series "
+            "below.") if measured and online else ""
+    noise = measured or noise
     return md_table(
         ["run", "source", "loss (nats/byte)", "loss (nats/token)", "tr(Sigma)", "abs(G)^2",
          "B_noise (seq) [interval]", "B_noise (tokens)", "K x b", "interval"],
@@ -196,7 +204,7 @@ def noise_table(noise: list[dict]) -> str:
           fmt(p["b_noise_tokens"], ".3g"),
           f"{p['micro_batches']} x {p['micro_batch_size']}" if "micro_batches" in p else "-",
           p.get("interval", "-")]
-         for p in noise])
+         for p in noise]) + note
 
 
 def short_interval(n_batch_sizes: int, low) -> str:
