@@ -9,7 +9,7 @@ JOBS ?= auto
 OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-stability \
+.PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
         sweep-schedules report wandb-sync clean
 
 help: ## list the targets
@@ -52,6 +52,9 @@ sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, 
 
 sweep-widths: install ## Kaplan's B_crit(L) law: every width's baseline + batch grid, report [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep widths --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+
+sweep-branches: install ## is a cooldown branch as good as a separate (wsd, cosine) run? after sweep-batch [SCALE= JOBS= OPT=]
+	$(PY) -m critbatch.sweep branches --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
 sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumulation check, report [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep stability --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)

@@ -60,6 +60,8 @@ EXPERIMENTS = {
     "stability": Experiment(("stability_lr", "stability", "stability_accum"), "stability.py",
                             tuning_stage="stability_lr", report="stability"),
     "schedules": Experiment(("schedules",), "schedules.py"),
+    "branches": Experiment(("batch", "branch_check"), "branch_check.py", tuning_stage="batch",
+                           report="branch_check"),
 }
 RUN_OVERHEAD_S = 1.0  # per run or branch: set-up, W&B, evals, checkpoints (in a warm worker)
 NOISE_OVERHEAD_S = 10.0  # per noise measurement: a process start and its W&B run
@@ -311,9 +313,11 @@ def noise_target(jobs: list[Job], stage: str, optimizer: str) -> Job | None:
 
 
 def tuned_lr(jobs: list[Job], stage: str, optimizer: str) -> float | None:
-    """`optim.lr` of the tuning stage's best finished run (lowest final val loss), or None
-    while none of its runs has finished without diverging."""
+    """`optim.lr` of the tuning stage's best finished run at its smallest batch (lowest final
+    val loss), or None while none of those has finished without diverging."""
     done = [j for j in jobs if j.stage == stage and j.optimizer == optimizer and j.done]
+    done = [j for j in done if j.cfg.train.batch_size == min(k.cfg.train.batch_size
+                                                             for k in done)]
     best = min(done, key=final_loss, default=None)
     if best is None or final_loss(best) == math.inf:
         return None
@@ -465,8 +469,7 @@ def report_all(runs_root: Path = Path("runs")) -> int:
     the number of analyses that failed."""
     done = failed = 0
     for name, exp in EXPERIMENTS.items():
-        scales = sorted({d.name for stage in exp.stages
-                         for d in (runs_root / stage).glob("*") if d.is_dir()})
+        scales = sorted(d.name for d in (runs_root / exp.report_stage).glob("*") if d.is_dir())
         for scale in scales:
             folders = [str(runs_root / stage / scale) for stage in exp.stages
                        if (runs_root / stage / scale).is_dir()]

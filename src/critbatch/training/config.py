@@ -200,6 +200,8 @@ class GridConfig:
     )
     branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
     baseline_seeds: str = "1"  # more seeds of the baseline batch (seed 0 is in the grid)
+    # make sweep-branches: the budgets of the branches and the main run (tokens)
+    branch_check_tokens: str = "187500,375000,750000,1500000"
     micro_batches: int = 2  # per step in every sweep run: the online B_noise needs two
     widths: str = "32,48,64,96"  # model widths of the widths sweep (heads must divide them)
     widths_tokens: int = 750_000  # the widths sweep's budget per run (tokens)
