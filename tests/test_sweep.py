@@ -296,3 +296,19 @@ def test_efficiency_is_the_wall_time_the_runs_would_take_side_by_side_over_the_r
     assert use["efficiency"] == pytest.approx((10 + 1 + 10) / 2 / 14.0)
     assert use["steady_tokens_per_s"] == pytest.approx(200.0)
     assert efficiency([Outcome("c", False, 1.0, error="boom")], 2, 5.0) is None
+
+
+@pytest.mark.slow
+def test_a_hydra_launcher_takes_the_stages_as_multiruns(tmp_path, cache_dir):
+    """ARGS="hydra/launcher=..." (SLURM, submitit, joblib): each stage goes to that launcher as
+    a Hydra multirun, which trains the runs and their branches into the same folders."""
+    cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
+           "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
+           "train.tokens=16384", "grid.batch_sizes='4,8'", "grid.lrs.adamw=4e-3",
+           "hydra/launcher=joblib"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "--config-name batch" in proc.stdout and "[1/" not in proc.stdout
+    mains = sorted(p.parent.name for p in tmp_path.glob("runs/batch/smoke/*/summary.json"))
+    assert len(mains) == 3  # batch 4 and 8, and batch 4 at seed 1
+    assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 9

@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from critbatch import workers
@@ -75,6 +75,7 @@ class Job:
     overrides: list[str]  # the job's full override list, as Hydra launches it
     run_dir: Path
     cfg: Config
+    extra: list[str] = field(default_factory=list)  # the stage's own overrides (tuned lr, ...)
 
     @property
     def finished(self) -> bool:
@@ -143,7 +144,8 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
                 cfg = compose(stage, overrides=search + overrides, return_hydra_config=True)
                 run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
                 del cfg.hydra
-                jobs.append(Job(stage, optimizer, overrides, run_dir, schema.to_config(cfg)))
+                jobs.append(Job(stage, optimizer, overrides, run_dir, schema.to_config(cfg),
+                                list(extra)))
     except ConfigError:
         raise
     except Exception as err:
@@ -275,11 +277,24 @@ def job_threads(jobs_at_once: int) -> int:
     return max(1, (os.cpu_count() or 1) // jobs_at_once)
 
 
+def hydra_launcher(jobs: list[Job]) -> bool:
+    """The user chose a Hydra launcher (`hydra/launcher=slurm`, ...): the stages go to it as
+    multiruns rather than to the sweep's own workers."""
+    return any(o.startswith(("hydra/launcher=", "hydra.launcher.")) for j in jobs
+               for o in j.extra)
+
+
 def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
                seconds: dict[Path, float]) -> list[workers.Outcome]:
-    """Train the jobs not done on `jobs_at_once` workers (workers.run_jobs)."""
+    """Train the jobs not done on `jobs_at_once` workers (workers.run_jobs), or as one Hydra
+    multirun per stage and optimizer when a Hydra launcher was chosen."""
     todo = [j for j in jobs if not j.done]
     if not todo:
+        return []
+    if hydra_launcher(todo):
+        for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in todo):
+            part = next(j for j in todo if (j.stage, j.optimizer) == (stage, optimizer))
+            launch_stage(stage, part.cfg.scale, optimizer, part.extra, jobs_at_once, device)
         return []
     threads = job_threads(jobs_at_once) if device == "cpu" else None
     root = Path("runs").absolute()
@@ -292,6 +307,20 @@ def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
     return workers.run_jobs(
         [(j.cfg, j.run_dir.absolute(), j.overrides) for j in todo], jobs_at_once, threads,
         {j.run_dir.absolute(): seconds.get(j.run_dir, 0.0) for j in todo}, name)
+
+
+def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,
+                 device: str) -> int:
+    """Run one Hydra multirun in a child process (its launcher from `extra`); its jobs skip
+    runs already complete and train missing branches."""
+    cmd = [sys.executable, "-m", "critbatch.train", "--config-dir", str(SWEEPS_DIR),
+           "--config-name", stage, f"scale={scale}", f"optim={optimizer}", *extra]
+    env = dict(os.environ)
+    if device == "cpu" and jobs_at_once > 1:  # split the cores between the jobs
+        threads = job_threads(jobs_at_once)
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    print(f"\n== {stage} (optim={optimizer}): python {' '.join(cmd[1:])}", flush=True)
+    return subprocess.call(cmd, env=env)
 
 
 def final_loss(job: Job) -> float:
