@@ -45,7 +45,8 @@ def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(
         assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-3)
     # rank 0 alone wrote: one metrics line per step, one summary, one .hydra
     assert sorted(p.name for p in run_dir.iterdir()) == sorted(
-        [".hydra", "checkpoint.pt", "config.json", "metrics.jsonl", "summary.json", "train.log"]
+        [".hydra", ".lock", "checkpoint.pt", "config.json", "metrics.jsonl", "summary.json",
+         "train.log"]
     )
     # each rank's local gradient is a small batch for B_noise (b = 8, B = 16)
     assert ddp["gns_steps"] > 0

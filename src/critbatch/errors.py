@@ -25,11 +25,12 @@ class ResultsError(CritbatchError):
     """A run directory or results file is missing or malformed."""
 
 
-def fail(message: str) -> None:
-    """Print `critbatch: error: <message>` as one line on stderr and exit with status 2."""
+def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
+    """Print `critbatch: error: <message>` as one line on stderr and exit with status `code`
+    (2, a user error, unless told otherwise)."""
     one_line = " ".join(str(message).split())
     print(f"critbatch: error: {one_line}", file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_USER_ERROR)
+    raise SystemExit(code)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, ResultsError, user_errors
 from critbatch.training import branches as branching
 from critbatch.training import config as schema
+from critbatch.training.cli import sweep_jobs
 from critbatch.training.config import Config, micro_batch_size
 
 REPO = schema.CONF_DIR.parent
@@ -128,8 +129,6 @@ def resolve_scale(scale: str) -> str:
 def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list[Job]:
     """Expand one multirun exactly as Hydra's basic sweeper will, with each job's run dir."""
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
 
     schema.register_configs()
     cli = [f"scale={scale}", f"optim={optimizer}", *extra]
@@ -138,9 +137,8 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
         with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
             root = compose(stage, overrides=search + cli, return_hydra_config=True)
             params = [f"{k}={v}" for k, v in (root.hydra.sweeper.params or {}).items()]
-            parsed = OverridesParser.create().parse_overrides(params + cli)
             jobs = []
-            for overrides in BasicSweeper.split_arguments(parsed, None)[0]:
+            for overrides in sweep_jobs(params + cli):
                 cfg = compose(stage, overrides=search + overrides, return_hydra_config=True)
                 run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
                 del cfg.hydra

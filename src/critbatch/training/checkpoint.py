@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 
 from critbatch.errors import CritbatchError
 from critbatch.science.noise import NoiseEMA
@@ -45,6 +48,37 @@ from critbatch.training.config import run_differences
 
 class CheckpointError(CritbatchError):
     """A checkpoint cannot be written, read, or belongs to another config."""
+
+
+class RunInUse(CheckpointError):
+    """Another process is training in this run folder."""
+
+
+LOCK_NAME, OWNER_NAME = ".lock", ".owner"
+
+
+@contextmanager
+def sole_writer(run_dir: Path) -> Iterator[None]:
+    """Hold the run folder for this process while it trains: a second process (two sweeps in
+    one checkout, a requeued job while the first still runs) gets RunInUse naming the holder,
+    instead of both writing every step. The lock is the OS's (`filelock`), so a killed
+    holder releases it and never blocks the rerun."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(run_dir / LOCK_NAME, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        owner = (run_dir / OWNER_NAME).read_text().strip() if (run_dir / OWNER_NAME).exists() \
+            else "another process"
+        raise RunInUse(f"{run_dir} is in use by {owner}; wait for it to finish or stop it, "
+                       "then start this run again (it resumes)") from None
+    try:
+        (run_dir / OWNER_NAME).write_text(f"process {os.getpid()} on {os.uname().nodename} "
+                                          f"since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        yield
+    finally:
+        (run_dir / OWNER_NAME).unlink(missing_ok=True)
+        lock.release()
 
 
 @dataclass

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 import sys
+import tempfile
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +32,7 @@ from critbatch.training.loop import train_with_branches
 
 log = logging.getLogger("critbatch")
 
-HYDRA_CREATED = (".hydra", "train.log")
+CREATED_BEFORE_TRAINING = (".hydra", "train.log", ".lock")  # removed when a run fails early
 
 
 def check_overrides(overrides: list[str]) -> Config:
@@ -52,7 +54,7 @@ def _cleanup_failed_run(run_dir: Path) -> None:
     """Remove what Hydra created for a run that failed before training started."""
     if (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists():
         return
-    for name in HYDRA_CREATED:
+    for name in CREATED_BEFORE_TRAINING:
         target = run_dir / name
         if target.is_dir():
             shutil.rmtree(target, ignore_errors=True)
@@ -100,7 +102,9 @@ def check_output_dir(args: list[str]) -> None:
     """ConfigError unless the run (or sweep) folder can be created and written.
 
     Hydra creates the folder before the job starts and would fail with a traceback; the
-    folder is `hydra.run.dir` / `hydra.sweep.dir` when given, else under `runs/`.
+    folder is `hydra.run.dir` / `hydra.sweep.dir` when given, else under `runs/`. It is made
+    here (what Hydra would do next), so a path the OS refuses -- a file in the way, no
+    permission, a read-only or virtual file system such as /proc -- is one line.
     """
     keys = ("hydra.sweep.dir=", "hydra.run.dir=") if any(
         a in ("-m", "--multirun") for a in args) else ("hydra.run.dir=",)
@@ -112,9 +116,14 @@ def check_output_dir(args: list[str]) -> None:
     if not probe.is_dir():
         raise ConfigError(f"cannot create the output folder {target}: {probe} is a file; "
                           "choose another hydra.run.dir (or hydra.sweep.dir)")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot write the output folder {target}: {probe} is not writable; "
-                          "choose another hydra.run.dir (or hydra.sweep.dir)")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe_file = target / f".critbatch-write-test.{os.getpid()}"
+        probe_file.write_bytes(b"")
+        probe_file.unlink()
+    except OSError as err:
+        raise ConfigError(f"cannot write the output folder {target}: {err.strerror or err}; "
+                          "choose another hydra.run.dir (or hydra.sweep.dir)") from None
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -137,10 +146,74 @@ def _hydra_main(composed: DictConfig) -> None:
             _cleanup_failed_run(run_dir)
             raise
         log.error(f"{run_dir}: failed; the sweep goes on")
+        _record_failure(run_dir)
     except Exception:
         if not multirun:
             raise
         log.exception(f"{run_dir}: failed with an exception; the sweep goes on")
+        _record_failure(run_dir)
+
+
+FAILURES_ENV = "CRITBATCH_FAILED_RUNS"  # a file where multirun jobs list the runs that failed
+
+
+def _record_failure(run_dir: Path) -> None:
+    """Note a failed multirun job where `main` reads it after the sweep (jobs may run in
+    other processes: joblib, submitit on this machine)."""
+    path = os.environ.get(FAILURES_ENV)
+    if path:
+        with open(path, "a") as handle:
+            handle.write(f"{run_dir}\n")
+
+
+SKIP_CHECK_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i",
+                    "--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp",
+                    "--shell-completion", "-sc", "--version")
+
+
+def jobs_to_check(args: list[str]) -> list[list[str]] | None:
+    """Overrides that together try every value of a multirun once (the first job, then each
+    other value of each sweep in it), to check before Hydra launches anything; None when a
+    flag (--cfg, --config-name, ...) makes the command something else to check."""
+    if any(a.split("=", 1)[0] in SKIP_CHECK_FLAGS for a in args):
+        return None
+    plain = [a for a in args if not a.startswith("-") and not a.startswith(("hydra.", "hydra/"))]
+    options = sweep_options(plain)
+    if not any(a in ("-m", "--multirun") for a in args):
+        swept = [values[0].split("=", 1)[0] for values in options.values() if len(values) > 1]
+        if swept:
+            raise ConfigError(f"{swept[0]} has several values, a sweep: add -m (--multirun) "
+                              "to train one run per value, or give it one value")
+    first = [values[0] for values in options.values()]
+    return [first] + [[*first[:i], value, *first[i + 1:]]
+                      for i, values in enumerate(options.values()) for value in values[1:]]
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Every job's overrides of a multirun over `overrides`, as Hydra's basic sweeper expands
+    them: each sweep (`a,b`, `range(...)`, `choice(...)`) a factor of the product, in order of
+    first appearance, a later override of a key replacing an earlier one."""
+    return [list(job) for job in itertools.product(*sweep_options(overrides).values())]
+
+
+def sweep_options(overrides: list[str]) -> dict[str, list[str]]:
+    """{key: its overrides, one per value} of a multirun's command line (see `sweep_jobs`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as err:
+        raise ConfigError(explain_compose_error(err)) from None
+    options: dict[str, list[str]] = {}
+    for o in parsed:
+        key = o.get_key_element()
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            raise ConfigError(f"{o.input_line}: a sweep here is a list (a,b), range() or "
+                              "choice(); interval sweeps need a sweeper plugin")
+        values = o.sweep_string_iterator() if o.is_sweep_override() else (
+            [o.get_value_element_as_str()] if o.value() is not None else [None])
+        options[key] = [key if v is None else f"{key}={v}" for v in values]
+    return options
 
 
 def main() -> None:
@@ -155,12 +228,20 @@ def main() -> None:
             extra = ["hydra.output_subdir=null", "hydra/job_logging=disabled",
                      "hydra/hydra_logging=disabled"]
             sys.argv += extra
-    plain = [a for a in args if not a.startswith("hydra.") and not a.startswith("hydra/")]
     with user_errors():
-        if not any(a.startswith("-") for a in args):  # flags (--multirun, --cfg, ...): Hydra's
-            check_overrides(plain)
+        for job in jobs_to_check(args) or []:
+            check_overrides(job)
         check_output_dir(args)
-    try:
-        _hydra_main()
-    except KeyboardInterrupt:
-        fail("interrupted")
+    with tempfile.NamedTemporaryFile("r", prefix="critbatch-failed-", suffix=".txt") as failed:
+        os.environ[FAILURES_ENV] = failed.name
+        try:
+            _hydra_main()
+        except KeyboardInterrupt:
+            fail("interrupted")
+        finally:
+            os.environ.pop(FAILURES_ENV, None)
+        runs_failed = [line for line in failed.read().splitlines() if line]
+    if runs_failed:
+        fail(f"{len(runs_failed)} run(s) of the sweep failed (the others completed): "
+             f"{', '.join(runs_failed[:3])}{' ...' if len(runs_failed) > 3 else ''}; the reason "
+             "is in each run's train.log", code=1)

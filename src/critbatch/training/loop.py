@@ -21,7 +21,7 @@ from critbatch.errors import ResultsError
 from critbatch.training import branches, checkpoint
 from critbatch.training.config import Config
 from critbatch.training.data import sample_batch
-from critbatch.training.distributed import rank_share, shutdown
+from critbatch.training.distributed import launched_ranks, rank_share, shutdown
 from critbatch.training.evaluation import eval_tokens, evaluate, is_diverged
 from critbatch.training.metrics import (
     StepRecord,
@@ -38,7 +38,17 @@ log = logging.getLogger("critbatch")
 
 
 def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
-    """Train one model as `cfg` says, write the run directory, and return summary.json's dict."""
+    """Train one model as `cfg` says, write the run directory, and return summary.json's dict.
+
+    The process holds the folder meanwhile (`checkpoint.sole_writer`; rank 0 under torchrun):
+    a second one started on it stops with a one-line error."""
+    if not launched_ranks().main:
+        return _train(cfg, run_dir, overrides)
+    with checkpoint.sole_writer(run_dir):
+        return _train(cfg, run_dir, overrides)
+
+
+def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
     tr = build_trainer(cfg, run_dir, list(overrides or []))  # resumes a checkpoint if any
     t, seq_len, state, plan = cfg.train, cfg.model.seq_len, tr.state, tr.plan
     log_start(tr)
