@@ -4,6 +4,7 @@ runs failed exits non-zero, an output path the OS refuses, and one writer per ru
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -112,3 +113,17 @@ def test_two_processes_on_one_run_folder_write_it_once_and_a_killed_holder_frees
     assert third.wait(timeout=600) == 0, third.communicate()[1][-2000:]
     summary = runs.read_summary(run_dir)
     assert len(runs.read_metrics(run_dir)) == summary["steps"] == 160  # no step twice
+
+
+def test_without_a_terminal_a_run_logs_progress_lines_and_train_log_has_times(
+        tiny_overrides, tmp_path, monkeypatch, capsys):
+    from critbatch.training.loop import Heartbeat
+
+    monkeypatch.setattr(Heartbeat, "HEARTBEAT_S", 0.0)  # a line at every flush
+    run_dir = tmp_path / "run"
+    assert _main(monkeypatch, capsys, [*tiny_overrides, "train.tokens=4096",
+                                       "train.batch_size=8", f"hydra.run.dir={run_dir}"])[0] == 0
+    lines = (run_dir / "train.log").read_text().splitlines()
+    assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] ", line) for line in lines)
+    beats = [line for line in lines if "min left" in line]
+    assert beats and "tokens/s" in beats[0] and "%)" in beats[0]

@@ -65,6 +65,7 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
     eval_at = [x for x in eval_tokens(plan.budget, plan.start * seq_len, t.eval_points)
                if x > state.tokens]
     pending: list[StepRecord] = []  # steps not logged yet
+    heartbeat = Heartbeat(tr.steps, plan.budget, state.tokens)
     t0 = time.perf_counter() - state.elapsed_s
     batch_size = (plan.next(state.step, state.tokens, tr.gns.b_noise)
                   if state.status == "completed" else 0)
@@ -89,6 +90,7 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                     log_steps(tr, wandb_run, pending)  # metrics, B_noise, divergence
                     pending.clear()
                     bar.set_postfix(train_loss=f"{state.losses[-1]:.3f}")
+                    heartbeat.tick(state, bar.disable)
                 if branch and state.status == "completed":
                     branches.fork(branch, tr.stepper.model, tr.stepper.optimizers, tr.gns, state,
                                   run_dir)
@@ -139,6 +141,29 @@ def train_with_branches(cfg: Config, run_dir: Path, overrides: list[str] | None 
         with branches.log_file(branch.run_dir / "train.log"):
             summaries.append(train(branch.cfg, branch.run_dir, branch.overrides))
     return summaries
+
+
+class Heartbeat:
+    """Without a terminal (SLURM, nohup, a sweep worker) there is no progress bar: a log line
+    every HEARTBEAT_S seconds says where the run is instead."""
+
+    HEARTBEAT_S = 60.0
+
+    def __init__(self, steps: int | None, budget: int, tokens: int) -> None:
+        self.steps, self.budget = steps, budget
+        self.start_tokens, self.start = tokens, time.perf_counter()
+        self.last = self.start
+
+    def tick(self, state: checkpoint.TrainState, quiet_bar: bool) -> None:
+        now = time.perf_counter()
+        if not quiet_bar or now - self.last < self.HEARTBEAT_S:
+            return
+        self.last = now
+        rate = (state.tokens - self.start_tokens) / max(1e-9, now - self.start)
+        left_s = (self.budget - state.tokens) / rate if rate > 0 else float("nan")
+        log.info(f"step:{state.step}/{self.steps or '?'} tokens:{state.tokens / 1e6:.3f}M "
+                 f"({state.tokens / self.budget:.0%}) train_loss:{state.losses[-1]:.4f} "
+                 f"{rate:,.0f} tokens/s, about {left_s / 60:.1f} min left")
 
 
 def progress_bar(tr: Trainer) -> tqdm:
