@@ -57,7 +57,7 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                                 {"config": tr.resolved, "overrides": tr.overrides})
         runs.truncate_metrics(tr.metrics_path, state.step)  # rows after the checkpoint go
     wandb_run = start_wandb(cfg, tr.resolved, run_dir, tr.overrides, state.wandb_run_id,
-                            tr.ranks.main)
+                            tr.ranks.main, branch=state.branch_of is not None)
     state.wandb_run_id = wandb_run.id  # a resumed run continues this W&B run
     saver = checkpoint.Every(t.checkpoint_every_steps, t.checkpoint_every_minutes, state.step)
     forks = {b.fork_step: b for b in branches.plan_branches(cfg, run_dir, tr.overrides)

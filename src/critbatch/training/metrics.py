@@ -49,14 +49,15 @@ def metrics_rows(records: list[StepRecord], gns: NoiseEMA | None, parallel: bool
 
 
 def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str],
-                run_id: str | None, main: bool):
+                run_id: str | None, main: bool, branch: bool = False):
     """The run's W&B run (offline unless logger.mode=online; disabled off rank 0); a resumed
-    run continues the W&B run `run_id`."""
+    run continues the W&B run `run_id`. Tagged by optimizer, width, batch, scale (and
+    `branch` for a cooldown branch), its curves plotted against tokens."""
     import wandb  # slow to import: only when a run starts
 
     name = cfg.logger.name or (",".join(o for o in overrides if not o.startswith("hydra")) or
                                "defaults")
-    return wandb.init(
+    run = wandb.init(
         id=run_id,
         resume="allow" if run_id else None,
         mode=cfg.logger.mode if main else "disabled",
@@ -66,9 +67,19 @@ def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str]
         name=name,
         dir=str(run_dir),
         config=resolved,
-        tags=[cfg.optim.name, f"width{cfg.model.width}", cfg.scale],
+        tags=[cfg.optim.name, f"width{cfg.model.width}", f"batch{cfg.train.batch_size}",
+              cfg.scale, *(["branch"] if branch else [])],
         settings=wandb.Settings(console="off", silent=True),
     )
+    define_token_axis(run)
+    return run
+
+
+def define_token_axis(run) -> None:
+    """Every logged curve against `tokens` by default (not the step, which means something
+    else at every batch size), so W&B's charts compare batch sizes with no manual edit."""
+    run.define_metric("tokens")
+    run.define_metric("*", step_metric="tokens")
 
 
 def log_wandb_rows(wandb_run, rows: list[dict]) -> None:

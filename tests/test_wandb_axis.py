@@ -1,0 +1,44 @@
+"""W&B browses by tokens: an offline run defines `tokens` as the x axis of every curve and is
+tagged so runs group by optimizer, width and batch size with no manual edit."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from wandb.proto import wandb_internal_pb2 as pb
+
+from critbatch.training.loop import train
+
+
+def wandb_records(path: Path) -> list:
+    """The records of an offline run's `.wandb` file (a header, then 32 KiB blocks of
+    length-prefixed chunks: 4-byte checksum, 2-byte length, 1-byte type full/first/middle/last)."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:7]
+    pos, block, out, pending = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4) and pending:  # a full record, or the last chunk of one
+            record = pb.Record()
+            record.ParseFromString(pending)
+            out.append(record)
+            pending = b""
+    return out
+
+
+def test_an_offline_run_plots_against_tokens_and_is_tagged_by_batch(tiny_cfg, tmp_path):
+    cfg = tiny_cfg("logger.mode=offline", "train.tokens=2048", "train.batch_size=8")
+    train(cfg, tmp_path / "run")
+    (path,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(path)
+    metrics = [(r.metric.name, r.metric.glob_name, r.metric.step_metric)
+               for r in records if r.WhichOneof("record_type") == "metric"]
+    assert ("tokens", "", "") in metrics and ("", "*", "tokens") in metrics
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"][:1]
+    assert {"adamw", "width32", "batch8"} <= set(run.tags)
