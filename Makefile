@@ -10,7 +10,7 @@ OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
-        sweep-schedules report wandb-sync clean
+        sweep-schedules report wandb-sync clean data
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -38,6 +38,10 @@ format: install ## ruff format and fix imports
 
 train: install ## one training run; Hydra overrides via ARGS="scale=smoke optim=muon"
 	$(PY) -m critbatch.train $(ARGS)
+
+data: install ## token cache of DATA=fineweb_edu (tinystories, hub), built once online; then training runs offline [ARGS=]
+	@test -n "$(DATA)" || { echo "make data needs DATA=<name>, e.g. make data DATA=fineweb_edu" >&2; exit 2; }
+	$(PY) -m critbatch.data prepare $(DATA) $(ARGS)
 
 .PHONY: noise bench
 noise: install ## B_noise at a run's checkpoint: RUN=<run dir> [ARGS="-K 128 -b 4 --seed 0"]

@@ -182,7 +182,10 @@ def test_unreachable_hub_fails_fast_with_a_hint(monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     cfg = DataConfig(name="fineweb_edu", hf_path="HuggingFaceFW/fineweb-edu")
-    with pytest.raises(DataError, match="data=stdlib"):
+    with pytest.raises(DataError, match=r"run `make data DATA=fineweb_edu ARGS=\"data.vocab"):
+        load_hub_documents(cfg)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # streams are not served from the datasets cache
+    with pytest.raises(DataError, match=r"hub cannot be reached \(HF_HUB_OFFLINE is set\)"):
         load_hub_documents(cfg)
 
 

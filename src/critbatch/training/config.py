@@ -48,6 +48,9 @@ class DataConfig:
     hf_path: str | None = None  # hub corpora: dataset id for datasets.load_dataset
     hf_name: str | None = None  # hub corpora: dataset config name (subset)
     hf_split: str = "train"  # hub corpora: split to stream
+    # hub corpora: dataset revision (commit sha, tag or branch) to load; a pinned commit keeps
+    # the corpus from changing under a sweep. Part of the token-cache key; null = main
+    hf_revision: str | None = None
     hf_data_files: list[str] = field(default_factory=list)  # hub corpora: explicit data files
     text_field: str = "text"  # hub corpora: column that holds the document text
     max_documents: int | None = None  # hub corpora: stream at most this many documents
@@ -411,6 +414,9 @@ def validate(cfg: Config) -> None:
     _choice("train.dtype", t.dtype, ("auto", "float32", "bfloat16"))
     if not (t.device in ("auto", "cpu") or t.device.startswith("cuda")):
         raise ConfigError(f"train.device={t.device} is not auto, cpu, cuda or cuda:N")
+    if d.hf_revision is not None and not re.fullmatch(r"[\w.\-/]+", d.hf_revision):
+        raise ConfigError(f"data.hf_revision={d.hf_revision!r} is not a commit sha, tag or branch "
+                          "name; give one (e.g. data.hf_revision=main) or null")
     if d.name == "text_files" and not d.paths:
         raise ConfigError("data=text_files needs data.paths, e.g. data.paths='[corpus/*.txt]'")
 

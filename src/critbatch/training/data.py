@@ -11,28 +11,35 @@ the step and micro-batches are exact slices of it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
 import hashlib
 import json
 import os
 import socket
+import sys
 import sysconfig
+import time
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
+from omegaconf import OmegaConf
 
 from critbatch.errors import DataError
 from critbatch.files import write_bytes_atomic, write_json_atomic
-from critbatch.training.config import DataConfig
+from critbatch.training.config import CONF_DIR, DataConfig
 
 CACHE_VERSION = 1
 EOT = "<|endoftext|>"
 HUB_CORPORA = ("tinystories", "fineweb_edu", "hub")
+# the DataConfig fields that identify a hub corpus in the cache key
+HUB_SPEC = ("hf_path", "hf_name", "hf_revision", "hf_split", "hf_data_files", "text_field",
+            "max_documents")
+PROGRESS_EVERY_S = 5.0  # off a terminal, long steps print a progress line this often
 
 
 @dataclass
@@ -66,6 +73,54 @@ class TokenData:
         from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+
+
+# ---------------------------------------------------------------------------
+# Progress of the slow steps (streaming, BPE training, encoding)
+
+
+def say(message: str) -> None:
+    """One progress line on stderr (beside tqdm's bars, away from the results on stdout)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """A count of items done: a tqdm bar on a terminal, else a line every `PROGRESS_EVERY_S`.
+
+    Logs and batch jobs get `<what>: 12,000/100,000 documents (1.3 MB/s, 10 s)` lines
+    instead of a bar redrawn in place; `close()` prints the total and the time taken.
+    """
+
+    def __init__(self, what: str, total: int | None = None, unit: str = "documents") -> None:
+        self.what, self.total, self.unit = what, total, unit
+        self.count, self.bytes = 0, 0
+        self.start = self.last = time.monotonic()
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=what, unit=f" {unit}")
+
+    def update(self, n: int = 1, n_bytes: int = 0) -> None:
+        self.count += n
+        self.bytes += n_bytes
+        if self.bar is not None:
+            self.bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            elapsed = max(now - self.start, 1e-9)
+            of = f"/{self.total:,}" if self.total else ""
+            rate = f"{self.bytes / 1e6 / elapsed:.1f} MB/s, " if self.bytes else ""
+            say(f"{self.what}: {self.count:,}{of} {self.unit} ({rate}{elapsed:.0f} s)")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        size = f" ({self.bytes / 1e6:.1f} MB)" if self.bytes else ""
+        say(f"{self.what}: {self.count:,} {self.unit}{size} in "
+            f"{time.monotonic() - self.start:.1f} s")
 
 
 # ---------------------------------------------------------------------------
@@ -132,14 +187,23 @@ def _text_files(patterns: list[str]) -> list[tuple[str, Path]]:
 LOCAL_BUILDERS = ("parquet", "json", "csv", "text", "arrow")
 
 
-def check_hub_reachable(timeout_s: float = 5.0) -> None:
-    """Fail fast, in one line, when the Hugging Face hub cannot be reached.
+def uses_hub(data: DataConfig) -> bool:
+    """Whether loading `data` needs the Hugging Face hub (not a local builder or folder)."""
+    if data.name not in HUB_CORPORA:
+        return False
+    if not data.hf_path:
+        raise DataError(f"data={data.name} needs data.hf_path (a datasets id or 'parquet')")
+    return data.hf_path not in LOCAL_BUILDERS and not os.path.exists(data.hf_path)
 
-    Without this, `datasets` retries for about 30 seconds and prints a warning per try.
-    Skipped when HF_HUB_OFFLINE=1, which makes `datasets` use its local cache.
+
+def hub_unreachable_reason(timeout_s: float = 5.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached now, or None when it can.
+
+    A socket probe answers in at most `timeout_s`; without it, `datasets` retries for
+    about 30 seconds and prints a warning per try.
     """
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        return
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return "HF_HUB_OFFLINE is set"
     from huggingface_hub import constants
 
     url = urllib.parse.urlparse(constants.ENDPOINT)
@@ -147,25 +211,66 @@ def check_hub_reachable(timeout_s: float = 5.0) -> None:
     try:
         socket.create_connection((url.hostname, port), timeout=timeout_s).close()
     except OSError as err:
-        raise DataError(
-            f"the Hugging Face hub ({constants.ENDPOINT}) is unreachable ({err}); use data=stdlib "
-            "(the embedded corpus), data=text_files, or HF_HUB_OFFLINE=1 for a local datasets cache"
-        ) from None
+        return f"{constants.ENDPOINT} is unreachable: {err}"
+    return None
+
+
+def _override(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "'[" + ",".join(str(v) for v in value) + "]'"
+    return str(value)
+
+
+def prepare_command(data: DataConfig) -> str:
+    """The `make data` command that builds the very token cache entry `data` asks for.
+
+    It states the vocabulary (scale presets change it) and every field of the cache key,
+    plus data.cache_dir, that differs from the preset conf/data/<name>.yaml.
+    """
+    preset = asdict(DataConfig())
+    path = CONF_DIR / "data" / f"{data.name}.yaml"
+    if path.exists():
+        preset.update(OmegaConf.to_container(OmegaConf.load(path)))
+    args = [f"data.vocab_size={data.vocab_size}"]
+    for key in (*HUB_SPEC, "val_fraction", "cache_dir"):
+        if getattr(data, key) != preset[key]:
+            args.append(f"data.{key}={_override(getattr(data, key))}")
+    return f'make data DATA={data.name} ARGS="{" ".join(args)}"'
+
+
+def check_hub_reachable(data: DataConfig) -> None:
+    """Fail fast, in one line, when `data` has no token cache and the hub cannot be reached.
+
+    Streamed datasets are not read back from the `datasets` cache, so HF_HUB_OFFLINE=1 does
+    not help: what works offline is critbatch's own token cache, built once with network by
+    `make data DATA=<name>` (or copied from a machine that built it).
+    """
+    reason = hub_unreachable_reason()
+    if reason is None:
+        return
+    _, directory = cache_entry(data, None)
+    raise DataError(
+        f"data={data.name} has no token cache in {directory} and the Hugging Face hub cannot be "
+        f"reached ({reason}); run `{prepare_command(data)}` once on a machine with network (or "
+        f"copy the folder {directory.name} from one that has it into {directory.parent}), after "
+        "which training runs offline from critbatch's token cache"
+    )
 
 
 def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
-    """Stream the first `data.max_documents` documents of a `datasets` corpus.
+    """Stream the first `data.max_documents` documents of a `datasets` corpus at `data.hf_revision`.
 
     Works for hub ids (`HuggingFaceFW/fineweb-edu`) and for local builders such as
     `hf_path=parquet` with `hf_data_files`, which is how it is tested offline.
     """
     import datasets
-    from tqdm import tqdm
 
-    if not data.hf_path:
-        raise DataError(f"data={data.name} needs data.hf_path (a datasets id or 'parquet')")
-    if data.hf_path not in LOCAL_BUILDERS and not os.path.exists(data.hf_path):
-        check_hub_reachable()
+    if uses_hub(data):
+        check_hub_reachable(data)
+    docs: list[tuple[str, str]] = []
+    progress = Progress(f"streaming {data.hf_path}", total=data.max_documents)
     try:
         stream = datasets.load_dataset(
             data.hf_path,
@@ -173,10 +278,9 @@ def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
             split=data.hf_split,
             streaming=True,
             data_files=list(data.hf_data_files) or None,
+            revision=data.hf_revision,
         )
-        docs = []
-        rows = tqdm(stream, desc=f"streaming {data.hf_path}", unit=" docs", disable=None)
-        for i, row in enumerate(rows):
+        for i, row in enumerate(stream):
             if data.max_documents is not None and len(docs) >= data.max_documents:
                 break
             if data.text_field not in row:
@@ -187,14 +291,18 @@ def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
             text = row[data.text_field]
             if text:
                 docs.append((f"{i}", text))
+                progress.update(n_bytes=len(text.encode()))
     except DataError:
         raise
-    except Exception as err:  # network, missing dataset, bad files: all one message
+    except Exception as err:  # network, missing dataset or revision, bad files: one message
         reason = " ".join(str(err).split())[:200]
+        fix = (f"; if the network dropped, rerun `{prepare_command(data)}`" if uses_hub(data)
+               else "")
         raise DataError(
-            f"could not load '{data.hf_path}' through datasets ({type(err).__name__}: "
-            f"{reason}); without network use data=stdlib (embedded corpus) or data=text_files"
+            f"could not load '{data.hf_path}' through datasets ({type(err).__name__}: {reason}); "
+            f"check data.hf_path, data.hf_name, data.hf_split and data.hf_revision{fix}"
         ) from None
+    progress.close()
     if not docs:
         raise DataError(f"'{data.hf_path}' gave no documents; check data.hf_split and filters")
     return docs
@@ -234,31 +342,53 @@ def load_local_documents(data: DataConfig) -> tuple[list[tuple[str, str]], int]:
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):  # -> tokenizers.Tokenizer
-    """Byte-level BPE (GPT-2 style pre-tokenisation) with one special token, <|endoftext|>."""
+    """Byte-level BPE (GPT-2 style pre-tokenisation) with one special token, <|endoftext|>.
+
+    Training reads every document (pre-tokenisation and word counts, most of the time) and
+    then merges pairs. On a terminal `tokenizers` draws its own bars for both; elsewhere the
+    reading is counted by `Progress` and the merges get a start and an end line.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    on_terminal = sys.stderr.isatty()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[EOT],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        show_progress=on_terminal,
     )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    start = time.monotonic()
+    say(f"training the BPE tokenizer ({vocab_size:,} tokens) on {len(texts):,} documents")
+    feed = texts if on_terminal else _read_for_bpe(texts)
+    tok.train_from_iterator(feed, trainer=trainer, length=len(texts))
+    say(f"BPE tokenizer trained in {time.monotonic() - start:.1f} s")
     return tok
 
 
-def encode_documents(tok, texts: list[str]) -> np.ndarray:
+def _read_for_bpe(texts: list[str]) -> Iterator[str]:
+    progress = Progress("BPE pre-tokenising", total=len(texts))
+    for text in texts:
+        yield text
+        progress.update()
+    progress.close()
+    say("BPE merging pairs")
+
+
+def encode_documents(tok, texts: list[str], what: str = "encoding") -> np.ndarray:
     """Token ids of the documents, each followed by <|endoftext|>, as one uint16 array."""
     eot = tok.token_to_id(EOT)
     parts = []
     batch = 256
+    progress = Progress(what, total=len(texts))
     for i in range(0, len(texts), batch):
         for enc in tok.encode_batch(texts[i : i + batch]):
             parts.append(np.asarray(enc.ids, dtype=np.uint16))
             parts.append(np.asarray([eot], dtype=np.uint16))
+        progress.update(len(texts[i : i + batch]))
+    progress.close()
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
 
 
@@ -268,14 +398,21 @@ def encode_documents(tok, texts: list[str]) -> np.ndarray:
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock; the kernel drops it if the holder dies, so no lock goes stale."""
+    """An exclusive lock on `path` (the `filelock` package: flock on Unix, msvcrt on Windows).
+
+    The operating system drops the lock when its holder dies, so a lock left by a killed
+    process never blocks a rerun. When the block fails, the lock file is removed while still
+    held (a waiter that then locks the unlinked file sees it is gone and locks the new one),
+    so a failed build leaves nothing behind; after a success the empty file stays.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with FileLock(path):
         try:
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        except BaseException:
+            with contextlib.suppress(OSError):  # Windows: filelock removes it on release
+                path.unlink()
+            raise
 
 
 def _sha256_file(path: Path) -> str:
@@ -283,18 +420,26 @@ def _sha256_file(path: Path) -> str:
 
 
 def _hub_spec(data: DataConfig) -> dict:
-    return {
-        "hf_path": data.hf_path, "hf_name": data.hf_name, "hf_split": data.hf_split,
-        "hf_data_files": list(data.hf_data_files), "text_field": data.text_field,
-        "max_documents": data.max_documents,
-    }
+    spec = {key: getattr(data, key) for key in HUB_SPEC}
+    spec["hf_data_files"] = list(data.hf_data_files)
+    if spec["hf_revision"] is None:  # left out when unset: older entries keep their keys
+        del spec["hf_revision"]
+    return spec
 
 
 def cache_key(data: DataConfig, content_sha: str | None) -> str:
-    """Identity of a cache entry: corpus content (local) or its spec (hub), vocab, split."""
+    """Identity of a cache entry: corpus content (local) or its spec (hub, revision included),
+    vocab, split."""
     source = content_sha if content_sha is not None else json.dumps(_hub_spec(data), sort_keys=True)
     ident = json.dumps([CACHE_VERSION, data.name, source, data.vocab_size, data.val_fraction])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def cache_entry(data: DataConfig, content_sha: str | None) -> tuple[str, Path]:
+    """The cache key of `data` and the folder of its entry under `data.cache_dir`."""
+    key = cache_key(data, content_sha)
+    root = Path(os.path.expanduser(data.cache_dir))
+    return key, root / f"{data.name}-v{data.vocab_size}-{key}"
 
 
 def _manifest_ok(directory: Path, key: str) -> dict | None:
@@ -315,21 +460,15 @@ def _manifest_ok(directory: Path, key: str) -> dict | None:
 
 
 def _build_cache(directory: Path, key: str, data: DataConfig, docs, skipped: int) -> dict:
-    from tqdm import tqdm
-
+    say(f"building the token cache of data={data.name} in {directory}")
     directory.mkdir(parents=True, exist_ok=True)
     train_texts, val_texts = split_documents(docs, data.val_fraction)
-    steps = tqdm(total=3, desc=f"building token cache for data={data.name}", disable=None)
     tok = train_tokenizer(train_texts, data.vocab_size)
-    steps.update()
     tmp_tok = directory / f".tokenizer.{os.getpid()}.tmp"
     tok.save(str(tmp_tok))
     os.replace(tmp_tok, directory / "tokenizer.json")
-    train_ids = encode_documents(tok, train_texts)
-    steps.update()
-    val_ids = encode_documents(tok, val_texts)
-    steps.update()
-    steps.close()
+    train_ids = encode_documents(tok, train_texts, "encoding the train split")
+    val_ids = encode_documents(tok, val_texts, "encoding the val split")
     val_bytes = sum(len(t.encode()) for t in val_texts)
     write_bytes_atomic(directory / "train.bin", train_ids.tobytes())
     write_bytes_atomic(directory / "val.bin", val_ids.tobytes())
@@ -337,6 +476,7 @@ def _build_cache(directory: Path, key: str, data: DataConfig, docs, skipped: int
         "version": CACHE_VERSION,
         "key": key,
         "data_name": data.name,
+        "hf_revision": data.hf_revision if data.name in HUB_CORPORA else None,
         "corpus_sha256": corpus_fingerprint(docs),
         "documents": len(docs),
         "skipped_non_utf8": skipped,
@@ -360,9 +500,9 @@ def prepare_data(data: DataConfig) -> TokenData:
     """Return the cached token ids for `data`, building the cache under a lock if needed.
 
     Several processes may call this at once: one builds, the others wait on the
-    lock and then reuse the result. A truncated or mismatched entry is rebuilt.
+    lock and then reuse the result. A truncated or mismatched entry is rebuilt. A hub
+    corpus whose entry exists is read offline; one whose entry is missing needs the hub.
     """
-    cache_root = Path(os.path.expanduser(data.cache_dir))
     if data.name in HUB_CORPORA:
         docs, skipped, content_sha = None, 0, None
     else:
@@ -370,12 +510,13 @@ def prepare_data(data: DataConfig) -> TokenData:
         if not docs:
             raise DataError(f"the {data.name} corpus is empty; point data at non-empty files")
         content_sha = corpus_fingerprint(docs)
-    key = cache_key(data, content_sha)
-    directory = cache_root / f"{data.name}-v{data.vocab_size}-{key}"
+    key, directory = cache_entry(data, content_sha)
     manifest = _manifest_ok(directory, key)
     if manifest is None:
+        if docs is None and uses_hub(data):
+            check_hub_reachable(data)  # before the lock: an offline run creates nothing
         try:
-            with file_lock(cache_root / f"{directory.name}.lock"):
+            with file_lock(directory.with_name(f"{directory.name}.lock")):
                 manifest = _manifest_ok(directory, key)  # another process may have built it
                 if manifest is None:
                     if docs is None:
@@ -383,12 +524,29 @@ def prepare_data(data: DataConfig) -> TokenData:
                     manifest = _build_cache(directory, key, data, docs, skipped)
         except PermissionError as err:
             raise DataError(
-                f"cannot write the token cache in {cache_root} ({err.strerror}); "
+                f"cannot write the token cache in {directory.parent} ({err.strerror}); "
                 "set data.cache_dir to a writable folder"
             ) from None
     train = np.memmap(directory / "train.bin", dtype=np.uint16, mode="r")
     val = np.memmap(directory / "val.bin", dtype=np.uint16, mode="r")
     return TokenData(train=train, val=val, manifest=manifest, directory=directory)
+
+
+def build_token_cache(data: DataConfig) -> TokenData:
+    """`make data`: build (or find) the token cache of `data`, online once, and say where it is.
+
+    Afterwards every run with the same data settings reads this cache and needs no network.
+    """
+    tokens = prepare_data(data)
+    m = tokens.manifest
+    revision = f" at revision {m['hf_revision']}" if m.get("hf_revision") else ""
+    print(f"data={data.name}{revision}: {m['documents']:,} documents, {m['train_tokens']:,} "
+          f"train and {m['val_tokens']:,} val tokens, {tokens.bytes_per_token:.2f} bytes/token, "
+          f"cached in {tokens.directory}", flush=True)
+    if data.name in HUB_CORPORA:
+        print("runs with these data settings now train offline from it; for another machine, "
+              f"copy that folder into its data.cache_dir ({data.cache_dir})", flush=True)
+    return tokens
 
 
 # ---------------------------------------------------------------------------
