@@ -4,6 +4,7 @@ runs failed exits non-zero, an output path the OS refuses, and one writer per ru
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -127,3 +128,14 @@ def test_without_a_terminal_a_run_logs_progress_lines_and_train_log_has_times(
     assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] ", line) for line in lines)
     beats = [line for line in lines if "min left" in line]
     assert beats and "tokens/s" in beats[0] and "%)" in beats[0]
+
+
+def test_the_console_script_completes_keys_and_makes_no_folder(tmp_path):
+    script = Path(sys.executable).with_name("critbatch-train")
+    assert script.exists(), "pip install -e . installs the console script"
+    proc = subprocess.run([str(script), "-sc", "query=bash"], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "COMP_LINE": "critbatch-train train.batch_s"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "train.batch_size=" in proc.stdout.split()
+    assert not (tmp_path / "runs").exists()

@@ -166,9 +166,10 @@ def _record_failure(run_dir: Path) -> None:
             handle.write(f"{run_dir}\n")
 
 
-SKIP_CHECK_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i",
-                    "--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp",
-                    "--shell-completion", "-sc", "--version")
+INFO_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i",
+              "--shell-completion", "-sc", "--version")  # Hydra prints, trains nothing
+CONFIG_FLAGS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-path", "-cp")
+SKIP_CHECK_FLAGS = INFO_FLAGS + CONFIG_FLAGS
 
 
 def jobs_to_check(args: list[str]) -> list[list[str]] | None:
@@ -231,7 +232,8 @@ def main() -> None:
     with user_errors():
         for job in jobs_to_check(args) or []:
             check_overrides(job)
-        check_output_dir(args)
+        if not any(a.split("=", 1)[0] in INFO_FLAGS for a in args):
+            check_output_dir(args)
     with tempfile.NamedTemporaryFile("r", prefix="critbatch-failed-", suffix=".txt") as failed:
         os.environ[FAILURES_ENV] = failed.name
         try:
