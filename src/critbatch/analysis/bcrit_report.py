@@ -444,9 +444,10 @@ def plot_lr_sensitivity(groups: list[dict], path: Path) -> None:
         for color, c in zip(colors, cs, strict=False):
             ax.plot(c.lrs, c.losses, "o-", color=color, label=f"B={c.batch_size}")
             ax.plot([c.lr], [c.loss], "*", color=color, ms=10)
+        ax.plot([], [], "*", color="k", ms=10, ls="none", label="refined optimum")
         plotting.log_axes(ax)
         plotting.label_axes(ax, "peak learning rate", "final validation loss (nats/token)",
-                            f"{g['name']}, {budget:,} tokens (star: refined optimum)")
+                            f"{g['name']}, {budget:,} tokens")
     plotting.save_figure(fig, path)
 
 
@@ -531,8 +532,6 @@ def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None
     else:
         plotting.empty_axes(ax, "no B_crit estimate yet")
     plotting.log_axes(ax, x=True, y=True)
-    if points:
-        plotting.label_log_ticks(ax.xaxis, list(np.geomspace(grid[0], grid[-1], 6)))
     plotting.label_axes(ax, "loss L (nats/token)", "B_crit (tokens)", PLOTS["bcrit_vs_loss"],
                         legend=False)
     plotting.save_figure(fig, path)

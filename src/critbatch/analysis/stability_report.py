@@ -211,8 +211,6 @@ def plot_per_batch(groups: list[dict], curves: dict, path: Path, which: int, yla
         if tops and max(finite) > 1.5 * max(tops):  # a diverging loss must not squash the
             ax.set_ylim(top=1.5 * max(tops))            # others: stop the axis at 1.5 x start
         plotting.log_axes(ax, x=True, y=log_y)
-        if log_y and finite:
-            plotting.label_log_ticks(ax.yaxis, list(np.geomspace(min(finite), max(finite), 5)))
         plotting.label_axes(ax, "optimizer step (steps)", ylabel, g["name"], legend=bool(finite))
     plotting.save_figure(fig, path)
 
@@ -267,7 +265,7 @@ def plot_lr_tuning(result: dict, path: Path) -> None:
     plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.6))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.12, top=0.92)
-    seen, drawn, lrs = set(), 0, []
+    seen, drawn = set(), 0
     several_scales = len({g["scale"] for g in result["groups"]}) > 1
     for g in result["groups"]:
         t = g["lr_tuning"]
@@ -277,7 +275,6 @@ def plot_lr_tuning(result: dict, path: Path) -> None:
         color = f"C{drawn}"
         drawn += 1
         ok = [r for r in t["rows"] if is_finite(r["val_loss"])]
-        lrs += [r["lr"] for r in t["rows"]]
         label = g["optimizer"] + (f" ({g['scale']})" if several_scales else "")
         ax.plot([r["lr"] for r in ok], [r["val_loss"] for r in ok], "o-", color=color,
                 label=f"{label}, batch {g['base_batch_size']}")
@@ -290,7 +287,6 @@ def plot_lr_tuning(result: dict, path: Path) -> None:
     if not drawn:
         plotting.empty_axes(ax, f"no {LR_STAGE} runs")
     plotting.log_axes(ax)
-    plotting.label_log_ticks(ax.xaxis, sorted(set(lrs)))
     plotting.label_axes(ax, "peak learning rate at the base batch (batch in sequences: see "
                         "legend)", "final validation loss (nats/token)",
                         PLOTS["lr_tuning"] + " (star: best)", legend=bool(drawn))
@@ -303,7 +299,7 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
     plot_per_batch(groups, result["curves"], out / "train_loss.png", 1,
                    "train loss (nats/token)", PLOTS["train_loss"], log_y=False)
     plot_per_batch(groups, result["curves"], out / "grad_norm.png", 2,
-                   "gradient L2 norm before clipping (nats/token)", PLOTS["grad_norm"],
+                   "gradient L2 norm before clipping", PLOTS["grad_norm"],
                    log_y=True)
     plot_accumulation(result, out / "accumulation.png")
     plot_lr_tuning(result, out / "lr_tuning.png")

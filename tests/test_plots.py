@@ -1,0 +1,177 @@
+"""Plots that read well: every log axis labelled at any range, every title inside its figure,
+in all three reports."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from test_schedules import write_study as write_schedules_study
+from test_stability import write_study as write_stability_study
+
+from critbatch.analysis import bcrit_report, plotting, schedules, stability, stability_report
+from critbatch.analysis.synthetic import synthetic_branched_sweep, synthetic_sweep
+
+# ---------------------------------------------------------------------------------------------
+# What a readable figure is
+
+
+def labelled_ticks(ax, axis: str) -> list:
+    """The tick labels of `axis` ("x" or "y"), major and minor, that carry text and lie
+    within the view (the figure drawn)."""
+    labels = ax.get_xticklabels(which="both") if axis == "x" else ax.get_yticklabels(
+        which="both")
+    lo, hi = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    index = 0 if axis == "x" else 1
+    return sorted((t for t in labels if t.get_text() and t.get_visible()
+                   and lo * (1 - 1e-9) <= t.get_position()[index] <= hi * (1 + 1e-9)),
+                  key=lambda t: t.get_position()[index])
+
+
+def inside(box, frame, tol: float = 1.0) -> bool:
+    return (box.x0 >= frame.x0 - tol and box.x1 <= frame.x1 + tol and box.y0 >= frame.y0 - tol
+            and box.y1 <= frame.y1 + tol)
+
+
+def check_log_axis(ax, axis: str) -> None:
+    """At least two labelled ticks, with distinct texts, none overlapping the next."""
+    labels = labelled_ticks(ax, axis)
+    texts = [t.get_text() for t in labels]
+    assert len(labels) >= 2, f"{axis} axis {ax.get_xlim() if axis == 'x' else ax.get_ylim()}: " \
+                             f"labels {texts}"
+    assert len(set(texts)) == len(texts), texts
+    renderer = ax.figure.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for a, b in zip(boxes, boxes[1:], strict=False):
+        assert not a.overlaps(b), texts
+
+
+def check_figure(fig) -> int:
+    """Draw `fig`; every title, axis label and tick label inside the figure, the suptitle
+    clear of the axes titles, every log axis labelled (`check_log_axis`). Returns the number
+    of log axes checked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not isinstance(fig.canvas, FigureCanvasAgg):  # pyplot.close left a bare canvas
+        FigureCanvasAgg(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = fig.bbox
+    titles = [t for t in fig.texts if t.get_text()]
+    n_log = 0
+    for ax in fig.axes:
+        if not (ax.get_visible() and ax.axison):
+            continue
+        texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *labelled_ticks(ax, "x"),
+                 *labelled_ticks(ax, "y")]
+        for text in texts:
+            if text.get_text() and text.get_visible():
+                box = text.get_window_extent(renderer)
+                assert inside(box, frame), f"{text.get_text()!r} {box} outside {frame}"
+        for suptitle in titles:
+            if ax.title.get_text():
+                assert not suptitle.get_window_extent(renderer).overlaps(
+                    ax.title.get_window_extent(renderer)), ax.title.get_text()
+        for axis in ("x", "y"):
+            if (ax.get_xscale() if axis == "x" else ax.get_yscale()) == "log":
+                check_log_axis(ax, axis)
+                n_log += 1
+    for suptitle in titles:
+        assert inside(suptitle.get_window_extent(renderer), frame), suptitle.get_text()
+    return n_log
+
+
+@pytest.fixture
+def saved_figures(monkeypatch) -> list:
+    """Every figure a report saves (through `plotting.save_figure`), kept for inspection."""
+    figures = []
+    save = plotting.save_figure
+
+    def keep(fig, path):
+        save(fig, path)
+        figures.append((Path(path).name, fig))
+
+    monkeypatch.setattr(plotting, "save_figure", keep)
+    return figures
+
+
+# ---------------------------------------------------------------------------------------------
+# The helpers
+
+
+@pytest.mark.parametrize("span", [1.01, 1.5, 3.0, 5.0, 9.0, 30.0, 1e4])
+@pytest.mark.parametrize("start", [3e-4, 2.7, 8e6])
+def test_a_log_axis_has_two_labelled_ticks_at_any_range(tmp_path, span, start):
+    """The old plots labelled no tick of an axis spanning less than a decade; every range now
+    carries two labelled ticks or more, distinct and not overlapping, minor ones included."""
+    fig, (ax,) = plotting.panel_grid(1, "a figure")
+    ax.plot([start, start * span], [start * span, start], "o-")
+    plotting.log_axes(ax, x=True, y=True)
+    plotting.label_axes(ax, "x", "y", "an axes", legend=False)
+    plotting.save_figure(fig, tmp_path / "f.png")
+    assert check_figure(fig) == 2
+
+
+def test_a_narrow_log_axis_reads_in_plain_numbers():
+    """1.5x of a loss: round values (3.4, 3.6, ...), not powers of ten."""
+    plt = plotting.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([3.3, 4.95], [1, 2])
+    plotting.log_axes(ax)
+    fig.canvas.draw()
+    values = [float(re.sub(r"[^0-9.]", "", t.get_text())) for t in labelled_ticks(ax, "x")]
+    assert len(values) >= 2 and all(3.3 <= v <= 5.0 for v in values)
+    plt.close(fig)
+
+
+def test_long_titles_are_wrapped_inside_the_figure(tmp_path):
+    fig, axes = plotting.panel_grid(3, "A figure title far too long for any figure: " * 8,
+                                    panel_in=(3.0, 3.0))
+    for i, ax in enumerate(axes):
+        ax.plot([1, 2], [1, 2])
+        plotting.label_axes(ax, "an x label " * 6, "a y label " * 6,
+                            f"panel {i}: " + "a title that does not fit one line " * 3,
+                            legend=False)
+    plotting.save_figure(fig, tmp_path / "f.png")
+    check_figure(fig)
+    assert all("\n" in ax.title.get_text() for ax in axes)
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Every plot of every report
+
+
+def bcrit_report_of(root: Path, design: str) -> dict:
+    if design == "branched":
+        synthetic_branched_sweep(root / "runs", optimizers=("adamw", "muon"), sweep="batch",
+                                 batch_sizes=(16, 32, 64))
+    else:  # two batch sizes 2x apart at one budget: every range under a decade
+        synthetic_sweep(root / "runs", batch_sizes=(32, 64), sweep="batch",
+                        budgets_tokens=(2**22, 2**23, 2**24))
+    return bcrit_report.run_analysis([str(root / "runs")], str(root / "report"),
+                                     wandb_mode="disabled")
+
+
+@pytest.mark.parametrize("design", ["branched", "narrow"])
+def test_every_bcrit_plot_reads_at_any_range(tmp_path, saved_figures, design):
+    bcrit_report_of(tmp_path, design)
+    names = [name for name, _ in saved_figures]
+    assert names == [f"{name}.png" for name in bcrit_report.PLOTS]
+    n_log = sum(check_figure(fig) for _, fig in saved_figures)
+    assert n_log >= 8  # each of the five plots has one log axis or two per panel
+    lr = dict(saved_figures)["lr_sensitivity.png"]
+    assert all("\n" not in ax.title.get_text() for ax in lr.axes)  # short enough for one line
+
+
+def test_every_stability_and_schedules_plot_reads(tmp_path, saved_figures):
+    write_stability_study(tmp_path / "runs", optimizers=("adamw", "muon"))
+    stability.run_analysis([str(tmp_path / "runs")], str(tmp_path / "stab"),
+                           wandb_mode="disabled")
+    write_schedules_study(tmp_path / "sched")
+    schedules.run_analysis([str(tmp_path / "sched")], str(tmp_path / "sched-report"),
+                           wandb_mode="disabled")
+    names = [name for name, _ in saved_figures]
+    assert names == [f"{n}.png" for n in (*stability_report.PLOTS, *schedules.PLOTS)]
+    assert sum(check_figure(fig) for _, fig in saved_figures) >= 10
