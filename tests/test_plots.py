@@ -1,5 +1,5 @@
-"""Plots that read well: every log axis labelled at any range, every title inside its figure,
-in all three reports."""
+"""Plots and tables that read well: every log axis labelled at any range, every title inside
+its figure, one loss unit per table column (nats/token), in all three reports."""
 
 from __future__ import annotations
 
@@ -175,3 +175,70 @@ def test_every_stability_and_schedules_plot_reads(tmp_path, saved_figures):
     names = [name for name, _ in saved_figures]
     assert names == [f"{n}.png" for n in (*stability_report.PLOTS, *schedules.PLOTS)]
     assert sum(check_figure(fig) for _, fig in saved_figures) >= 10
+
+
+# ---------------------------------------------------------------------------------------------
+# One loss unit per table
+
+
+NATS_PER_BYTE_COLUMN = "loss (nats/byte: the unit of science.md's reference table)"
+
+
+def table_headers(markdown: str) -> list[list[str]]:
+    """The header cells of every markdown table (a row followed by a |---| row)."""
+    lines = markdown.splitlines()
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line, below in zip(lines, lines[1:], strict=False)
+            if line.startswith("|") and re.fullmatch(r"\|(---\|)+", below.strip())]
+
+
+def check_loss_units(markdown: str) -> int:
+    """Every column in nats is in nats/token, but for the one labelled nats/byte column;
+    every column about a loss states its unit. Returns the number of tables."""
+    headers = table_headers(markdown)
+    for header in headers:
+        for cell in header:
+            if "nats/byte" in cell:
+                assert cell == NATS_PER_BYTE_COLUMN, header
+            elif "nats" in cell:
+                assert re.search(r"\(\(?nats/token", cell), (cell, header)
+            elif "loss" in cell.lower() and "noise" not in cell.lower():
+                assert re.search(r"\(.+\)", cell), (cell, header)  # e.g. (steps)
+    return len(headers)
+
+
+def test_every_report_table_states_losses_in_nats_per_token(tmp_path):
+    bcrit = bcrit_report_of(tmp_path / "b", "narrow")
+    text = (bcrit["out"] / "report.md").read_text()
+    assert check_loss_units(text) >= 6
+    # the loss table's numbers are the per-run table's losses, in nats/token
+    per_run = bcrit["document"]["per_run"]
+    assert per_run
+    for r in per_run:
+        assert re.search(rf"\| {r['batch_size']} \| {r['tokens']:,} \| {r['val_loss']:.4f} \|",
+                         text), r["run_dir"]
+    assert "(the baseline batch)" in text
+
+    write_stability_study(tmp_path / "s" / "runs")
+    stab = stability.run_analysis([str(tmp_path / "s" / "runs")], str(tmp_path / "s" / "rep"),
+                                  wandb_mode="disabled")
+    assert check_loss_units((stab["out"] / "report.md").read_text()) >= 3
+
+    sched = schedules.run_analysis([str(write_schedules_study(tmp_path / "sched"))],
+                                   str(tmp_path / "sched-rep"), wandb_mode="disabled")
+    assert check_loss_units((sched["out"] / "report.md").read_text()) >= 2
+    arms = {a["arm"]: a for a in sched["document"]["groups"][0]["arms"]}
+    small = arms["constant small"]["val_loss"]
+    assert arms["ramp"]["val_loss_delta"] == pytest.approx(arms["ramp"]["val_loss"] - small)
+
+
+def test_the_noise_table_keeps_nats_per_byte_in_its_labelled_column():
+    point = {"run_dir": "r", "kind": "b_noise", "loss": 3.2, "loss_per_byte": 0.8,
+             "trace": 1.0, "g2": 0.1, "b_noise": 10.0, "b_noise_low": None,
+             "b_noise_high": None, "b_noise_tokens": 640.0}
+    table = bcrit_report.noise_table([point])
+    assert check_loss_units(table) == 1
+    header = table_headers(table)[0]
+    row = table.splitlines()[2].strip("|").split("|")
+    assert row[header.index("loss (nats/token)")].strip() == "3.2000"
+    assert row[header.index(NATS_PER_BYTE_COLUMN)].strip() == "0.8000"

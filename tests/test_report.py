@@ -91,6 +91,27 @@ def test_default_paths_pick_the_latest_sweep_and_its_baseline(tmp_path):
     assert len(fits["per_run"]) == 6  # the baseline came from the companion stage
 
 
+def test_a_group_from_several_sweeps_is_labelled_with_all_of_them(tmp_path):
+    """The groups table names a group's sweep; when its runs come from several (an old
+    folder's `baseline` stage beside the `batch` sweep), each with its count, never the
+    majority alone."""
+    synthetic_sweep(tmp_path, batch_sizes=(), budgets_tokens=(2**20, 2**21, 2**22, 2**23),
+                    sweep="baseline")  # 4 budgets x 3 lrs
+    synthetic_sweep(tmp_path, batch_sizes=(64, 256), budgets_tokens=(2**24,),
+                    sweep="batch")  # 3 batch sizes x 3 lrs
+    out = report.run_analysis([str(tmp_path)], str(tmp_path / "rep"), wandb_mode="disabled")
+    groups = out["result"]["groups"]
+    assert len(groups) == 1 and report.sweep_label(groups[0]) == (
+        "mixed: baseline (12 runs), batch (9 runs)")
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "| mixed: baseline (12 runs), batch (9 runs) |" in text
+    assert "| baseline |" not in text
+    synthetic_sweep(tmp_path / "one", batch_sizes=(64,), sweep="batch")
+    one = report.run_analysis([str(tmp_path / "one")], str(tmp_path / "rep1"),
+                              wandb_mode="disabled")
+    assert report.sweep_label(one["result"]["groups"][0]) == "batch"
+
+
 def test_no_runs_found_is_a_one_line_error(tmp_path):
     proc = fit_bcrit(tmp_path, "--wandb", "disabled")
     assert proc.returncode == 2

@@ -90,7 +90,8 @@ def write_csv(result: dict, out: Path) -> list[str]:
 
 
 def loss_tables(groups: list[dict]) -> list[str]:
-    """Loss (nats/byte) per batch size x optimizer at the best lr, delta against the baseline.
+    """Loss (nats/token) per batch size x optimizer at the best lr, and its difference from
+    the baseline batch's at the same budget.
 
     One table per model (groups that differ only in optimizer), as in science.md section 3.
     """
@@ -104,7 +105,8 @@ def loss_tables(groups: list[dict]) -> list[str]:
         rows_keys = sorted({(c.batch_size, c.tokens) for g in gs for c in g["cells"]})
         header = ["batch (seq)", "tokens"]
         for o in opts:
-            header += [f"{o} loss (nats/byte)", f"{o} delta vs b", f"{o} best lr"]
+            header += [f"{o} loss (nats/token)", f"{o} minus baseline batch (nats/token)",
+                       f"{o} best lr"]
         rows = []
         for batch, tokens in rows_keys:
             row = [str(batch), f"{tokens:,}"]
@@ -116,10 +118,10 @@ def loss_tables(groups: list[dict]) -> list[str]:
                 if cell is None:
                     row += ["-", "-", "-"]
                     continue
-                delta = (cell.loss_per_byte - base.loss_per_byte) if base else None
+                delta = (cell.loss - base.loss) if base else None
                 flag = {"low": " (low edge)", "high": " (high edge)", "single": " (one lr)"}
-                row += [fmt(cell.loss_per_byte, ".4f"),
-                        "baseline" if base is cell else fmt(delta, "+.4f"),
+                row += [fmt(cell.loss, ".4f"),
+                        "(the baseline batch)" if base is cell else fmt(delta, "+.4f"),
                         fmt(cell.lr, ".3g") + flag.get(cell.edge, "")]
             rows.append(row)
         data, vocab, seq_len, width, depth, label = model
@@ -141,6 +143,17 @@ QUESTION = (
     "is (its level, and whether it comes from seeds, a bootstrap or a fit).")
 
 
+def sweep_label(g: dict) -> str:
+    """The sweep stage a group's runs came from; when they came from several, every stage
+    with its count of runs (never the majority's name alone)."""
+    counts = g.get("sweeps")
+    if not counts:
+        return str(g["sweep"])
+    if len(counts) == 1:
+        return str(next(iter(counts)))
+    return "mixed: " + ", ".join(f"{name} ({n} runs)" for name, n in counts.most_common())
+
+
 def groups_table(groups: list[dict]) -> str:
     def runs(g: dict) -> str:
         n = g.get("n_target_rows")
@@ -148,7 +161,7 @@ def groups_table(groups: list[dict]) -> str:
 
     return md_table(
         ["group", "sweep", "runs", "batch sizes (seq)", "budgets (tokens)", "baseline batch"],
-        [[g["name"], str(g["sweep"]), runs(g), ", ".join(map(str, g["batch_sizes"])),
+        [[g["name"], sweep_label(g), runs(g), ", ".join(map(str, g["batch_sizes"])),
           ", ".join(f"{t:,}" for t in g["budgets"]), str(g["baseline_batch"] or "none")]
          for g in groups])
 
@@ -196,14 +209,15 @@ def noise_table(noise: list[dict]) -> str:
             "below.") if measured and online else ""
     noise = measured or noise
     return md_table(
-        ["run", "source", "loss (nats/byte)", "loss (nats/token)", "tr(Sigma)", "abs(G)^2",
-         "B_noise (seq) [interval]", "B_noise (tokens)", "K x b", "interval"],
-        [[p["run_dir"], p["kind"], fmt(p["loss_per_byte"], ".4f"), fmt(p["loss"], ".4f"),
+        ["run", "source", "loss (nats/token)", "tr(Sigma)", "abs(G)^2",
+         "B_noise (seq) [interval]", "B_noise (tokens)", "K x b", "interval",
+         "loss (nats/byte: the unit of science.md's reference table)"],
+        [[p["run_dir"], p["kind"], fmt(p["loss"], ".4f"),
           fmt(p.get("trace"), ".3g"), fmt(p.get("g2"), ".3g"),
           fmt_interval(p["b_noise"], p["b_noise_low"], p["b_noise_high"]),
           fmt(p["b_noise_tokens"], ".3g"),
           f"{p['micro_batches']} x {p['micro_batch_size']}" if "micro_batches" in p else "-",
-          p.get("interval", "-")]
+          p.get("interval", "-"), fmt(p["loss_per_byte"], ".4f")]
          for p in noise]) + note
 
 
@@ -597,11 +611,25 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
+def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs) -> dict:
+    """`bcrit.analyse`, each group also given `sweeps`: a Counter of its analysed runs (the
+    ones not left out) per sweep stage, for `sweep_label`."""
+    result = bcrit.analyse(runs, baseline_batch=baseline_batch, **kwargs)
+    left_out = {d["run_dir"] for d in result["left_out"]}
+    sweeps: dict[tuple, Counter] = defaultdict(Counter)
+    for r in runs:
+        if r["run_dir"] not in left_out:
+            sweeps[bcrit.group_key(r)][r.get("sweep")] += 1
+    for g in result["groups"]:
+        g["sweeps"] = sweeps.get(tuple(g["key"][k] for k in bcrit.GROUP_KEYS), Counter())
+    return result
+
+
 def study(baseline_batch: int | None = None) -> render.Study:
     """The B_crit study for `render.run_study` (`baseline_batch`: see `bcrit.analyse`)."""
     return render.Study(name="fit_bcrit", document_file="fits.json",
                         no_runs_fix="a sweep folder, or run make sweep-batch",
-                        analyse=partial(bcrit.analyse, baseline_batch=baseline_batch),
+                        analyse=partial(analyse, baseline_batch=baseline_batch),
                         write_plots=write_plots, document=fits_document,
                         markdown=report_markdown, wandb=wandb_fields,
                         summary_lines=summary_lines, extra_files=write_csv)

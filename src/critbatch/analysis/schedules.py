@@ -64,7 +64,7 @@ QUESTION = (
     "steps than a constant small batch at no loss in quality. Each optimizer trains four "
     "arms on the same token budget: a constant small batch, a constant large batch, a ramp "
     "(small -> large) and an adaptive batch that follows the online B_noise estimate between "
-    "the two. Batch sizes in sequences; losses in nats/token unless marked nats/byte."
+    "the two. Batch sizes in sequences; losses in nats/token."
 )
 CAVEAT = (
     "**Caveat: steps saved are an upper estimate.** S_small(L) is read off the constant-small "
@@ -285,7 +285,8 @@ def analyse_arm(name: str, run: dict, reference: dict | None) -> dict:
         "b_noise": sched["b_noise"], "steps": run["steps"], "tokens": run["tokens"],
         "val_loss": run["val_loss"] if completed else None,
         "val_loss_per_byte": run["val_loss_per_byte"] if completed else None,
-        "is_reference": run is reference, "tokens_ratio": None, "val_loss_per_byte_delta": None,
+        "is_reference": run is reference, "tokens_ratio": None, "val_loss_delta": None,
+        "val_loss_per_byte_delta": None,
         "s_small": None, "s_small_kind": None, "steps_saved": None, "steps_saved_percent": None,
         "steps_saved_bound": None, "note": "",
     }
@@ -294,6 +295,7 @@ def analyse_arm(name: str, run: dict, reference: dict | None) -> dict:
     if ref_ok:
         row["tokens_ratio"] = run["tokens"] / reference["tokens"]
         if completed:
+            row["val_loss_delta"] = run["val_loss"] - reference["val_loss"]
             row["val_loss_per_byte_delta"] = (run["val_loss_per_byte"]
                                               - reference["val_loss_per_byte"])
     if run is reference:
@@ -405,11 +407,12 @@ def schedules_document(result: dict, inputs: list[str]) -> dict:
     {version, question, inputs, n_runs, caveat, groups: [{name, optimizer, model, reference,
     arms: [{arm, batch_schedule, run_dir, status, lr, seq_len, batch_size_start,
     batch_size_final, batch_size_max, batch_size_mean, batch_changes, b_noise, steps, tokens,
-    val_loss, val_loss_per_byte, is_reference, tokens_ratio, val_loss_per_byte_delta, s_small,
-    s_small_kind, steps_saved, steps_saved_percent, steps_saved_bound, note}]}], warnings,
-    left_out}. s_small_kind: reference | interpolated | not_reached | first_eval | no_curve |
-    no_reference | reference_diverged | arm_diverged; steps_saved_bound: null (an estimate),
-    "lower" or "upper".
+    val_loss, val_loss_per_byte, is_reference, tokens_ratio, val_loss_delta,
+    val_loss_per_byte_delta, s_small, s_small_kind, steps_saved, steps_saved_percent,
+    steps_saved_bound, note}]}], warnings, left_out}. val_loss_delta: the arm's final loss
+    minus the reference's (nats/token; `_per_byte`: nats/byte). s_small_kind: reference |
+    interpolated | not_reached | first_eval | no_curve | no_reference | reference_diverged |
+    arm_diverged; steps_saved_bound: null (an estimate), "lower" or "upper".
     """
     groups = [{k: g[k] for k in ("name", "optimizer", "model", "reference", "arms")}
               for g in result["groups"]]
@@ -448,15 +451,13 @@ def arm_cells(a: dict) -> list[str]:
     status = "" if a["status"] == "completed" else f" ({a['status']})"
     return [a["arm"] + status, batch, fmt(a["lr"], ".3g"), f"{a['steps']:,}",
             f"{a['tokens']:,}", fmt(a["tokens_ratio"], ".2f"), fmt(a["val_loss"], ".4f"),
-            fmt(a["val_loss_per_byte"], ".4f"),
-            "-" if a["is_reference"] else fmt(a["val_loss_per_byte_delta"], "+.4f"),
+            "-" if a["is_reference"] else fmt(a["val_loss_delta"], "+.4f"),
             s_small, saved, pct]
 
 
 ARM_HEADER = ["arm", "batch start -> largest (mean; last step), seq", "peak lr", "steps", "tokens",
-              "tokens vs small", "final val loss (nats/token)", "nats/byte",
-              "delta vs small (nats/byte)", "S_small at that loss (steps)", "steps saved",
-              "% saved"]
+              "tokens vs small", "final val loss (nats/token)", "minus small's (nats/token)",
+              "S_small at that loss (steps)", "steps saved", "% saved"]
 
 
 def arm_table(group: dict) -> str:
@@ -609,7 +610,7 @@ def summary_lines(result: dict) -> list[str]:
     lines = []
     for g in result["groups"]:
         lines.append(f"{g['name']}:")
-        rows = [[c[0], c[1], c[3], c[5], c[6], c[9], c[10], c[11]] for c in
+        rows = [[c[0], c[1], c[3], c[5], c[6], c[8], c[9], c[10]] for c in
                 map(arm_cells, g["arms"])]
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
         lines += ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))

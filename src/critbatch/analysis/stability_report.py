@@ -5,7 +5,7 @@
 - `train_loss.png`, `grad_norm.png`, `accumulation.png`, `lr_tuning.png`.
 
 Reads what `critbatch.analysis.stability.analyse` returns. Units: batch sizes in sequences,
-losses in nats/token (nats/byte when marked), steps are optimizer steps.
+losses in nats/token (stability.json also has them per byte), steps are optimizer steps.
 """
 
 from __future__ import annotations
@@ -47,10 +47,9 @@ PLOTS = {
 
 def lr_tuning_table(tuning: dict) -> str:
     rows = [[fmt_nan(r["lr"], ".3g") + (" **best**" if r["best"] else ""),
-             fmt_nan(r["val_loss"], ".4f"), fmt_nan(r["val_loss_per_byte"], ".4f"), r["status"],
-             str(r["n_runs"])] for r in tuning["rows"]]
-    return md_table(["lr", "final val loss (nats/token)", "final val loss (nats/byte)", "status",
-                     "runs"], rows)
+             fmt_nan(r["val_loss"], ".4f"), r["status"], str(r["n_runs"])]
+            for r in tuning["rows"]]
+    return md_table(["lr", "final val loss (nats/token)", "status", "runs"], rows)
 
 
 def per_batch_tables(group: dict) -> str:
@@ -60,7 +59,7 @@ def per_batch_tables(group: dict) -> str:
         rows.append([str(r["batch_size"]), fmt_nan(r["lr"], ".3g"), fmt_nan(lr_ratio, ".3g"),
                      str(r["steps"]), r["status"],
                      *(fmt_nan(r[k], ".4f") for k in (
-                         "first_train_loss", "final_train_loss", "val_loss", "val_loss_per_byte",
+                         "first_train_loss", "final_train_loss", "val_loss",
                          "tail_mean_train_loss")),
                      *(fmt_nan(r[k], ".3g") for k in (
                          "tail_var_train_loss", "tail_mean_grad_norm", "tail_var_grad_norm",
@@ -77,8 +76,8 @@ def per_batch_tables(group: dict) -> str:
     first = md_table(
         ["batch (seq)", "lr used", "lr / base lr", "steps", "status",
          "first train loss (nats/token)", "final train loss (nats/token)",
-         "final val loss (nats/token)", "final val loss (nats/byte)",
-         "tail mean train loss (nats/token)", "tail var train loss ((nats/token)^2)",
+         "final val loss (nats/token)", "tail mean train loss (nats/token)",
+         "tail var train loss ((nats/token)^2)",
          "tail mean grad norm", "tail var grad norm", "max grad norm",
          f"steps with grad norm > {SPIKE_FACTOR:g}x median", "verdict"], rows)
     second = md_table(
@@ -119,9 +118,9 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
         "batch be before training becomes unstable or diverges, with the learning rate tuned "
         "at the base batch and carried to the others by a scaling rule? And does gradient "
         "accumulation (micro-batches summed into one step) reproduce the plain batch to float "
-        "precision, as it must? Batch sizes in sequences; losses in nats/token unless marked "
-        "nats/byte; steps are optimizer steps; grad norm is the global L2 norm of the gradient "
-        "before clipping.", "",
+        "precision, as it must? Batch sizes in sequences; losses in nats/token; steps are "
+        "optimizer steps; grad norm is the global L2 norm of the gradient before clipping.",
+        "",
         render.inputs_line(result, inputs, elapsed_s), "",
         "## Rules", "",
         f"- **Tail window**: {RULES['tail_window']}.",
