@@ -6,9 +6,10 @@
                                  [--table FILE ...] [--export-table FILE]
 
 PATHS are run directories or folders searched recursively for summary.json (default: the
-latest sweep under runs/ and its companion stage). --table reads results from elsewhere
-instead: a CSV or JSON Lines table of runs (batch_size, seq_len, tokens, loss) or of steps
-to a target loss (batch_size, seq_len, target_loss, steps); see
+most recently written runs/batch/<scale> or runs/widths/<scale> folder with finished runs,
+named in a line printed first; never runs/single or runs/multirun). --table reads results
+from elsewhere instead: a CSV or JSON Lines table of runs (batch_size, seq_len, tokens,
+loss) or of steps to a target loss (batch_size, seq_len, target_loss, steps); see
 `critbatch.analysis.tables`. Writes report.md, plots, fits.json and bcrit.csv to --out
 (default: <sweep dir>/report/, or <table>-report/) and logs them to W&B (offline by
 default). --export-table FILE writes the input runs as such a table instead of a report.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -73,22 +75,75 @@ def test_cli_end_to_end_writes_every_output(tmp_path):
     assert "report:" in proc.stdout
 
 
-def test_default_paths_pick_the_latest_sweep_and_its_baseline(tmp_path):
-    runs_root = tmp_path / "runs"
+@pytest.fixture
+def fit_bcrit_main():
+    """`main` of analysis/fit_bcrit.py, imported from its file (in-process: fast)."""
+    spec = importlib.util.spec_from_file_location("analysis_fit_bcrit", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def age_runs(folder: Path, seconds: float) -> None:
+    """Make every summary.json under `folder` `seconds` old."""
+    then = time.time() - seconds
+    for path in folder.rglob("summary.json"):
+        os.utime(path, (then, then))
+
+
+@pytest.mark.parametrize("newest", ["batch", "widths"])
+def test_default_paths_pick_the_latest_sweep_not_a_single_run(tmp_path, monkeypatch, capsys,
+                                                              fit_bcrit_main, newest):
+    """No PATHS: the most recently written runs/batch/<scale> or runs/widths/<scale>, never a
+    newer ad-hoc run (runs/single, runs/multirun) or another study's sweep; one line says
+    which folder and why."""
+    runs = tmp_path / "runs"
     # runs/<stage>/<scale>/<run>: here the "scale" level is synthetic_sweep's adamw_w64
-    synthetic_sweep(runs_root, batch_sizes=(), sweep="baseline")
-    time.sleep(0.02)
-    synthetic_sweep(runs_root, budgets_tokens=(2**24,), sweep="batch")
-    paths, sentence = report.default_inputs(runs_root)
-    scale = "adamw_w64"
-    assert paths == [runs_root / "batch" / scale, runs_root / "baseline" / scale]
-    assert "latest sweep" in sentence
-    assert render.default_out([runs_root / "batch" / scale]) == (
-        runs_root / "batch" / scale / "report").resolve()
-    proc = fit_bcrit("--wandb", "disabled", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    fits = json.loads((runs_root / "batch" / scale / "report" / "fits.json").read_text())
-    assert len(fits["per_run"]) == 6  # the baseline came from the companion stage
+    for sweep in ("batch", "widths"):
+        synthetic_sweep(runs, batch_sizes=(64,), budgets_tokens=(2**22, 2**23, 2**24),
+                        sweep=sweep)
+    older = "widths" if newest == "batch" else "batch"
+    age_runs(runs / older, 3600)
+    age_runs(runs / newest, 180)
+    # newer, but not sweeps of this study: a single run, an ad-hoc multirun, a stability sweep
+    summary = next((runs / newest).rglob("summary.json")).read_text()
+    for run_dir in (runs / "single" / "2026-12-01_10-00-00",
+                    runs / "multirun" / "2026-12-01_10-00-00" / "0",
+                    runs / "stability" / "cpu" / "b64"):
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(summary)
+    monkeypatch.chdir(tmp_path)
+    fit_bcrit_main(["--wandb", "disabled"])
+    printed = capsys.readouterr().out.splitlines()
+    folder = Path("runs") / newest / "adamw_w64"
+    assert printed[0] == (f"no paths given: analysing {folder}, the most recent batch or "
+                          "widths sweep (its newest run finished 3 min ago)")
+    fits = json.loads((folder / "report" / "fits.json").read_text())
+    analysed = {r["run_dir"] for r in fits["per_run"]}
+    assert analysed and all(f"{newest}/adamw_w64" in d for d in analysed)
+
+
+def test_default_paths_without_a_sweep_is_a_one_line_error(tmp_path, monkeypatch, capsys,
+                                                          fit_bcrit_main):
+    synthetic_sweep(tmp_path, batch_sizes=(), budgets_tokens=(2**20,), lr_multipliers=(1.0,))
+    single = tmp_path / "runs" / "single" / "2026-12-01_10-00-00"
+    single.mkdir(parents=True)
+    (single / "summary.json").write_text(next(tmp_path.rglob("summary.json")).read_text())
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        fit_bcrit_main(["--wandb", "disabled"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1
+    assert "no batch or widths sweep with finished runs under runs/" in err
+    assert "runs/batch/<scale>/" in err and "make sweep-batch" in err
+
+
+def test_sweep_folder_age_reads_in_words():
+    folder = render.SweepFolder(Path("runs/batch/cpu"), newest_s=1000.0)
+    assert folder.age(now=1030.0) == "just now"
+    assert folder.age(now=1000.0 + 3 * 60 + 5) == "3 min ago"
+    assert folder.age(now=1000.0 + 5 * 3600) == "5 h ago"
+    assert folder.age(now=1000.0 + 3 * 86400) == "3 days ago"
 
 
 def test_a_group_from_several_sweeps_is_labelled_with_all_of_them(tmp_path):
@@ -118,7 +173,7 @@ def test_no_runs_found_is_a_one_line_error(tmp_path):
     assert proc.stderr.startswith("critbatch: error: no runs found")
     assert proc.stderr.count("\n") == 1
     proc = fit_bcrit(cwd=tmp_path)  # no runs/ folder at all
-    assert proc.returncode == 2 and "no runs found" in proc.stderr
+    assert proc.returncode == 2 and "no batch or widths sweep" in proc.stderr
 
 
 def test_only_corrupt_or_diverged_runs_is_an_error(tmp_path):

@@ -26,7 +26,7 @@ import numpy as np
 
 from critbatch.analysis import bcrit, plotting, render
 from critbatch.analysis.render import fmt, fmt_interval, md_table
-from critbatch.analysis.results import latest_sweep_dir, load_runs, load_wandb_runs
+from critbatch.analysis.results import load_runs, load_wandb_runs
 from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_table
 from critbatch.errors import ResultsError
 from critbatch.files import write_text_atomic
@@ -45,9 +45,10 @@ PER_RUN_COLUMNS = (
     "b_crit_high", "b_crit_naive", "b_crit_tokens", "b_crit_low_tokens", "b_crit_high_tokens",
     "extrapolated", "baseline_batch", "note", "budget", "below_baseline", "interval",
 )
-# The sweep stage that pairs with each (run directories runs/<stage>/<scale>/...).
-COMPANION_STAGES = {"batch": "baseline", "baseline": "batch", "widths": "widths_batch",
-                    "widths_batch": "widths"}
+# The sweeps analysed by default, each one folder runs/<sweep>/<scale>: the batch sweep (its
+# runs, their cooldown branches and the batch_seeds stage) and the widths sweep (with
+# widths_seeds).
+SWEEP_STAGES = ("batch", "widths")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -55,17 +56,18 @@ COMPANION_STAGES = {"batch": "baseline", "baseline": "batch", "widths": "widths_
 
 
 def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], str]:
-    """The latest sweep under `runs_root` and its companion stage; and a sentence saying so."""
-    latest = latest_sweep_dir(runs_root)
-    if latest is None:
-        raise ResultsError(f"no runs found under {runs_root}/; pass run directories or train "
-                           "some first (make sweep-batch)")
-    paths = [latest]
-    companion = COMPANION_STAGES.get(latest.parent.name)
-    if companion and (latest.parent.parent / companion / latest.name).is_dir():
-        paths.append(latest.parent.parent / companion / latest.name)
-    names = " and ".join(str(p) for p in paths)
-    return paths, f"no paths given: analysing the latest sweep, {names}"
+    """The most recently written sweep folder of SWEEP_STAGES under `runs_root` (never a
+    single run's or an ad-hoc multirun's folder); and a sentence saying which and why."""
+    folders = render.sweep_folders(runs_root, SWEEP_STAGES)
+    if not folders:
+        where = " or ".join(f"{runs_root}/{s}/<scale>/" for s in SWEEP_STAGES)
+        raise ResultsError(f"no batch or widths sweep with finished runs under {runs_root}/ "
+                           f"(looked in {where}); pass run directories, or train a sweep "
+                           "first (make sweep-batch)")
+    latest = folders[0]
+    return [latest.path], (f"no paths given: analysing {latest.path}, the most recent "
+                           f"{' or '.join(SWEEP_STAGES)} sweep (its newest run finished "
+                           f"{latest.age()})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -640,7 +642,7 @@ def inputs_of(paths: list[str] | None = None, from_wandb: str | None = None,
               runs_root: str = "runs") -> tuple:
     """(load, inputs, default report folder) for `render.run_study`: the tables, or the W&B
     project `from_wandb` (only `group`), or `paths`, or else the latest sweep under
-    `runs_root` and its companion stage."""
+    `runs_root` (`default_inputs`, which prints a line saying which)."""
     if tables:
         first = Path(tables[0])
         return (partial(load_tables, tables), [str(t) for t in tables],
@@ -655,7 +657,7 @@ def inputs_of(paths: list[str] | None = None, from_wandb: str | None = None,
         default = render.default_out(roots)
     else:
         roots, sentence = default_inputs(runs_root)
-        default = roots[0] / "report"  # the latest sweep's, not its companion's
+        default = roots[0] / "report"
         print(sentence, flush=True)
     return partial(load_runs, roots), [str(p) for p in roots], default
 
@@ -668,8 +670,8 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
     """Load, analyse and write the report folder; returns {"out", "result", "document"}.
 
     The input is one of `tables` (`critbatch.analysis.tables`), the W&B project
-    `from_wandb` (only `group`), `paths`, or else the latest sweep under `runs_root` and its
-    companion stage (`inputs_of`). Raises ResultsError (one line for the user) only when
+    `from_wandb` (only `group`), `paths`, or else the latest sweep under `runs_root`
+    (`inputs_of`). Raises ResultsError (one line for the user) only when
     nothing can be computed: no runs, a bad table, or every run left out.
     """
     load, inputs, default = inputs_of(paths, from_wandb, group, tables, runs_root)

@@ -124,15 +124,44 @@ def default_out(paths: list[Path]) -> Path:
     return common / "report"
 
 
+@dataclass(frozen=True)
+class SweepFolder:
+    """A sweep's folder `<runs_root>/<stage>/<scale>` that holds finished runs."""
+
+    path: Path
+    newest_s: float  # modification time of its newest `<run>/summary.json` (epoch seconds)
+
+    def age(self, now: float | None = None) -> str:
+        """How long ago its newest run finished: 'just now', '3 min ago', '5 h ago', ..."""
+        seconds = max(0.0, (time.time() if now is None else now) - self.newest_s)
+        if seconds < 60:
+            return "just now"
+        if seconds < 3600:
+            return f"{seconds // 60:.0f} min ago"
+        if seconds < 2 * 86400:
+            return f"{seconds / 3600:.0f} h ago"
+        return f"{seconds / 86400:.0f} days ago"
+
+
+def sweep_folders(runs_root: str | Path, stages: tuple[str, ...]) -> list[SweepFolder]:
+    """Every `<runs_root>/<stage>/<scale>` folder of `stages` with a finished run in it (a
+    `<run>/summary.json`: the trainer writes it when a run completes or diverges), the most
+    recently written first. Other folders (`runs/single/...`, `runs/multirun/...`) are never
+    among them."""
+    newest: dict[Path, float] = {}
+    for stage in stages:
+        for path in Path(runs_root).glob(f"{stage}/*/*/summary.json"):
+            folder = path.parent.parent
+            newest[folder] = max(newest.get(folder, 0.0), path.stat().st_mtime)
+    return sorted((SweepFolder(f, t) for f, t in newest.items()),
+                  key=lambda s: (-s.newest_s, str(s.path)))
+
+
 def latest_scale(runs_root: str | Path, stages: tuple[str, ...]) -> str | None:
     """The scale whose newest `<runs_root>/<stage>/<scale>/<run>/summary.json`, over `stages`,
     is the most recent; None when there is none."""
-    newest: dict[str, float] = {}
-    for stage in stages:
-        for path in Path(runs_root).glob(f"{stage}/*/*/summary.json"):
-            scale = path.parent.parent.name
-            newest[scale] = max(newest.get(scale, 0.0), path.stat().st_mtime)
-    return max(newest, key=newest.get) if newest else None
+    folders = sweep_folders(runs_root, stages)
+    return folders[0].path.name if folders else None
 
 
 def no_runs(where: str, fix: str) -> ResultsError:

@@ -637,12 +637,13 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
     if paths:
         roots = [Path(p) for p in paths]
     else:
-        scale = render.latest_scale(runs_root, (SWEEP,))
-        if scale is None:
+        folders = render.sweep_folders(runs_root, (SWEEP,))
+        if not folders:
             raise ResultsError(f"no schedule-study runs under {runs_root}/{SWEEP}/; pass run "
                                "directories or train them first (make sweep-schedules)")
-        roots = [Path(runs_root) / SWEEP / scale]
-        print(f"no paths given: analysing the latest schedule study, {roots[0]}", flush=True)
+        roots = [folders[0].path]
+        print(f"no paths given: analysing {roots[0]}, the most recent schedule study (its "
+              f"newest run finished {folders[0].age()})", flush=True)
     return render.run_study(STUDY, partial(load_runs, roots), [str(p) for p in roots],
                             Path(out) if out else render.default_out(roots),
                             wandb_mode=wandb_mode, project=project)
