@@ -304,18 +304,6 @@ def test_summary_from_wandb_matches_local_summary(tmp_path):
         runs.summary_from_wandb({}, {"status": "completed"}, [], "me/p/x")
 
 
-def test_latest_sweep_dir(tmp_path):
-    assert runs.latest_sweep_dir(tmp_path) is None
-    for i, stage in enumerate(("baseline", "batch", "single")):
-        d = tmp_path / stage / ("smoke" if stage != "single" else "2024") / "run"
-        if stage == "single":
-            d = tmp_path / "single" / "2024"
-        d.mkdir(parents=True)
-        (d / "summary.json").write_text("{}")
-        os.utime(d / "summary.json", (1e9 + i, 1e9 + i))
-    assert runs.latest_sweep_dir(tmp_path) == tmp_path / "batch" / "smoke"
-
-
 @pytest.mark.slow
 def test_thousand_runs_analysed_fast(tmp_path):
     t0 = time.perf_counter()

@@ -80,10 +80,11 @@ def test_sweep_jobs_expand_like_hydras_basic_sweeper():
 
 
 def test_a_folder_in_use_is_refused_naming_the_holder(tmp_path):
-    with sole_writer(tmp_path / "run"):
-        with pytest.raises(RunInUse, match=r"is in use by process \d+ on "):
-            with sole_writer(tmp_path / "run"):
-                pass
+    holder = sole_writer(tmp_path / "run")
+    holder.__enter__()
+    with pytest.raises(RunInUse, match=r"in use by process \d+"), sole_writer(tmp_path / "run"):
+        pass
+    holder.__exit__(None, None, None)
     with sole_writer(tmp_path / "run"):  # released: free again
         pass
 

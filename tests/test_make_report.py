@@ -16,11 +16,11 @@ def report(cwd):
 
 def test_report_reanalyses_every_sweep_found(tmp_path):
     synthetic_sweep(tmp_path / "runs" / "batch", sweep="smoke", batch_sizes=(64, 256))
-    synthetic_sweep(tmp_path / "runs" / "widths_batch", sweep="cpu", batch_sizes=(64,))
+    synthetic_sweep(tmp_path / "runs" / "widths", sweep="cpu", batch_sizes=(64,))
     proc = report(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
-    assert (tmp_path / "runs/widths_batch/cpu/report/fits.json").exists()
+    assert (tmp_path / "runs/widths/cpu/report/fits.json").exists()
     assert "2/2 reports written" in proc.stdout
     assert not list(tmp_path.rglob("metrics.jsonl"))  # nothing trained
 

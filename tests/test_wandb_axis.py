@@ -42,3 +42,19 @@ def test_an_offline_run_plots_against_tokens_and_is_tagged_by_batch(tiny_cfg, tm
     assert ("tokens", "", "") in metrics and ("", "*", "tokens") in metrics
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"][:1]
     assert {"adamw", "width32", "batch8"} <= set(run.tags)
+
+
+def test_analysing_a_sweep_again_resumes_its_one_analysis_run(tmp_path):
+    from critbatch.analysis.render import publish_report
+
+    (tmp_path / "report.md").write_text("# report\n")
+    ids = [publish_report(tmp_path, name="bcrit-batch-cpu", group="batch-cpu", mode="offline",
+                          project="critbatch-test", config={}, images={},
+                          files=["report.md"]) for _ in range(2)]
+    assert ids[0] == ids[1] and ids[0].startswith("analysis-")
+    runs_made = sorted(p.name.split("-", 3)[3] for p in tmp_path.glob("wandb/offline-run-*"))
+    assert runs_made == [ids[0], ids[0]]  # two sessions of one W&B run (wandb sync joins them)
+    other = publish_report(tmp_path, name="bcrit-widths-cpu", group="widths-cpu",
+                           mode="offline", project="critbatch-test", config={}, images={},
+                           files=["report.md"])
+    assert other != ids[0]

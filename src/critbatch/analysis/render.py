@@ -20,6 +20,7 @@ errors "no runs found" and "all runs left out", and the --wandb/--project argume
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -197,6 +198,12 @@ def logged_group(run_dir: str | Path | None, sweep: str | None = None) -> str:
     return wandb_group_name((config.get("logger") or {}).get("group") if config else None, sweep)
 
 
+def analysis_run_id(project: str, group: str, name: str) -> str:
+    """One W&B run per (project, group, report): a re-analysis resumes it rather than adding
+    another run beside it."""
+    return "analysis-" + hashlib.sha1(f"{project}/{group}/{name}".encode()).hexdigest()[:16]
+
+
 def publish_report(out: Path, *, name: str, group: str, mode: str, project: str,
                    config: dict, images: dict[str, str], files: list[str],
                    summary: dict | None = None, tables: dict | None = None) -> str | None:
@@ -204,6 +211,7 @@ def publish_report(out: Path, *, name: str, group: str, mode: str, project: str,
 
     `images`: {key: png file in `out`}, logged as images; `tables`: {key: (columns, rows)};
     `files` (report.md, the JSON, the plots) go into one artifact named `<name>-report`.
+    The run's id is `analysis_run_id`: analysing the sweep again resumes the same W&B run.
     Returns the run id, or None when `mode` is "disabled" or W&B fails (a warning then).
     """
     if mode == "disabled":
@@ -213,6 +221,7 @@ def publish_report(out: Path, *, name: str, group: str, mode: str, project: str,
 
         run = wandb.init(mode=mode, project=project, group=group, job_type="analysis",
                          name=name, dir=str(out), config=config,
+                         id=analysis_run_id(project, group, name), resume="allow",
                          settings=wandb.Settings(console="off", silent=True))
         with run:
             run.log({key: wandb.Image(str(out / file)) for key, file in images.items()})

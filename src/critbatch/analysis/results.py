@@ -377,30 +377,6 @@ def load_runs(paths: list[str | Path], progress: bool | None = None) -> dict:
     return {"runs": runs, "left_out": left_out, "warnings": warnings}
 
 
-def latest_sweep_dir(root: str | Path = "runs") -> Path | None:
-    """The sweep folder under `root` whose newest summary.json is the most recent.
-
-    Sweeps write `runs/<sweep>/<scale>/<override_dirname>/summary.json`, so the answer is a
-    `runs/<sweep>/<scale>` folder; single runs (`runs/single/<time>/`) are used only when no
-    sweep exists. None when `root` holds no summary.json at all.
-    """
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    newest: dict[Path, float] = {}
-    for path in root.glob("*/*/*/summary.json"):
-        folder = path.parent.parent
-        newest[folder] = max(newest.get(folder, 0.0), path.stat().st_mtime)
-    sweeps = {f: t for f, t in newest.items() if f.parent.name != "single"}
-    candidates = sweeps or {f.parent: t for f, t in newest.items()}
-    if not candidates:
-        for path in root.glob("*/*/summary.json"):  # runs/single/<time>/summary.json
-            newest[path.parent.parent] = max(newest.get(path.parent.parent, 0.0),
-                                             path.stat().st_mtime)
-        candidates = newest
-    return max(candidates, key=candidates.get) if candidates else None
-
-
 # W&B config paths (nested dicts of the resolved config) for summary keys that a W&B run
 # summary may lack (W&B keeps only scalar summary values; None values are dropped).
 WANDB_CONFIG_PATHS = {
