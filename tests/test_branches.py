@@ -152,3 +152,16 @@ def test_sigkill_anywhere_in_a_run_with_branches_then_resume_is_bitwise(tiny_ove
 def test_bad_branch_settings_are_one_line(tiny_cfg, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         tiny_cfg(*overrides)
+
+
+def test_a_branch_without_its_checkpoint_is_one_line(tiny_cfg, tmp_path):
+    import shutil
+
+    from critbatch.errors import ResultsError
+
+    cfg = tiny_cfg("optim=adamw", *BRANCHED)
+    train(cfg, tmp_path / "run")  # the run alone: it forks, its branches are not trained
+    shutil.rmtree(tmp_path / "run/branches/tokens=2560")
+    with pytest.raises(ResultsError, match="has no checkpoint to cool down from") as err:
+        train_with_branches(cfg, tmp_path / "run")
+    assert "\n" not in str(err.value)
