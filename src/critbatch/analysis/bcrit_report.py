@@ -391,8 +391,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "each point weighted by its own uncertainty. Per-run and Pareto B_crit measure "
               "the same quantity and are also fitted together (combined); B_noise is a "
               "different quantity (B_simple) with rows of its own, never pooled: noise "
-              "(noise.json and the end-of-run online value) and online_noise (the online "
-              "series). Degenerate Pareto fits are left out (see the Pareto table). Each "
+              "(the noise program's noise.json) and online_noise (the online tracker along "
+              "the baseline's runs). Degenerate Pareto fits are left out (see the Pareto table). Each "
               "interval column says its level and what was resampled. Kaplan et al. (2020): "
               "B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: compare the "
               "exponent and the order of magnitude).", "",
