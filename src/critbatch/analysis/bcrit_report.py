@@ -393,8 +393,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "different quantity (B_simple) with rows of its own, never pooled: noise "
               "(the noise program's noise.json) and online_noise (the online tracker along "
               "the baseline's runs). Degenerate Pareto fits are left out (see the Pareto "
-              "table). Each interval column says its level and what was resampled. Kaplan et al. (2020): "
-              "B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: compare the "
+              "table). Each interval column says its level and what was resampled. Kaplan et "
+              "al. (2020): B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: compare the "
               "exponent and the order of magnitude).", "",
               *kaplan_tables(fits["kaplan"], fits["kaplan_points"]),
               "", "## Learning rate versus batch size", "",
