@@ -394,8 +394,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "(the noise program's noise.json) and online_noise (the online tracker along "
               "the baseline's runs). Degenerate Pareto fits are left out (see the Pareto "
               "table). Each interval column says its level and what was resampled. Kaplan et "
-              "al. (2020): B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: compare the "
-              "exponent and the order of magnitude).", "",
+              "al. (2020): B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: "
+              "compare the exponent and the order of magnitude).", "",
               *kaplan_tables(fits["kaplan"], fits["kaplan_points"]),
               "", "## Learning rate versus batch size", "",
               "Best lr (refined) against batch size at one budget, power law lr* ~ B^k over the "
