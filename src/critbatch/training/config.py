@@ -208,6 +208,9 @@ class GridConfig:
     micro_batches: int = 2  # per step in every sweep run: the online B_noise needs two
     widths: str = "32,48,64,96"  # model widths of the widths sweep (heads must divide them)
     widths_tokens: int = 750_000  # the widths sweep's budget per run (tokens)
+    # the widths sweep's branches (a smaller budget may need larger fractions for its largest
+    # batch's smallest branch to have steps after the warmup)
+    widths_branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
     stability: StabilityGrid = field(default_factory=StabilityGrid)
     schedules: SchedulesGrid = field(default_factory=SchedulesGrid)
 
