@@ -401,7 +401,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
 
     notes = [f"{folder} holds {len(extra_runs)} finished run(s) outside this plan (e.g. "
              f"{extra_runs[0].name}); the report reads every run in the folder"
-             for folder, extra_runs in unplanned_runs(plan).items()]
+             for folder, extra_runs in unplanned_runs(
+                 [j for j in plan if j.stage != exp.tuning_stage]).items()]  # its own folders
     report_dir = Path("runs") / exp.report_stage / scale / "report"
     sweep_dirs = sorted({str(j.run_dir.parent) for j in plan if j.run_dir.parent.exists()})
     if not analyse_sweep(exp, sweep_dirs, report_dir, "analysis"):

@@ -17,16 +17,17 @@ run's.
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from critbatch.analysis.bcrit import BUDGET_TOLERANCE
+from critbatch.analysis.bcrit import seed_scatter as bcrit_seed_scatter
 from critbatch.analysis.render import fmt, json_clean, md_table
 from critbatch.analysis.results import load_runs
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic, write_text_atomic
+from critbatch.science.fits import nominal_budgets
 
 
 def run_key(run: dict) -> tuple:
@@ -35,19 +36,19 @@ def run_key(run: dict) -> tuple:
             run["seq_len"], run["batch_size"], float(run["base_lr"]), run["seed"])
 
 
-def seed_scatter(runs: list[dict]) -> tuple[float, int] | None:
-    """(standard deviation of one run's final loss, degrees of freedom) pooled over the batch
-    sweep's cells (batch, budget, lr) trained at several seeds; None without any."""
-    by_cell: dict[tuple, list[float]] = defaultdict(list)
-    for r in runs:
-        if r["sweep"] == "batch" and r["status"] == "completed":
-            by_cell[(r["optimizer"], r["batch_size"], r["tokens"], float(r["base_lr"]))].append(
-                float(r["val_loss"]))
-    groups = [v for v in by_cell.values() if len(v) > 1]
-    dof = sum(len(v) - 1 for v in groups)
-    if not dof:
-        return None
-    return math.sqrt(sum(np.var(v, ddof=1) * (len(v) - 1) for v in groups) / dof), dof
+def seed_scatter(runs: list[dict]) -> dict[str, tuple[float, int]]:
+    """Per optimizer, the batch sweep's seed scatter (`bcrit.seed_scatter`: one run's
+    standard deviation, pooled over the cells whose best lr has several seeds) and its
+    degrees of freedom; optimizers without repeated cells are left out."""
+    out = {}
+    for opt in sorted({r["optimizer"] for r in runs}):
+        mine = [r for r in runs if r["sweep"] == "batch" and r["optimizer"] == opt
+                and r["status"] == "completed"]
+        budgets = nominal_budgets([r["tokens"] for r in mine], BUDGET_TOLERANCE)
+        scatter = bcrit_seed_scatter(mine, budgets) if mine else None
+        if scatter:
+            out[opt] = scatter
+    return out
 
 
 def compare(runs: list[dict]) -> list[dict]:
@@ -83,29 +84,33 @@ def _diff(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def verdict(rows: list[dict], scatter: float | None) -> list[str]:
+def verdict(rows: list[dict], scatter: dict[str, tuple[float, int]]) -> list[str]:
     """Per optimizer: how far the branches sit from the separate wsd and cosine runs, in
-    units of the seed scatter."""
+    units of that optimizer's seed scatter (negative: the branch ends lower)."""
     lines = []
     for opt in sorted({r["optimizer"] for r in rows}):
         mine = [r for r in rows if r["optimizer"] == opt]
+        sd = scatter[opt][0] if opt in scatter else None
         for other in ("wsd", "cosine"):
             diffs = [r[f"branch_minus_{other}"] for r in mine
                      if r[f"branch_minus_{other}"] is not None]
             if not diffs:
                 continue
-            worst = max(diffs)
-            where = (f"{worst / scatter:+.1f} seed scatters" if scatter else "no seed scatter "
-                     "to compare with (the batch sweep's baseline has one seed)")
-            word = ("worse than" if scatter and worst > scatter else "within the seed scatter of"
-                    if scatter else "against")
+            worst = max(diffs, key=abs)
+            if sd is None:
+                word = "no seed scatter to compare with"
+            elif abs(worst) <= sd:
+                word = "within the seed scatter of"
+            else:
+                word = "worse than" if worst > 0 else "better than"
+            size = f" ({worst / sd:+.1f} seed scatters)" if sd else ""
             lines.append(f"{opt}: branches vs separate {other} runs: mean difference "
-                         f"{np.mean(diffs):+.4f} nats/token, largest {worst:+.4f} ({where}); "
+                         f"{np.mean(diffs):+.4f} nats/token, largest {worst:+.4f}{size}: "
                          f"{word} the separate {other} runs")
     return lines
 
 
-def report(rows: list[dict], scatter: tuple[float, int] | None, inputs: list[str]) -> str:
+def report(rows: list[dict], scatter: dict[str, tuple[float, int]], inputs: list[str]) -> str:
     """report.md of the check."""
     table = md_table(
         ["optimizer", "batch (seq)", "lr", "budget (tokens)", "branch loss (nats/token)",
@@ -119,8 +124,10 @@ def report(rows: list[dict], scatter: tuple[float, int] | None, inputs: list[str
           fmt(r["branch_wall_s"] / r["separate_wall_s"], ".2f")
           if r.get("separate_wall_s") else "-"]
          for r in rows])
-    sd = (f"{scatter[0]:.4f} nats/token (standard deviation of one run's final loss, pooled "
-          f"over the batch sweep's two-seed cells, {scatter[1]} degrees of freedom)"
+    sd = ("; ".join(f"{opt} {sd:.4f} nats/token ({dof} degrees of freedom)"
+                    for opt, (sd, dof) in scatter.items())
+          + " (standard deviation of one run's final loss, pooled over the batch sweep's cells "
+            "whose best lr was trained at two seeds)"
           if scatter else "not measured (no two-seed cells in the batch sweep)")
     lines = ["# Cooldown branches against separate runs", "",
              f"Inputs: {', '.join(inputs)}", "",
@@ -128,7 +135,7 @@ def report(rows: list[dict], scatter: tuple[float, int] | None, inputs: list[str
              "budget), a wsd run and a cosine run trained alone at the same budget, batch and "
              "lr (seed 0). Losses are final validation losses.", "", table, "",
              f"Seed scatter: {sd}.", ""]
-    lines += [f"- {line}" for line in verdict(rows, scatter[0] if scatter else None)]
+    lines += [f"- {line}" for line in verdict(rows, scatter)]
     return "\n".join(lines) + "\n"
 
 
@@ -144,9 +151,9 @@ def run_analysis(paths: list[str], out: str | None = None) -> dict:
     scatter = seed_scatter(runs)
     folder = Path(out) if out else Path(paths[-1]) / "report"
     folder.mkdir(parents=True, exist_ok=True)
-    doc = {"rows": rows, "seed_scatter": scatter[0] if scatter else None,
-           "seed_scatter_dof": scatter[1] if scatter else 0,
-           "verdict": verdict(rows, scatter[0] if scatter else None)}
+    doc = {"rows": rows,
+           "seed_scatter": {opt: {"sd": sd, "dof": dof} for opt, (sd, dof) in scatter.items()},
+           "verdict": verdict(rows, scatter)}
     write_json_atomic(folder / "branch_check.json", json_clean(doc))
     text = report(rows, scatter, [str(p) for p in paths])
     write_text_atomic(folder / "report.md", text)
