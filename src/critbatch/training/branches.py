@@ -23,14 +23,14 @@ import copy
 import json
 import logging
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from critbatch import files
 from critbatch.analysis import results as runs
 from critbatch.errors import ResultsError
 from critbatch.training import checkpoint
-from critbatch.training.config import Config, token_budget, total_steps
+from critbatch.training.config import Config, plain, token_budget, total_steps
 from critbatch.training.optim import wsd_decay_start
 
 log = logging.getLogger("critbatch")
@@ -87,7 +87,7 @@ def fork(branch: Branch, model, optimizers: list, gns, state: checkpoint.TrainSt
     start = copy.deepcopy(state)
     start.wandb_run_id, start.elapsed_s, start.resumed_at = None, 0.0, []
     start.branch_of, start.branch_at_tokens = parent_dir.name, state.tokens
-    checkpoint.save(branch.run_dir / "checkpoint.pt", model, optimizers, asdict(branch.cfg),
+    checkpoint.save(branch.run_dir / "checkpoint.pt", model, optimizers, plain(branch.cfg),
                     gns, start)
     rows = [r for r in runs.read_metrics(parent_dir) if r["step"] <= state.step]
     files.write_text_atomic(branch.run_dir / "metrics.jsonl",

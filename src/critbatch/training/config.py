@@ -8,8 +8,10 @@ tokens, warmup in optimizer steps, losses in nats per token.
 from __future__ import annotations
 
 import difflib
+import json
 import re
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +23,54 @@ from critbatch.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
-OPTIMIZERS = ("adamw", "muon")
-LR_SCALINGS = ("none", "sqrt", "linear")
-SCHEDULES = ("cosine", "linear", "constant", "wsd")
-BATCH_SCHEDULES = ("constant", "ramp", "adaptive")
-DATA_NAMES = ("stdlib", "text_files", "tinystories", "fineweb_edu", "hub")
-LOGGER_MODES = ("offline", "online", "disabled")
+# The closed choices are StrEnums: Hydra/OmegaConf refuse any other value when composing (one
+# line, `explain_compose_error`), and a member equals, prints and serialises as its string.
+
+
+class Optimizer(StrEnum):
+    adamw = "adamw"
+    muon = "muon"
+
+
+class LrScaling(StrEnum):
+    none = "none"
+    sqrt = "sqrt"
+    linear = "linear"
+
+
+class Schedule(StrEnum):
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"
+    wsd = "wsd"
+
+
+class BatchSchedule(StrEnum):
+    constant = "constant"
+    ramp = "ramp"
+    adaptive = "adaptive"
+
+
+class DataName(StrEnum):
+    stdlib = "stdlib"
+    text_files = "text_files"
+    tinystories = "tinystories"
+    fineweb_edu = "fineweb_edu"
+    hub = "hub"
+
+
+class LoggerMode(StrEnum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class Dtype(StrEnum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
 MAX_VOCAB = 65535  # token ids are cached as uint16
 
 
@@ -41,7 +85,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "stdlib"  # stdlib | text_files | tinystories | fineweb_edu | hub
+    name: DataName = DataName.stdlib  # stdlib | text_files | tinystories | fineweb_edu | hub
     vocab_size: int = 2048  # byte-level BPE vocabulary, including <|endoftext|>
     cache_dir: str = "~/.cache/critbatch"  # tokenizer and token-id cache, shared by runs
     paths: list[str] = field(default_factory=list)  # text_files: glob patterns of UTF-8 files
@@ -59,7 +103,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"  # adamw | muon
+    name: Optimizer = Optimizer.adamw  # adamw | muon
     lr: float = 3e-3  # peak lr at base_batch_size (Muon: lr of the hidden matrices)
     weight_decay: float = 0.1  # decoupled decay on 2D hidden matrices only
     beta1: float = 0.9  # AdamW first-moment decay
@@ -68,7 +112,8 @@ class OptimConfig:
     fused: bool | None = None  # AdamW fused kernel; null = on (faster on CPU and CUDA, make bench)
     momentum: float = 0.95  # Muon momentum (Nesterov)
     aux_lr: float = 3e-3  # Muon only: AdamW lr for embeddings and gains
-    lr_scaling: str = "none"  # none | sqrt | linear: lr used = lr * f(batch_size / base_batch_size)
+    # none | sqrt | linear: lr used = lr * f(batch_size / base_batch_size)
+    lr_scaling: LrScaling = LrScaling.none
     base_batch_size: int = 32  # sequences; batch size at which `lr` is the lr used
 
 
@@ -108,12 +153,12 @@ class TrainConfig:
     # ramp_fraction of the tokens; adaptive: follows noise_factor x B_noise within
     # [batch_size_start, batch_size]. Both change the batch in powers of two of the
     # micro-batch (accumulation, so memory stays flat) and rescale the lr by optim.lr_scaling.
-    batch_schedule: str = "constant"
+    batch_schedule: BatchSchedule = BatchSchedule.constant
     batch_size_start: int | None = None  # ramp/adaptive: the first (and smallest) batch, sequences
     ramp_fraction: float = 0.25  # ramp: share of the token budget over which the batch grows
     adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
     warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
-    schedule: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
+    schedule: Schedule = Schedule.cosine  # cosine | linear | constant | wsd (warmup-stable-decay)
     min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
     # wsd only: share of the steps spent in the cooldown, a 1-sqrt decay from the peak to
     # min_lr_ratio (Hagele et al. 2024: 1-sqrt beats a linear cooldown; 20% matches cosine)
@@ -128,7 +173,7 @@ class TrainConfig:
     eval_tokens: int = 65_536  # validation tokens per evaluation (fixed windows)
     log_every: int = 10  # optimizer steps between flushes of metrics.jsonl
     device: str = "auto"  # auto | cpu | cuda | cuda:N; auto picks CUDA when present
-    dtype: str = "auto"  # auto | float32 | bfloat16 (autocast); auto = bf16 on CUDA
+    dtype: Dtype = Dtype.auto  # auto | float32 | bfloat16 (autocast); auto = bf16 on CUDA
     compile: bool | None = None  # torch.compile; null = on for CUDA, off on CPU
     diverge_factor: float = 2.0  # a train loss above factor x its first value ...
     diverge_window: int = 20  # ... for this many consecutive steps means diverged
@@ -144,7 +189,7 @@ class TrainConfig:
 
 @dataclass
 class LoggerConfig:
-    mode: str = "offline"  # offline | online | disabled (W&B)
+    mode: LoggerMode = LoggerMode.offline  # offline | online | disabled (W&B)
     project: str = "critbatch"  # W&B project
     group: str | None = None  # W&B group; null = the sweep name, else "single"
     name: str | None = None  # W&B run name; null = built from the overrides
@@ -228,6 +273,12 @@ class Config:
     grid: GridConfig = field(default_factory=GridConfig)  # used by sweeps/ only
     scale: str = "cpu"  # name of the size preset in use (set by the preset file)
     sweep: str | None = None  # name of the sweep this run belongs to, or null
+
+
+def plain(cfg: Config) -> dict:
+    """The config as plain JSON types (enum members as their strings): what config.json, W&B
+    and checkpoints hold (a checkpoint is read back with torch's weights-only loader)."""
+    return json.loads(json.dumps(asdict(cfg)))
 
 
 def register_configs() -> None:
@@ -340,11 +391,6 @@ def run_differences(saved: dict, current: dict) -> list[str]:
 
 
 
-def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
-    if value not in options:
-        raise ConfigError(f"{key}={value} is not one of {', '.join(options)}; pick one of those")
-
-
 def _positive(key: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"{key}={value} must be positive")
@@ -412,12 +458,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.val_fraction={d.val_fraction} must lie in (0, 0.5)")
     if t.steps is not None and t.steps < 1:
         raise ConfigError(f"train.steps={t.steps} must be >= 1 (or null: from train.tokens)")
-    _choice("optim.name", o.name, OPTIMIZERS)
-    _choice("optim.lr_scaling", o.lr_scaling, LR_SCALINGS)
-    _choice("train.schedule", t.schedule, SCHEDULES)
-    _choice("data.name", d.name, DATA_NAMES)
-    _choice("logger.mode", cfg.logger.mode, LOGGER_MODES)
-    _choice("train.dtype", t.dtype, ("auto", "float32", "bfloat16"))
     if not (t.device in ("auto", "cpu") or t.device.startswith("cuda")):
         raise ConfigError(f"train.device={t.device} is not auto, cpu, cuda or cuda:N")
     if d.hf_revision is not None and not re.fullmatch(r"[\w.\-/]+", d.hf_revision):
@@ -449,7 +489,6 @@ def _validate_branches(cfg: Config) -> None:
 
 def _validate_batch_schedule(cfg: Config) -> None:
     t = cfg.train
-    _choice("train.batch_schedule", t.batch_schedule, BATCH_SCHEDULES)
     if t.batch_schedule == "constant":
         return
     name = f"train.batch_schedule={t.batch_schedule}"
@@ -558,6 +597,10 @@ def explain_compose_error(err: BaseException) -> str:
             return _unknown_key_message(key)
         if isinstance(exc, ValidationError):
             first = str(exc).splitlines()[0]
+            choice = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", first)
+            if choice:
+                return (f"{key}={choice.group(1)} is not one of {choice.group(2)}; pick one of "
+                        "those")
             return f"bad value for '{key}': {first}; give a value of the declared type"
         if isinstance(exc, OmegaConfBaseException):
             return str(exc).splitlines()[0]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,7 +13,7 @@ from critbatch.science.noise import NoiseEMA
 from critbatch.training import checkpoint
 from critbatch.training.batching import BatchPlan
 from critbatch.training.checkpoint import TrainState
-from critbatch.training.config import Config, micro_batch_size, total_steps
+from critbatch.training.config import Config, micro_batch_size, plain, total_steps
 from critbatch.training.data import TokenData, check_seq_len, prepare_data, val_windows
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
@@ -69,7 +69,7 @@ def build_trainer(cfg: Config, run_dir: Path, overrides: list[str]) -> Trainer:
     run_dir.mkdir(parents=True, exist_ok=True)
     reuse_freed_memory()  # before the model and its first step allocate
     t = cfg.train
-    resolved = asdict(cfg)
+    resolved = plain(cfg)
     ckpt = checkpoint.load(run_dir / "checkpoint.pt", resolved)
     device, dtype, compiled = resolve_device(cfg)
     ranks = init_ranks(device.type)  # one process, or torchrun's data-parallel ranks
