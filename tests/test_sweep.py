@@ -67,10 +67,10 @@ def test_plan_names_run_dirs_by_their_overrides():
     assert len(jobs) == 15
     names = {j.run_dir.name for j in jobs}
     assert len(names) == 15
-    assert "optim.lr=0.01,optim=muon,train.batch_size=16,train.seed=3" in names
+    assert "optim.lr=0.005,optim=muon,train.batch_size=16,train.seed=3" in names
     assert {j.run_dir.parent for j in jobs} == {Path("runs/batch/smoke")}
     job = next(j for j in jobs if j.cfg.train.batch_size == 64)
-    assert job.cfg.optim.lr_scaling == "sqrt" and job.cfg.train.seed == 3
+    assert job.cfg.optim.lr_scaling == "linear" and job.cfg.train.seed == 3
     assert job.cfg.sweep == "batch" and job.cfg.logger.group == "batch-smoke"
     assert [b.run_dir.relative_to(job.run_dir) for b in job.branches] == [
         Path("branches/tokens=16384"), Path("branches/tokens=32768"),
