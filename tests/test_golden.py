@@ -4,6 +4,9 @@ A changed initialisation, learning-rate schedule, data order, loss or optimizer 
 these curves by far more than the tolerance. The thread count changes the reduction order of
 matmuls: 1 vs 2 threads moved AdamW's curve by 6e-8 nats/token, but Muon's Newton-Schulz
 iteration amplified it to 4e-4 after 128 steps, so the test trains on one thread, as recorded.
+The CPU's instruction set changes it too: the curves were recorded on an AMD EPYC; on an Intel
+Xeon AdamW's moved by at most 2e-8 (relative) and Muon's by 8.5e-5 (val) and 1.8e-4 (train
+loss), so Muon's tolerances are ten times that drift.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from critbatch.training.cli import check_overrides
 from critbatch.training.loop import train
 
 GOLDEN = Path(__file__).parent / "assets" / "golden_smoke.json"
-VAL_RTOL = 1e-5  # relative, on every evaluation's val_loss (nats/token)
-TRAIN_RTOL = 1e-4  # relative, on every step's train loss (nats/token)
+# relative, on every evaluation's val_loss and every step's train loss (nats/token)
+VAL_RTOL = {"adamw": 1e-6, "muon": 1e-3}
+TRAIN_RTOL = {"adamw": 1e-5, "muon": 2e-3}
 LR_RTOL = 1e-9  # the schedule is exact arithmetic
 # the smoke preset as it was when the curves were recorded (it has changed since)
 RECORDED = ["train.tokens=65536", "train.warmup_steps=10"]
@@ -49,8 +53,9 @@ def test_smoke_run_reproduces_the_golden_curves(optimizer, tmp_path, one_thread)
     assert [p["tokens"] for p in summary["curve"]] == [p["tokens"] for p in expected["val_loss"]]
     got = [p["val_loss"] for p in summary["curve"]]
     want = [p["val_loss"] for p in expected["val_loss"]]
-    assert got == pytest.approx(want, rel=VAL_RTOL)
+    assert got == pytest.approx(want, rel=VAL_RTOL[optimizer])
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text()
             .splitlines()]
     assert [r["lr"] for r in rows] == pytest.approx(expected["lr"], rel=LR_RTOL)
-    assert [r["train_loss"] for r in rows] == pytest.approx(expected["train_loss"], rel=TRAIN_RTOL)
+    train_losses = [r["train_loss"] for r in rows]
+    assert train_losses == pytest.approx(expected["train_loss"], rel=TRAIN_RTOL[optimizer])
