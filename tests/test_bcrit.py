@@ -339,6 +339,30 @@ def test_no_measurable_cost_when_r_is_at_most_one():
     assert all(a >= b for a, b in zip(e, e[1:], strict=False))
 
 
+def test_a_bcrit_whose_interval_is_unbounded_above_stays_out_of_kaplans_law():
+    """r = 1.003 with a seed scatter of 0.003 nats/token: the cell's B_crit is noise (a cpu
+    sweep gave 2,920 sequences at batch 16), so it is shown but not fitted."""
+    from critbatch.analysis.kaplan import collect_points
+
+    truth = SyntheticTruth()
+    budgets = [2**21, 2**22, 2**23, 2**24]
+    curve = fits.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
+
+    def row(loss_above_baseline: float, sigma: float) -> dict:
+        cell = bcrit.Cell(batch_size=64, tokens=2**23, lr=1e-3, bytes_per_token=3.0,
+                          loss=truth.final_loss(16, 2**23) + loss_above_baseline,
+                          loss_sigma=sigma, run_dir="r", edge=None, edge_diverged=False)
+        return {**bcrit.per_run_bcrit(cell, curve, 16, 0.0, 64), "optimizer": "adamw",
+                "group": "g"}
+
+    noisy, clear = row(0.001, 0.003), row(0.05, 0.003)
+    assert noisy["b_crit"] and noisy["b_crit_low"] and noisy["b_crit_high"] is None
+    assert not noisy["in_kaplan"] and "left out of Kaplan's law" in noisy["note"]
+    assert clear["b_crit_high"] and clear["in_kaplan"] and clear["note"] is None
+    assert [p["run_dir"] for p in collect_points([noisy, clear], [], [])] == ["r"]
+    assert len(collect_points([clear, clear], [], [])) == 2
+
+
 def test_kaplan_fit_on_a_degenerate_spread_gives_no_interval_instead_of_overflowing():
     from critbatch.science.laws import fit_kaplan
 

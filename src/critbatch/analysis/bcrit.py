@@ -302,7 +302,10 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
     is. r <= 1 means no measurable cost: `b_crit` is None and `b_crit_low` is the bound
     implied by the upper end of r (None when that end is <= 1 too). A batch not above the
     baseline's is never given a B_crit (`below_baseline`), nor is a run that lost more than
-    the model allows (r >= B/b). An unbounded end of an interval is None.
+    the model allows (r >= B/b). An unbounded end of an interval is None; a B_crit whose
+    interval is unbounded above (r within the noise of 1) is kept in the row but not in
+    Kaplan's law (`in_kaplan`): its value is the noise's, and with no upper end it has no
+    weight to give it.
     """
     sigma = math.hypot(cell.loss_sigma, baseline_sigma)  # NaN when either is unknown
     e_eff, extrapolated = baseline.tokens_for(cell.loss)
@@ -333,6 +336,9 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
         note = "no measurable cost" + (f" (B_crit > {low:.3g})" if low else "")
     elif b_crit is None:
         note = f"r = {r:.3g} >= B/b: worse than the model allows (too few steps?)"
+    unbounded = b_crit is not None and math.isfinite(sigma) and bc(r_lo) is None
+    if unbounded:  # r's lower end <= 1: the loss cannot tell B_crit from infinity
+        note = "interval unbounded above: left out of Kaplan's law"
     row = {
         "run_dir": cell.run_dir, "trunk": cell.trunk, "batch_size": B, "tokens": cell.tokens,
         "budget": cell.budget,
@@ -346,7 +352,7 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
         "b_crit_naive": bcrit_naive(B, r) if math.isfinite(r) and r > 1 and not below else None,
         "interval": interval_label(cell.sigma_source, baseline_source),
         "extrapolated": bool(extrapolated), "below_baseline": below,
-        "baseline_batch": b, "note": note,
+        "baseline_batch": b, "note": note, "in_kaplan": b_crit is not None and not unbounded,
     }
     for k in ("b_crit", "b_crit_low", "b_crit_high", "b_crit_naive"):
         row[f"{k}_tokens"] = None if row[k] is None else row[k] * seq_len

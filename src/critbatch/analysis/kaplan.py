@@ -22,7 +22,8 @@ branch belongs to the run it forked from: its `trunk`), Pareto frontiers (one pe
 for Pareto points, and for the online series blocks of consecutive eval points
 (ONLINE_NOISE_BLOCKS per run: the EMA ties neighbouring evals together, so single evals are
 not independent). Pareto fits that are degenerate (`science.laws.pareto_degeneracy`) are
-left out and named.
+left out and named, and so are per-run B_crit whose interval is unbounded above (`in_kaplan`
+false: r within the noise of 1).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def collect_points(per_run: list[dict], pareto: list[dict], noise: list[dict],
     `online`: the online B_noise series (`analysis.online_noise`), method `online_noise`."""
     points = []
     for row in per_run:
-        if row["b_crit_tokens"]:
+        if row["b_crit_tokens"] and row.get("in_kaplan", True):
             points.append({"method": "per_run", "optimizer": row["optimizer"],
                            "group": row["group"], "loss": row["val_loss"],
                            "b_crit_tokens": row["b_crit_tokens"], "run_dir": row["run_dir"],
