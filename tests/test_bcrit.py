@@ -342,6 +342,7 @@ def test_no_measurable_cost_when_r_is_at_most_one():
 def test_a_bcrit_whose_interval_is_unbounded_above_stays_out_of_kaplans_law():
     """r = 1.003 with a seed scatter of 0.003 nats/token: the cell's B_crit is noise (a cpu
     sweep gave 2,920 sequences at batch 16), so it is shown but not fitted."""
+    from critbatch.analysis.consistency import per_run_at_loss
     from critbatch.analysis.kaplan import collect_points
 
     truth = SyntheticTruth()
@@ -361,6 +362,11 @@ def test_a_bcrit_whose_interval_is_unbounded_above_stays_out_of_kaplans_law():
     assert clear["b_crit_high"] and clear["in_kaplan"] and clear["note"] is None
     assert [p["run_dir"] for p in collect_points([noisy, clear], [], [])] == ["r"]
     assert len(collect_points([clear, clear], [], [])) == 2
+    # nor in the per-run B_crit read off at a Pareto target between its loss and another's
+    later = {**clear, "tokens": 2**24, "val_loss": noisy["val_loss"] - 0.5}
+    target = noisy["val_loss"] - 0.1
+    assert per_run_at_loss([noisy, later], target)["per_run_b_crit"] is None
+    assert per_run_at_loss([{**noisy, "in_kaplan": True}, later], target)["per_run_b_crit"]
 
 
 def test_kaplan_fit_on_a_degenerate_spread_gives_no_interval_instead_of_overflowing():
