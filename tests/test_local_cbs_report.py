@@ -1,0 +1,249 @@
+"""The local critical batch report (`analysis/local_cbs.py`) on synthetic branch folders with a
+planted local B_crit per checkpoint: recovery within a doubling, Kaplan's exponent of the
+local points, the fits.json contract, the report files and the one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from critbatch.analysis.local_cbs import ROW_KEYS, run_analysis
+from critbatch.analysis.synthetic import synthetic_summary
+from critbatch.files import write_json_atomic
+from critbatch.science.synthetic import SyntheticTruth
+
+SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "local_cbs.py"
+SEQ_LEN = 64  # tokens per sequence
+BASE = 32  # sequences: the base run's batch
+KS = (1, 2, 4, 8, 16, 32, 64)
+CHECKPOINTS = tuple(2**i for i in range(16, 25)) + (3 * 2**20,)  # tokens, one between evals
+WINDOW = 2**18  # tokens each branch trains
+BASE_TOKENS = 2**25
+SEQUENCES = 512  # validation windows
+EXPONENT = 3.0  # planted 1/alpha_B of the local B_crit
+B_STAR_TOKENS = 70 * SEQ_LEN * 8.96**EXPONENT  # about 2.2 x BASE at the first checkpoint
+SEQUENCE_SD, BRANCH_SD, STEP_SD = 0.02, 0.0005, 0.003  # nats/token
+EXCESS_SLOPE = 0.2  # nats/token of excess per unit of k B / b_crit - 1 above b_crit
+
+
+def planted_loss(tokens: float) -> float:
+    """Validation loss of the base run (nats/token): falls, then plateaus."""
+    return 3.0 + 2.0 * (tokens / 1e6) ** -0.4
+
+
+def planted_bcrit(tokens: float) -> float:
+    """The planted local B_crit (sequences): Kaplan's law at the checkpoint's loss."""
+    return B_STAR_TOKENS / planted_loss(tokens) ** EXPONENT / SEQ_LEN
+
+
+def summary(batch_size: int, tokens: int, optimizer: str, curve: list[dict], **extra) -> dict:
+    s = synthetic_summary(SyntheticTruth(seq_len=SEQ_LEN), batch_size=batch_size,
+                          tokens=tokens, lr=1e-3, optimizer=optimizer)
+    return {**s, "tokens": tokens, "curve": curve, "val_loss": curve[-1]["val_loss"],
+            "val_loss_per_byte": curve[-1]["val_loss"] / 3, "sweep": "local_cbs", **extra}
+
+
+def eval_point(tokens: int, batch_size: int, loss: float, b_noise: float | None = None) -> dict:
+    point = {"step": tokens // (batch_size * SEQ_LEN), "tokens": tokens, "val_loss": loss,
+             "val_loss_per_byte": loss / 3}
+    return point if b_noise is None else {**point, "b_noise": b_noise}
+
+
+def write_run(run_dir: Path, summary_: dict, seed: int, metrics: list[dict]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "summary.json", summary_)
+    write_json_atomic(run_dir / "config.json", {"config": {"train": {"seed": seed}}})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+
+
+def write_branch(folder: Path, *, rng, mu: np.ndarray, at: int, k: int, excess: float,
+                 optimizer: str, seed: int = 0) -> None:
+    """One branch: per-sequence losses mu_j + excess + u_b + e_bj, and its training losses
+    per step (a row before the fork with a loss the EMA rule must never see)."""
+    batch = k * BASE
+    offset = rng.normal(0, BRANCH_SD)
+    losses = mu + excess + offset + rng.normal(0, SEQUENCE_SD, len(mu))
+    steps = WINDOW // (batch * SEQ_LEN)
+    metrics = [{"step": 0, "tokens": at, "train_loss": 99.0}]
+    metrics += [{"step": i + 1, "tokens": at + (i + 1) * batch * SEQ_LEN,
+                 "train_loss": float(mu.mean() + excess + offset + rng.normal(0, STEP_SD))}
+                for i in range(steps)]
+    end = at + WINDOW
+    curve = [eval_point(at, batch, float(mu.mean())),
+             eval_point(end, batch, float(losses.mean()))]
+    write_run(folder, summary(batch, end, optimizer, curve, local_cbs_at_tokens=at,
+                              local_cbs_multiplier=k, local_cbs_window_tokens=WINDOW,
+                              local_cbs_of="base", base_batch_size=BASE, wall_time_s=2.0),
+              seed, metrics)
+    write_json_atomic(folder / "val_sequences.json",
+                      {"val_loss_per_sequence": losses.tolist(), "seq_len": SEQ_LEN,
+                       "tokens": WINDOW})
+
+
+def synthetic_local_cbs(root: Path, *, optimizer: str = "adamw", ks=KS,
+                        checkpoints=CHECKPOINTS, bcrit=planted_bcrit, seed: int = 0) -> Path:
+    """A base run under root/<optimizer> with branches at every checkpoint and multiplier,
+    and a k = 1 replicate (seed 1) at each; the branch's true excess is
+    EXCESS_SLOPE (k B / b_crit - 1) above the planted b_crit, 0 below it."""
+    rng = np.random.default_rng(seed)
+    base_dir = root / optimizer
+    evals = [2**i for i in range(15, 26)]
+    curve = [eval_point(t, BASE, planted_loss(t), 2e5 / planted_loss(t) ** 2 / SEQ_LEN)
+             for t in evals]
+    write_run(base_dir, summary(BASE, BASE_TOKENS, optimizer, curve, wall_time_s=100.0), 0,
+              [{"step": 1, "tokens": BASE * SEQ_LEN, "train_loss": 9.0}])
+    for at in checkpoints:
+        mu = rng.normal(planted_loss(at), 0.5, SEQUENCES)
+        folder = base_dir / "local_cbs" / f"tokens={at}"
+        for k in ks:
+            excess = EXCESS_SLOPE * max(0.0, k * BASE / bcrit(at) - 1)
+            write_branch(folder / f"k={k}", rng=rng, mu=mu, at=at, k=k, excess=excess,
+                         optimizer=optimizer)
+        write_branch(folder / "k=1,seed=1", rng=rng, mu=mu, at=at, k=1, excess=0.0,
+                     optimizer=optimizer, seed=1)
+    return base_dir
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    root = tmp_path_factory.mktemp("local_cbs")
+    synthetic_local_cbs(root)
+    # Muon: a planted B_crit beyond its largest branch, so every k is accepted.
+    synthetic_local_cbs(root, optimizer="muon", ks=(1, 2, 4), checkpoints=CHECKPOINTS[:2],
+                        bcrit=lambda t: 50 * BASE, seed=1)
+    sweep = root / "batch" / "report"
+    sweep.mkdir(parents=True)
+    write_json_atomic(sweep / "fits.json", {
+        "per_run": [{"optimizer": "adamw", "val_loss": 4.0, "b_crit": 300.0, "in_kaplan": True},
+                    {"optimizer": "adamw", "val_loss": 3.9, "b_crit": None, "in_kaplan": False}],
+        "pareto": [{"optimizer": "adamw", "target_loss": 4.2, "b_crit": 200.0,
+                    "degenerate": None}]})
+    return run_analysis([root], tolerance=0.01, confidence=0.95,
+                        batch_sweep=root / "batch", wandb_mode="disabled")
+
+
+def adamw_rows(report) -> list[dict]:
+    return [r for r in report["document"]["local_cbs"] if r["optimizer"] == "adamw"]
+
+
+def test_the_local_bcrit_is_recovered_within_a_doubling_at_every_checkpoint(report):
+    rows = adamw_rows(report)
+    assert sorted(r["tokens"] for r in rows) == sorted(CHECKPOINTS)
+    planted = [planted_bcrit(r["tokens"]) for r in rows]
+    assert max(planted) / min(planted) > 8  # it rises, then plateaus
+    for r, b in zip(rows, planted, strict=True):
+        assert 0.5 <= r["b_crit"] / b <= 2, (r["tokens"], r["b_crit"], b)
+        assert not r["lower_bound_only"] and r["margin"] > 0
+        assert r["b_crit_tokens"] == r["b_crit"] * SEQ_LEN
+        if r["tokens"] != 3 * 2**20:  # at an eval point of the base run
+            assert r["val_loss"] == pytest.approx(planted_loss(r["tokens"]))
+        assert r["b_crit_ema"] in [k * BASE for k in KS]
+    # The paper's rule sees only steps after the fork (each branch's row before it has loss 99):
+    assert sum(0.5 <= r["b_crit_ema"] / b <= 2 for r, b in zip(rows, planted, strict=True)) >= 8
+    between = next(r for r in rows if r["tokens"] == 3 * 2**20)  # interpolated in log tokens
+    assert planted_loss(2**22) < between["val_loss"] < planted_loss(2**21)
+
+
+def test_fits_rows_have_the_contract_fields(report):
+    doc = report["document"]
+    for r in doc["local_cbs"]:
+        assert set(ROW_KEYS) <= set(r)
+        assert r["multipliers"][0] == 1 and r["base_batch_size"] == BASE
+        assert set(r["excess"]) == set(r["upper"]) == {str(k) for k in r["multipliers"][1:]}
+        assert r["tolerance"] == 0.01 and r["confidence"] == 0.95
+        assert r["branch_sd_dof"] >= 0 and r["b_noise"] > 0
+    muon = [r for r in doc["local_cbs"] if r["optimizer"] == "muon"]
+    assert all(r["lower_bound_only"] and r["b_crit"] == 4 * BASE for r in muon)
+    cost = {c["optimizer"]: c for c in doc["local_cbs_cost"]}
+    n_branches = len(CHECKPOINTS) * (len(KS) + 1)
+    assert cost["adamw"]["branches"] == n_branches
+    assert cost["adamw"]["token_fraction"] == pytest.approx(n_branches * WINDOW / BASE_TOKENS)
+    assert cost["adamw"]["wall_fraction"] == pytest.approx(n_branches * 2.0 / 100.0)
+    assert set(doc) >= {"local_cbs", "local_cbs_kaplan", "local_cbs_cost"}
+
+
+def test_the_kaplan_fit_of_the_local_points_recovers_the_planted_exponent(report):
+    fits = {k["optimizer"]: k for k in report["document"]["local_cbs_kaplan"]}
+    adamw = fits["adamw"]
+    assert adamw["n_points"] == len(CHECKPOINTS)
+    assert adamw["exponent_low"] <= EXPONENT <= adamw["exponent_high"]
+    assert adamw["kaplan_exponent"] == 4.8
+    assert fits["muon"]["exponent"] is None and "lower bound only" in fits["muon"]["left_out"][0]
+    assert "none" in fits["muon"]["interval"]
+
+
+def test_report_and_plots_are_written(report):
+    out = report["out"]
+    text = (out / "report.md").read_text()
+    assert "one-sided 95% upper bound from per-sequence pairs plus seed replicates" in text
+    assert "### adamw" in text and "### muon" in text and ">= 4 x 32 = 128" in text
+    assert "1 per-run and 1 Pareto B_crit" in text
+    for name in ("local_bcrit_vs_tokens.png", "local_bcrit_vs_loss.png", "fits.json"):
+        assert (out / name).stat().st_size > 1000
+    assert not list(out.glob(".*tmp*"))
+
+
+@pytest.fixture
+def script_main():
+    spec = importlib.util.spec_from_file_location("analysis_local_cbs", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.fixture
+def small(tmp_path) -> Path:
+    """A small valid tree: one base run, two checkpoints, k = 1, 2, 4."""
+    return synthetic_local_cbs(tmp_path / "runs", ks=(1, 2, 4), checkpoints=CHECKPOINTS[:2])
+
+
+def one_line_error(script_main, capsys, *args) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        script_main([*map(str, args), "--wandb", "disabled"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("critbatch: error: ") and "\n" not in err
+    return err
+
+
+def test_the_script_writes_the_report_into_the_last_run_dir(script_main, small, capsys):
+    script_main([str(small), "--wandb", "disabled"])
+    assert (small / "report" / "fits.json").exists()
+    assert "report:" in capsys.readouterr().out
+
+
+def test_no_local_cbs_folders_is_a_one_line_error(script_main, tmp_path, capsys):
+    assert "no local_cbs folders" in one_line_error(script_main, capsys, tmp_path)
+
+
+def test_a_branch_without_val_sequences_is_a_one_line_error(script_main, small, capsys):
+    missing = small / "local_cbs" / f"tokens={CHECKPOINTS[1]}" / "k=2" / "val_sequences.json"
+    missing.unlink()
+    err = one_line_error(script_main, capsys, small)
+    assert str(missing) in err and "rerun that branch" in err
+
+
+def test_mismatched_sequence_counts_are_a_one_line_error(script_main, small, capsys):
+    path = small / "local_cbs" / f"tokens={CHECKPOINTS[0]}" / "k=4" / "val_sequences.json"
+    data = json.loads(path.read_text())
+    write_json_atomic(path, {**data, "val_loss_per_sequence": data["val_loss_per_sequence"][:100]})
+    err = one_line_error(script_main, capsys, small)
+    assert "has 100 per-sequence losses" in err and "same validation windows" in err
+
+
+def test_a_missing_k_at_one_checkpoint_is_a_one_line_error(script_main, small, capsys):
+    shutil.rmtree(small / "local_cbs" / f"tokens={CHECKPOINTS[1]}" / "k=4")
+    err = one_line_error(script_main, capsys, small)
+    assert f"tokens={CHECKPOINTS[1]} lacks the branch(es) k=4" in err
+
+
+def test_bad_batch_sweep_and_rule_are_one_line_errors(script_main, small, tmp_path, capsys):
+    err = one_line_error(script_main, capsys, small, "--batch-sweep", tmp_path / "nowhere")
+    assert "fit_bcrit.py" in err
+    err = one_line_error(script_main, capsys, small, "--confidence", "0.3")
+    assert "--confidence 0.3" in err
