@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from critbatch.analysis.local_cbs import ROW_KEYS, run_analysis
 from critbatch.analysis.synthetic import synthetic_summary
+from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic
 from critbatch.science.synthetic import SyntheticTruth
 
@@ -247,3 +249,34 @@ def test_bad_batch_sweep_and_rule_are_one_line_errors(script_main, small, tmp_pa
     assert "fit_bcrit.py" in err
     err = one_line_error(script_main, capsys, small, "--confidence", "0.3")
     assert "--confidence 0.3" in err
+
+
+def diverge(branch_dir: Path) -> None:
+    """Make a branch a diverged run: status diverged, no final loss, no val_sequences.json."""
+    s = json.loads((branch_dir / "summary.json").read_text())
+    write_json_atomic(branch_dir / "summary.json",
+                      {**s, "status": "diverged", "val_loss": math.nan, "curve": []})
+    (branch_dir / "val_sequences.json").unlink()
+
+
+def test_a_diverged_branch_is_a_rejection(tmp_path):
+    """Every k is within tolerance (planted B_crit 50 B); a diverged k = 4 caps B_crit at 2 B
+    and a diverged k = 2 leaves B only, with no lower end; a diverged k = 1 is an error."""
+    root = synthetic_local_cbs(tmp_path / "runs", ks=(1, 2, 4, 8), checkpoints=CHECKPOINTS[:3],
+                               bcrit=lambda t: 50 * BASE)
+    diverge(root / "local_cbs" / f"tokens={CHECKPOINTS[0]}" / "k=4")
+    diverge(root / "local_cbs" / f"tokens={CHECKPOINTS[1]}" / "k=2")
+    result = run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")
+    rows = {r["tokens"]: r for r in result["document"]["local_cbs"]}
+    four, two, none = (rows[t] for t in CHECKPOINTS[:3])
+    assert (four["b_crit"], four["lower_bound_only"], four["diverged"]) == (2 * BASE, False, [4])
+    assert four["upper"]["4"] is None and four["upper"]["8"] is None and four["margin"] > 0
+    assert (two["b_crit"], two["first_step_rejected"], two["margin"]) == (BASE, True, None)
+    assert none["lower_bound_only"] and none["b_crit"] == 8 * BASE and none["diverged"] == []
+    # The paper's rule is no walk: it never picks the diverged k, but may pick one above it.
+    assert four["b_crit_ema"] != 4 * BASE and two["b_crit_ema"] != 2 * BASE
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "4: diverged" in text and "< 2 x 32 = 64 (first step up rejected)" in text
+    diverge(root / "local_cbs" / f"tokens={CHECKPOINTS[2]}" / "k=1")
+    with pytest.raises(ResultsError, match="k=1 branch diverged"):
+        run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")

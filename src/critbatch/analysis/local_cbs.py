@@ -18,7 +18,8 @@ What this module computes, per base run (one optimizer) and checkpoint:
   next replicates two by two);
 - the decision: `science.local_cbs.local_critical_batch` on the branches' per-sequence
   losses (a one-sided upper bound per step up in k, from the per-sequence pairs plus the seed
-  replicates' branch variance);
+  replicates' branch variance); a diverged branch (status "diverged", no val_sequences.json)
+  is a rejection: the walk stops below it;
 - beside it, the paper's EMA rule (`local_critical_batch_ema`, epsilon 0.01 nats) on each
   branch's training losses after the fork (metrics.jsonl rows with tokens > t);
 - the loss at the checkpoint: the base run's validation curve at t (interpolated in log
@@ -96,7 +97,7 @@ class Branch:
     multiplier: int  # k: the branch trains at k x the base batch
     seed: int | None  # None: the branch the decision uses; else a k = 1 replicate's seed tag
     summary: dict
-    losses: np.ndarray  # nats/token, one per validation sequence
+    losses: np.ndarray | None  # nats/token, one per validation sequence; None: diverged
     train_losses: np.ndarray  # nats/token, one per optimizer step after the fork
 
 
@@ -173,13 +174,14 @@ def read_branch(run_dir: Path, at_tokens: int) -> Branch:
     match = BRANCH_NAME.fullmatch(run_dir.name)
     k, seed = int(match.group(1)), match.group(2)
     summary = read_summary(run_dir)
+    diverged = summary["status"] == "diverged"  # it wrote no val_sequences.json
     for key, expected in (("local_cbs_multiplier", k), ("local_cbs_at_tokens", at_tokens)):
         if summary.get(key) is not None and summary[key] != expected:
             raise ResultsError(f"{run_dir}/summary.json has {key} {summary[key]} but its folder "
                                f"says {expected}; move the branch to the folder of its "
                                "checkpoint and multiplier")
     return Branch(run_dir=run_dir, multiplier=k, seed=None if seed is None else int(seed),
-                  summary=summary, losses=read_val_sequences(run_dir),
+                  summary=summary, losses=None if diverged else read_val_sequences(run_dir),
                   train_losses=branch_train_losses(run_dir, at_tokens))
 
 
@@ -213,14 +215,14 @@ def load_base_run(run_dir: Path) -> BaseRun:
     if len(all_ks) < 2:
         raise ResultsError(f"{run_dir / LOCAL_CBS_DIR} has branches at k={all_ks} only; the "
                            "decision compares k = 1 with larger k: train k = 2, 4, ...")
-    every = [b for c in checkpoints for b in (*c.branches, *c.replicates)]
-    first = every[0]
-    for b in every[1:]:
-        if len(b.losses) != len(first.losses):
+    every = [b for c in checkpoints for b in (*c.branches, *c.replicates)
+             if b.losses is not None]
+    for b, previous in zip(every[1:], every, strict=False):
+        if len(b.losses) != len(previous.losses):
             raise ResultsError(f"{b.run_dir}/{VAL_SEQUENCES} has {len(b.losses)} per-sequence "
-                               f"losses but {first.run_dir}/{VAL_SEQUENCES} has "
-                               f"{len(first.losses)}: every branch must be evaluated on the same "
-                               "validation windows; rerun the odd one")
+                               f"losses but {previous.run_dir}/{VAL_SEQUENCES} has "
+                               f"{len(previous.losses)}: every branch must be evaluated on the "
+                               "same validation windows; rerun the odd one")
     return BaseRun(run_dir=run_dir, summary=read_summary(run_dir),
                    checkpoints=tuple(checkpoints))
 
@@ -232,7 +234,7 @@ def load_base_run(run_dir: Path) -> BaseRun:
 def replicate_pairs(checkpoint: Checkpoint) -> list[tuple[np.ndarray, np.ndarray]]:
     """Disjoint pairs of identically trained k = 1 branches (module docstring)."""
     k1 = [b for b in checkpoint.branches if b.multiplier == 1]
-    same = [*k1, *checkpoint.replicates]
+    same = [b for b in (*k1, *checkpoint.replicates) if b.losses is not None]
     return [(same[i].losses, same[i + 1].losses) for i in range(0, len(same) - 1, 2)]
 
 
@@ -274,16 +276,18 @@ def checkpoint_loss(base: BaseRun, checkpoint: Checkpoint) -> float | None:
 
 def ema_rule(base_batch: int, checkpoint: Checkpoint, where: str,
              warnings: list[str]) -> int | None:
-    """The paper's rule (`local_critical_batch_ema`) on the branches' training losses, or None
-    (with a warning) when a branch logged no step after the fork."""
-    empty = [b.run_dir.name for b in checkpoint.branches if len(b.train_losses) == 0]
+    """The paper's rule (`local_critical_batch_ema`) on the branches' training losses (a
+    diverged branch's ends at infinity), or None (with a warning) when a branch logged no
+    step after the fork."""
+    empty = [b.run_dir.name for b in checkpoint.branches
+             if len(b.train_losses) == 0 and b.losses is not None]
     if empty:
         warnings.append(f"{where}: no metrics.jsonl rows after the fork in {', '.join(empty)}; "
                         "the paper's EMA rule is left blank there")
         return None
     return local_critical_batch_ema(base_batch, [b.multiplier for b in checkpoint.branches],
-                                    [b.train_losses for b in checkpoint.branches],
-                                    epsilon=EMA_EPSILON)
+                                    [b.train_losses if b.losses is not None else [math.inf]
+                                     for b in checkpoint.branches], epsilon=EMA_EPSILON)
 
 
 def checkpoint_row(base: BaseRun, checkpoint: Checkpoint, noise: BranchNoise, tolerance: float,
@@ -297,33 +301,60 @@ def checkpoint_row(base: BaseRun, checkpoint: Checkpoint, noise: BranchNoise, to
             warnings.append(f"{where}: branch k={b.multiplier} trained at batch "
                             f"{b.summary['batch_size']}, not {b.multiplier} x {batch}")
     ks = [b.multiplier for b in checkpoint.branches]
-    try:
-        decision = local_critical_batch(batch, ks, [b.losses for b in checkpoint.branches],
-                                        noise, tolerance=tolerance, confidence=confidence)
-    except ValueError as err:
-        raise ResultsError(f"{where}: {err}") from None
+    decided = decide(checkpoint, batch, noise, tolerance, confidence, where)
     loss = checkpoint_loss(base, checkpoint)
     if loss is None:
         warnings.append(f"{where}: no validation loss at the checkpoint (neither the base run's "
                         "curve nor the k=1 branch's covers it); left out of the fit")
-    rejected_first = decision.margin is None  # below k_1 B, maybe below B: no lower end
     return {
         "optimizer": base.optimizer, "tokens": checkpoint.tokens, "val_loss": loss,
-        "b_crit": decision.b_crit, "b_crit_tokens": decision.b_crit * seq_len,
-        "margin": decision.margin, "lower_bound_only": decision.lower_bound_only,
-        "first_step_rejected": rejected_first,
+        **decided, "b_crit_tokens": decided["b_crit"] * seq_len,
         "b_crit_ema": ema_rule(batch, checkpoint, where, warnings),
         "base_batch_size": batch, "multipliers": list(ks),
-        "excess": {str(k): c.excess for k, c in zip(ks[1:], decision.comparisons, strict=True)},
-        "upper": {str(k): c.upper for k, c in zip(ks[1:], decision.comparisons, strict=True)},
-        "reference": {str(k): r for k, r in zip(ks[1:], decision.references, strict=True)},
         "branch_sd": noise.sd, "branch_sd_dof": noise.dof, "branch_pairs": noise.pairs,
         "tolerance": tolerance, "confidence": confidence, "run_dir": str(base.run_dir),
         "b_noise": curve_value(s["curve"], checkpoint.tokens, "b_noise"),
         "seq_len": seq_len, "sequences": len(checkpoint.branches[0].losses),
         "window_tokens": checkpoint.branches[0].summary.get("local_cbs_window_tokens"),
-        "in_kaplan": loss is not None and not decision.lower_bound_only and not rejected_first,
+        "in_kaplan": (loss is not None and not decided["lower_bound_only"]
+                      and not decided["first_step_rejected"]),
     }
+
+
+def decide(checkpoint: Checkpoint, batch: int, noise: BranchNoise, tolerance: float,
+           confidence: float, where: str) -> dict:
+    """`local_critical_batch` over the branches below the first diverged one; a diverged
+    branch is a rejection (its excess and upper bound read infinity). Returns the row's
+    decision fields: b_crit, margin, lower_bound_only, first_step_rejected (the first step up
+    was rejected: no lower end), excess, upper and reference per k after the first, diverged
+    (its multipliers)."""
+    branches = checkpoint.branches
+    if branches[0].losses is None:
+        raise ResultsError(f"{where}: the k={branches[0].multiplier} branch diverged, so there "
+                           "is nothing to compare the larger batches with; retrain it, or "
+                           "remove the checkpoint's folder")
+    diverged = [b.multiplier for b in branches if b.losses is None]
+    kept = [b for b in branches if diverged == [] or b.multiplier < diverged[0]]
+    ks = [b.multiplier for b in kept]
+    rejected = [str(b.multiplier) for b in branches[len(kept):]]
+    inf = dict.fromkeys(rejected, math.inf)
+    if len(kept) == 1:  # the first step up diverged
+        return {"b_crit": batch * ks[0], "margin": None, "lower_bound_only": False,
+                "first_step_rejected": True, "excess": inf, "upper": inf,
+                "reference": dict.fromkeys(rejected), "diverged": diverged}
+    try:
+        d = local_critical_batch(batch, ks, [b.losses for b in kept], noise,
+                                 tolerance=tolerance, confidence=confidence)
+    except ValueError as err:
+        raise ResultsError(f"{where}: {err}") from None
+    pairs = list(zip(ks[1:], d.comparisons, d.references, strict=True))
+    return {"b_crit": d.b_crit, "margin": d.margin,
+            "lower_bound_only": d.lower_bound_only and not diverged,
+            "first_step_rejected": d.margin is None,
+            "excess": {**{str(k): c.excess for k, c, _ in pairs}, **inf},
+            "upper": {**{str(k): c.upper for k, c, _ in pairs}, **inf},
+            "reference": {**{str(k): r for k, _, r in pairs}, **dict.fromkeys(rejected)},
+            "diverged": diverged}
 
 
 def kaplan_rows(rows: list[dict], warnings: list[str]) -> list[dict]:
@@ -479,7 +510,8 @@ def bcrit_cell(r: dict) -> str:
 
 def steps_cell(r: dict) -> str:
     """Per k after the first: 'k: excess (upper)', nats/token."""
-    return "; ".join(f"{k}: {r['excess'][k]:+.4f} ({r['upper'][k]:+.4f})" for k in r["excess"])
+    return "; ".join(f"{k}: diverged" if int(k) in r["diverged"] else
+                     f"{k}: {r['excess'][k]:+.4f} ({r['upper'][k]:+.4f})" for k in r["excess"])
 
 
 def checkpoint_table(rows: list[dict]) -> str:
