@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch.analysis.local_cbs import ROW_KEYS, run_analysis
+from critbatch.analysis.local_cbs import FITS_KEYS, ROW_KEYS, run_analysis
 from critbatch.analysis.synthetic import synthetic_summary
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic
@@ -166,7 +166,7 @@ def test_fits_rows_have_the_contract_fields(report):
     assert cost["adamw"]["branches"] == n_branches
     assert cost["adamw"]["token_fraction"] == pytest.approx(n_branches * WINDOW / BASE_TOKENS)
     assert cost["adamw"]["wall_fraction"] == pytest.approx(n_branches * 2.0 / 100.0)
-    assert set(doc) >= {"local_cbs", "local_cbs_kaplan", "local_cbs_cost"}
+    assert set(doc) == set(FITS_KEYS) >= {"local_cbs", "local_cbs_kaplan", "local_cbs_cost"}
 
 
 def test_the_kaplan_fit_of_the_local_points_recovers_the_planted_exponent(report):
@@ -280,3 +280,10 @@ def test_a_diverged_branch_is_a_rejection(tmp_path):
     diverge(root / "local_cbs" / f"tokens={CHECKPOINTS[2]}" / "k=1")
     with pytest.raises(ResultsError, match="k=1 branch diverged"):
         run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")
+
+
+def test_branches_without_seed_replicates_are_a_one_line_error(script_main, small, capsys):
+    for folder in small.glob("local_cbs/*/k=1,seed=*"):
+        shutil.rmtree(folder)
+    err = one_line_error(script_main, capsys, small)
+    assert "no seed replicates" in err and "second seed" in err

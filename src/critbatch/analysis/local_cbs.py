@@ -29,8 +29,19 @@ Then Kaplan's B_crit(L) = B* / L^(1/alpha_B) per optimizer over the local points
 (`science.laws.fit_kaplan`, bootstrap over checkpoints), and what the branches cost (their
 tokens and wall time against the base run's).
 
-Writes to the report folder (default `<last RUN_DIR>/report/`), atomically: `fits.json`
-(keys in FITS_KEYS), `report.md`, the plots of PLOTS; and logs it to W&B like fit_bcrit.
+Writes to the report folder (default `<last RUN_DIR>/report/`), atomically: `report.md`, the
+plots of PLOTS and `fits.json` with the keys FITS_KEYS:
+
+- `local_cbs`: one row per (base run, checkpoint): ROW_KEYS (b_crit in sequences, margin in
+  nats/token, `excess`/`upper`/`reference` keyed by k after the first, null for a k at or
+  above a diverged one) and `b_crit_tokens`, `first_step_rejected`, `diverged`, `b_noise`
+  (online, sequences), `branch_pairs`, `seq_len`, `sequences`, `window_tokens`, `in_kaplan`;
+- `local_cbs_kaplan`: per optimizer, Kaplan's law over its local points (or why none);
+- `local_cbs_cost`: per base run, the branches' tokens and wall time against the base's;
+- `local_cbs_noise`: per base run, the branch sd and its degrees of freedom;
+- `rule`: tolerance, confidence, windows and the statement of the rule; `warnings`.
+
+It also logs the folder to W&B like fit_bcrit (offline unless told otherwise).
 Units: batch sizes in sequences unless a name ends in `_tokens`; losses in nats/token.
 """
 
@@ -490,10 +501,10 @@ def rule_statement(tolerance: float, confidence: float, windows: list[int]) -> s
 
 
 def document(result: dict) -> dict:
-    """fits.json: exactly FITS_KEYS."""
-    return {"local_cbs": result["rows"], "local_cbs_kaplan": result["kaplan"],
-            "local_cbs_cost": result["cost"], "local_cbs_noise": result["noise"],
-            "rule": result["rule"], "warnings": result["warnings"]}
+    """fits.json: exactly FITS_KEYS (module docstring)."""
+    values = (result["rows"], result["kaplan"], result["cost"], result["noise"], result["rule"],
+              result["warnings"])
+    return dict(zip(FITS_KEYS, values, strict=True))
 
 
 def bcrit_cell(r: dict) -> str:
@@ -704,7 +715,7 @@ def summary_lines(result: dict) -> list[str]:
     lines = []
     for r in result["rows"]:
         lines.append(f"  {r['optimizer']} {Path(r['run_dir']).name} tokens={r['tokens']:,} "
-                     f"loss={fmt(r['val_loss'], '.4f')} local B_crit={bcrit_cell(r)} seq "
+                     f"loss={fmt(r['val_loss'], '.4f')} local B_crit {bcrit_cell(r)} seq, "
                      f"margin={fmt(r['margin'], '+.4f')} EMA rule={fmt(r['b_crit_ema'], 'd')}")
     for k in result["kaplan"]:
         lines.append(f"  Kaplan {k['optimizer']} local: 1/alpha_B = "
