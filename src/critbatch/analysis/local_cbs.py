@@ -402,8 +402,10 @@ def kaplan_rows(rows: list[dict], warnings: list[str]) -> list[dict]:
         row.update({k: fit[k] for k in ("b_star_tokens", "exponent")})
         row.update({k: boot[k] for k in ("exponent_low", "exponent_high", "b_star_tokens_low",
                                          "b_star_tokens_high", "n_units")})
-        row["interval"] = (boot["interval"] if boot["exponent_low"] is not None else
-                           f"none: {boot['n_units']} checkpoints (a bootstrap needs 3)")
+        row["interval"] = (
+            boot["interval"] if boot["exponent_low"] is not None else
+            f"none: {boot['n_units']} checkpoints (a bootstrap needs 3)" if boot["n_units"] < 3
+            else "none: too few bootstrap draws spread in loss")
         out.append(row)
     return out
 
