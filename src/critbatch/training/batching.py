@@ -15,6 +15,10 @@ et al. 2025 report 43% fewer steps with a batch warmup.
 - `adaptive`: `noise_factor x B_noise` from the online tracker, clipped to
   [batch_size_start, batch_size], rounded to the nearest power of two times the
   micro-batch, decided every `interval_steps` optimizer steps (so changed at most that often).
+- `switch`: `train.batch_size_start` until `train.switch_at_tokens`, then `train.batch_size`
+  (a local-CBS branch: the base run's prefix, then k x its batch; training/local_cbs.py).
+  Its optimizers are built for the first batch, so the lr before the switch is the base run's
+  bit for bit; its last steps shrink to whole multiples of the micro-batch and data chunk.
 
 Every batch is a whole number of micro-batches (gradient accumulation), so memory stays
 flat while the batch grows. The trainer rescales the lr at every change by
@@ -24,6 +28,8 @@ it when the budget is a multiple of micro-batch x seq_len.
 """
 
 from __future__ import annotations
+
+import math
 
 from critbatch.science.rules import AdaptiveBatch, pow2_floor, ramp_batch_size
 from critbatch.training.config import Config, micro_batch_size, token_budget
@@ -47,12 +53,16 @@ class BatchPlan:
         self.end = t.batch_size
         self.start = t.batch_size if self.kind == "constant" else t.batch_size_start
         self.fraction = t.ramp_fraction
+        self.switch_at = t.switch_at_tokens
+        self.quantum = math.lcm(self.micro, t.data_chunk or 1)  # sequences: a switch's last steps
         self.controller = AdaptiveBatch(self.start, self.end, self.micro,
                                         t.adaptive.interval_steps, t.adaptive.noise_factor)
 
     @property
     def smallest_step(self) -> int:
         """Sequences of the smallest step the plan can take."""
+        if self.kind == "switch":
+            return self.quantum
         return self.end if self.kind == "constant" else self.micro
 
     def next(self, step: int, tokens_done: int, b_noise: float | None = None) -> int:
@@ -61,6 +71,9 @@ class BatchPlan:
             return 0
         if self.kind == "constant":
             return self.end
+        if self.kind == "switch":
+            wanted = self.start if tokens_done < self.switch_at else self.end
+            return wanted if wanted <= left else left // self.quantum * self.quantum
         if self.kind == "ramp":
             wanted = ramp_batch_size(tokens_done, self.budget, self.start, self.end,
                                      self.fraction, self.micro)

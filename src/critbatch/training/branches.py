@@ -12,6 +12,10 @@ batches), at the cost of its cooldown only. A branch's folder is a complete run 
 `branch_of` and `branch_at_tokens`), so the analysis, W&B, skip-if-done and resume treat
 it like any run.
 
+The local-CBS branches of a constant-lr run (training/local_cbs.py) are planned here too and
+fork the same way, several at one step; they also carry summary fields of their own
+(`Branch.fields`, e.g. `local_cbs_multiplier`).
+
 Crash safety comes from the checkpoints: a parent killed before a fork rewrites it when it
 passes the fork again (the same bytes); a branch killed mid-cooldown resumes from its own
 checkpoint; a finished parent whose branches are not all finished trains only those.
@@ -23,13 +27,13 @@ import copy
 import json
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from critbatch import files
 from critbatch.analysis import results as runs
 from critbatch.errors import ResultsError
-from critbatch.training import checkpoint
+from critbatch.training import checkpoint, local_cbs
 from critbatch.training.config import Config, plain, token_budget, total_steps
 from critbatch.training.optim import wsd_decay_start
 
@@ -41,14 +45,17 @@ BRANCH_OVERRIDES = ("train.tokens=", "train.branch_budgets=")  # what a branch s
 
 @dataclass(frozen=True)
 class Branch:
-    """One cooldown branch of a run: its config and folder, and where it forks."""
+    """One branch of a run: its config and folder, and where it forks."""
 
-    fraction: float  # of the parent's train.tokens
-    cfg: Config  # the parent's config at the branch's budget, without branches of its own
+    fraction: float  # of the parent's train.tokens (cooldown) or steps (local CBS)
+    cfg: Config  # the branch's own config, without branches of its own
     run_dir: Path
-    overrides: list[str]  # the parent's, with the branch's train.tokens
-    fork_step: int  # optimizer steps the parent has taken when it forks = the branch's
-    #                 first cooldown step
+    overrides: list[str]  # the parent's, with the branch's own settings
+    fork_step: int  # optimizer steps the parent has taken when it forks (a cooldown branch's
+    #                 first cooldown step)
+    fork_tokens: int  # tokens the parent has trained when it forks
+    what: str = "cooldown branch"  # for log lines and messages
+    fields: dict = field(default_factory=dict)  # summary.json fields of its own
 
     @property
     def tokens(self) -> int:
@@ -60,6 +67,17 @@ class Branch:
 
 
 def plan_branches(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Branch]:
+    """Every branch the run in `run_dir` forks: its cooldown branches (smallest first), then
+    its local-CBS branches (by fork, then k)."""
+    return cooldown_branches(cfg, run_dir, overrides) + [
+        Branch(fraction=b.fraction, cfg=b.cfg, run_dir=run_dir / b.folder,
+               overrides=b.overrides, fork_step=b.fork_step, fork_tokens=b.at_tokens,
+               what=f"local-CBS branch {b.folder.removeprefix(local_cbs.LOCAL_DIR + '/')}",
+               fields=b.fields(run_dir))
+        for b in local_cbs.plan(cfg, overrides)]
+
+
+def cooldown_branches(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Branch]:
     """The branches `cfg.train.branch_budgets` asks of the run in `run_dir`, smallest first."""
     branches = []
     for fraction in cfg.train.branch_budgets:
@@ -67,32 +85,35 @@ def plan_branches(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Bran
         sub.train.tokens = int(fraction * cfg.train.tokens)
         sub.train.branch_budgets = []
         own = [o for o in overrides if not o.startswith(BRANCH_OVERRIDES)]
+        fork_step = wsd_decay_start(total_steps(sub), sub.train)
         branches.append(Branch(
             fraction=fraction, cfg=sub,
             run_dir=run_dir / BRANCHES_DIR / f"tokens={token_budget(sub)}",
             overrides=[*own, f"train.tokens={sub.train.tokens}", "train.branch_budgets=[]"],
-            fork_step=wsd_decay_start(total_steps(sub), sub.train)))
+            fork_step=fork_step,
+            fork_tokens=fork_step * sub.train.batch_size * sub.model.seq_len))
     return branches
 
 
 def fork(branch: Branch, model, optimizers: list, gns, state: checkpoint.TrainState,
          parent_dir: Path) -> None:
     """Save the parent's state now (after `branch.fork_step` steps, metrics flushed) as the
-    branch's checkpoint, with the branch's config, and the parent's metrics rows so far as
-    the start of the branch's metrics.jsonl. A finished branch is left alone."""
+    branch's checkpoint, with the branch's config and summary fields, and the parent's metrics
+    rows so far as the start of the branch's metrics.jsonl. A finished branch is left alone."""
     if branch.done:
         return
-    assert state.step == branch.fork_step, (state.step, branch.fork_step)
+    assert (state.step, state.tokens) == (branch.fork_step, branch.fork_tokens), branch
     branch.run_dir.mkdir(parents=True, exist_ok=True)
     start = copy.deepcopy(state)
     start.wandb_run_id, start.elapsed_s, start.resumed_at = None, 0.0, []
     start.branch_of, start.branch_at_tokens = parent_dir.name, state.tokens
+    start.branch_fields = dict(branch.fields)
     checkpoint.save(branch.run_dir / "checkpoint.pt", model, optimizers, plain(branch.cfg),
                     gns, start)
     rows = [r for r in runs.read_metrics(parent_dir) if r["step"] <= state.step]
     files.write_text_atomic(branch.run_dir / "metrics.jsonl",
                             "".join(json.dumps(r) + "\n" for r in rows))
-    log.info(f"step:{state.step} tokens:{state.tokens / 1e6:.3f}M forked the cooldown branch "
+    log.info(f"step:{state.step} tokens:{state.tokens / 1e6:.3f}M forked the {branch.what} "
              f"to {branch.tokens / 1e6:.3f}M tokens -> {branch.run_dir}")
 
 

@@ -102,6 +102,8 @@ class TrainState:
     # a cooldown branch's parent run folder and the tokens it forked at (training/branches.py)
     branch_of: str | None = None
     branch_at_tokens: int | None = None
+    # what a local-CBS branch adds to its summary.json (local_cbs_of, ...; training/local_cbs.py)
+    branch_fields: dict = field(default_factory=dict)
 
 
 def save(path: Path, model: torch.nn.Module, optimizers: list, cfg_dict: dict,

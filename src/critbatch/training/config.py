@@ -49,6 +49,7 @@ class BatchSchedule(StrEnum):
     constant = "constant"
     ramp = "ramp"
     adaptive = "adaptive"
+    switch = "switch"
 
 
 class DataName(StrEnum):
@@ -139,22 +140,48 @@ class AdaptiveBatchConfig:
 
 
 @dataclass
+class LocalCbsConfig:
+    """Local critical batch by branched training (Merrill et al. 2025; training/local_cbs.py).
+
+    A constant-batch run (batch B) with `at_fractions` set forks, at each fraction of its
+    budget, branches at k B for every multiplier k that train the same `window_tokens` on the
+    same sequences (`train.data_chunk` = B), and the k = 1 branch again at each replicate
+    seed; each branch is a run folder <run>/local_cbs/tokens=<t>/k=<k>[,seed=<s>]/.
+    """
+
+    at_fractions: list[float] = field(default_factory=list)  # of train.tokens; [] = no branches
+    multipliers: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])  # k: 1, then doublings
+    # tokens every branch trains after the fork, rounded down to whole steps of the largest k;
+    # a window that runs past the base budget is trained anyway (the branch ends later)
+    window_tokens: int = 163_840
+    replicate_seeds: list[int] = field(default_factory=lambda: [1])  # train.seed of k=1 repeats
+
+
+@dataclass
 class TrainConfig:
     batch_size: int = 32  # sequences per optimizer step (ramp: the final batch; adaptive: the cap)
     # sequences per forward/backward; null = batch_size (constant) or batch_size_start (ramp;
-    # adaptive: half of it, since B_noise needs >= 2 micro-batches a step)
+    # adaptive: half of it, since B_noise needs >= 2 micro-batches a step; switch: see below)
     micro_batch_size: int | None = None
-    # constant batch, micro_batch_size null: split each step into this many micro-batches
-    # (>= 2 turns on the online B_noise, which needs two or more a step)
+    # constant batch (switch: its first batch), micro_batch_size null: split each step into
+    # this many micro-batches (>= 2 turns on the online B_noise, which needs two or more a step)
     micro_batches: int = 1
     tokens: int = 4_000_000  # token budget; steps = tokens // (batch_size * seq_len)
     steps: int | None = None  # optimizer steps; when set, tokens = steps x batch_size x seq_len
-    # constant | ramp | adaptive. ramp: from batch_size_start to batch_size over the first
-    # ramp_fraction of the tokens; adaptive: follows noise_factor x B_noise within
+    # constant | ramp | adaptive | switch. ramp: from batch_size_start to batch_size over the
+    # first ramp_fraction of the tokens; adaptive: follows noise_factor x B_noise within
     # [batch_size_start, batch_size]. Both change the batch in powers of two of the
     # micro-batch (accumulation, so memory stays flat) and rescale the lr by optim.lr_scaling.
+    # switch: batch_size_start until switch_at_tokens, then batch_size (a local-CBS branch)
     batch_schedule: BatchSchedule = BatchSchedule.constant
-    batch_size_start: int | None = None  # ramp/adaptive: the first (and smallest) batch, sequences
+    batch_size_start: int | None = None  # ramp/adaptive/switch: the first batch, sequences
+    # switch: tokens after which batch_size_start becomes batch_size (a whole number of first
+    # steps); the optimizers are built for batch_size_start, the lr follows optim.lr_scaling
+    switch_at_tokens: int | None = None
+    # sequences per data chunk; null = a step's batch is sample_batch(seed, step). Set: a step
+    # of batch M (a multiple of it) is M / data_chunk chunks, chunk i drawn by (seed, c0 + i),
+    # c0 = sequences trained so far / data_chunk: the same sequences whatever the batch
+    data_chunk: int | None = None
     ramp_fraction: float = 0.25  # ramp: share of the token budget over which the batch grows
     adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
     warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
@@ -167,6 +194,7 @@ class TrainConfig:
     # a loss: at (1 - cooldown_fraction) x each one the state forks into a branch run folder
     # (<run>/branches/tokens=N) that cools down to that budget (training/branches.py)
     branch_budgets: list[float] = field(default_factory=list)
+    local_cbs: LocalCbsConfig = field(default_factory=LocalCbsConfig)  # local-B_crit branches
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     seed: int = 0  # seeds the init and the batch sequence
     eval_points: int = 8  # evaluations, log-spaced in tokens, always including the end
@@ -229,6 +257,21 @@ class SchedulesGrid:
 
 
 @dataclass
+class LocalCbsGrid:
+    """`make sweep-local-cbs` (sweeps/local_cbs.yaml): per optimizer one base run at the
+    baseline batch (`base_batch_size`) and the batch grid's middle lr, constant lr, forking
+    local-CBS branches (`train.local_cbs`, whose fields these fill)."""
+
+    tokens: int = 1_500_000  # the base run's budget
+    at_fractions: list[float] = field(  # forks, fractions of the base budget, denser early
+        default_factory=lambda: [0.03, 0.06, 0.12, 0.25, 0.5, 0.8])
+    multipliers: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    # cpu: 20 optimizer steps of the largest branch (16 x 8 sequences x 64 tokens = 8,192)
+    window_tokens: int = 163_840
+    replicate_seeds: list[int] = field(default_factory=lambda: [1])
+
+
+@dataclass
 class GridConfig:
     """What the sweeps in `sweeps/` vary at this scale, in Hydra's sweep syntax ("8,32,128").
 
@@ -262,6 +305,7 @@ class GridConfig:
     widths_branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
     stability: StabilityGrid = field(default_factory=StabilityGrid)
     schedules: SchedulesGrid = field(default_factory=SchedulesGrid)
+    local_cbs: LocalCbsGrid = field(default_factory=LocalCbsGrid)
 
 
 @dataclass
@@ -296,7 +340,17 @@ def micro_batch_size(cfg: Config) -> int:
         return max(1, t.batch_size // max(1, t.micro_batches))
     if t.batch_schedule == "adaptive":
         return max(1, t.batch_size_start // 2)
+    if t.batch_schedule == "switch":
+        return max(1, t.batch_size_start // max(1, t.micro_batches))
     return t.batch_size_start
+
+
+def lr_batch_size(cfg: Config) -> int:
+    """The batch (sequences) the optimizers' peak lr is built for: `train.batch_size`, except
+    for a switch run, built for its first batch so that its optimizer state before the switch
+    is the base run's (a local-CBS branch resumes the base's checkpoint)."""
+    t = cfg.train
+    return t.batch_size_start if t.batch_schedule == "switch" else t.batch_size
 
 
 def wandb_group(cfg: Config) -> str:
@@ -453,6 +507,8 @@ def validate(cfg: Config) -> None:
     if t.micro_batches < 1:
         raise ConfigError(f"train.micro_batches={t.micro_batches} must be >= 1")
     _validate_branches(cfg)
+    _validate_data_chunk(cfg)
+    _validate_local_cbs(cfg)
     if not 0 <= t.gns.ema < 1:
         raise ConfigError(f"train.gns.ema={t.gns.ema} must lie in [0, 1) (e.g. 0.95)")
     if not 0 < d.val_fraction < 0.5:
@@ -501,6 +557,9 @@ def _validate_batch_schedule(cfg: Config) -> None:
     start, end, micro = t.batch_size_start, t.batch_size, micro_batch_size(cfg)
     if not 0 < start <= end:
         raise ConfigError(f"train.batch_size_start={start} must lie in [1, train.batch_size={end}]")
+    if t.batch_schedule == "switch":
+        _validate_switch(cfg)
+        return
     for key, value in (("train.batch_size_start", start), ("train.batch_size", end)):
         if value % micro or not is_power_of_two(value // micro):
             raise ConfigError(
@@ -527,6 +586,86 @@ def _validate_batch_schedule(cfg: Config) -> None:
             raise ConfigError(f"train.adaptive.interval_steps={t.adaptive.interval_steps} "
                               "must be >= 1")
         _positive("train.adaptive.noise_factor", t.adaptive.noise_factor)
+
+
+def _validate_switch(cfg: Config) -> None:
+    t, micro = cfg.train, micro_batch_size(cfg)
+    start, end, at = t.batch_size_start, t.batch_size, t.switch_at_tokens
+    for key, value in (("train.batch_size_start", start), ("train.batch_size", end)):
+        if value % micro:
+            raise ConfigError(f"{key}={value} is not a multiple of train.micro_batch_size={micro}; "
+                              "train.batch_schedule=switch accumulates whole micro-batches")
+    if at is None or at < 0 or at % (start * cfg.model.seq_len):
+        raise ConfigError(
+            f"train.batch_schedule=switch needs train.switch_at_tokens (now {at}), a whole number "
+            f"of first steps of {start} x {cfg.model.seq_len} tokens, e.g. "
+            f"{10 * start * cfg.model.seq_len}")
+    if t.tokens < at + end * cfg.model.seq_len:
+        raise ConfigError(f"train.tokens={t.tokens} leaves no step of train.batch_size={end} after "
+                          f"train.switch_at_tokens={at}; raise train.tokens")
+
+
+def _validate_data_chunk(cfg: Config) -> None:
+    t, chunk = cfg.train, cfg.train.data_chunk
+    if chunk is None:
+        return
+    if chunk < 1:
+        raise ConfigError(f"train.data_chunk={chunk} must be >= 1 sequence (or null)")
+    if t.batch_schedule in ("ramp", "adaptive") and micro_batch_size(cfg) % chunk:
+        raise ConfigError(f"train.data_chunk={chunk} must divide the micro-batch "
+                          f"({micro_batch_size(cfg)}) of train.batch_schedule={t.batch_schedule}, "
+                          "whose batches are multiples of it")
+    for key in ("batch_size", "batch_size_start") if t.batch_schedule == "switch" else (
+            "batch_size",):
+        if getattr(t, key) % chunk:
+            raise ConfigError(f"train.{key}={getattr(t, key)} is not a multiple of "
+                              f"train.data_chunk={chunk}; a step is a whole number of chunks")
+
+
+def _validate_local_cbs(cfg: Config) -> None:
+    t, local = cfg.train, cfg.train.local_cbs
+    fractions, ks = list(local.at_fractions), list(local.multipliers)
+    if not fractions:
+        return
+    if t.batch_schedule != "constant" or t.steps is not None or t.schedule != "constant":
+        raise ConfigError("train.local_cbs.at_fractions needs a constant batch, a constant lr "
+                          "and a token budget (train.batch_schedule=constant, "
+                          "train.schedule=constant, train.steps=null): branches measure at the "
+                          "run's lr")
+    if t.branch_budgets:
+        raise ConfigError("train.local_cbs.at_fractions and train.branch_budgets cannot both be "
+                          "set (constant lr vs wsd); train them as two runs")
+    if any(not 0 < f < 1 for f in fractions) or sorted(set(fractions)) != fractions:
+        raise ConfigError(f"train.local_cbs.at_fractions={fractions} must be increasing fractions "
+                          "of the budget in (0, 1), e.g. [0.03,0.06,0.12,0.25,0.5,0.8]")
+    if not ks or ks[0] != 1 or any(b != 2 * a for a, b in zip(ks, ks[1:], strict=False)):
+        raise ConfigError(f"train.local_cbs.multipliers={ks} must be ascending powers of two "
+                          "starting at 1, e.g. [1,2,4,8,16]")
+    if len(ks) < 2:
+        raise ConfigError("train.local_cbs.multipliers=[1] has nothing to compare; add 2, 4, ...")
+    if any(s == t.seed for s in local.replicate_seeds) or len(set(local.replicate_seeds)) != len(
+            local.replicate_seeds):
+        raise ConfigError(f"train.local_cbs.replicate_seeds={list(local.replicate_seeds)} must be "
+                          f"distinct seeds other than train.seed={t.seed}")
+    if t.data_chunk not in (None, t.batch_size):
+        raise ConfigError(f"train.data_chunk={t.data_chunk}: local branches draw chunks of the "
+                          f"base batch; set it to train.batch_size={t.batch_size} or null")
+    largest = ks[-1] * t.batch_size * cfg.model.seq_len  # tokens of the largest branch's step
+    if local.window_tokens < largest:
+        raise ConfigError(f"train.local_cbs.window_tokens={local.window_tokens} is less than one "
+                          f"step of the largest branch ({ks[-1]} x {t.batch_size} x "
+                          f"{cfg.model.seq_len} = {largest} tokens); raise it")
+    step_tokens = t.batch_size * cfg.model.seq_len
+    first = int(fractions[0] * total_steps(cfg))
+    if first < max(1, t.warmup_steps):
+        raise ConfigError(f"train.local_cbs.at_fractions: the first fork, {fractions[0]} of the "
+                          f"budget, is at step {first}, inside the {t.warmup_steps}-step warmup; "
+                          f"the branches measure at the peak lr: raise the fraction or "
+                          f"train.tokens (now {t.tokens}, {step_tokens} tokens a step)")
+    steps = [int(f * total_steps(cfg)) for f in fractions]
+    if len(set(steps)) != len(steps):
+        raise ConfigError(f"train.local_cbs.at_fractions={fractions} give the same fork step "
+                          f"twice (of {total_steps(cfg)} steps); spread them or raise train.tokens")
 
 
 def to_config(cfg: DictConfig) -> Config:

@@ -576,6 +576,22 @@ def sample_batch(
     return torch.from_numpy(ids[window].astype(np.int64))
 
 
+def sample_chunks(ids: np.ndarray, seq_len: int, batch_size: int, seed: int,
+                  sequences_done: int, chunk: int) -> torch.Tensor:
+    """A step's batch as `batch_size / chunk` chunks of `chunk` windows: (B, T + 1) int64.
+
+    Chunk i is `sample_batch(..., chunk, seed, c0 + i)` with c0 = sequences_done / chunk, so
+    the sequences a run sees depend on how many it has trained, not on how they were split
+    into steps: a run at batch k x chunk sees, over a window, exactly the sequences a run at
+    batch chunk sees (`train.data_chunk`). With batch = chunk, c0 is the step, and the batch
+    is `sample_batch`'s of that step.
+    """
+    assert batch_size % chunk == 0 and sequences_done % chunk == 0, (batch_size, chunk)
+    first = sequences_done // chunk
+    return torch.cat([sample_batch(ids, seq_len, chunk, seed, first + i)
+                      for i in range(batch_size // chunk)])
+
+
 def val_windows(ids: np.ndarray, seq_len: int, eval_tokens: int) -> torch.Tensor:
     """The fixed validation set: evenly spaced windows, (n_windows, seq_len + 1) int64."""
     n_windows = max(1, eval_tokens // seq_len)

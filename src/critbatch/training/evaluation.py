@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 
 def eval_steps(steps: int, points: int) -> list[int]:
@@ -37,6 +38,23 @@ def evaluate(model, windows: torch.Tensor, chunk: int, device: torch.device,
         total += loss.double() * len(batch)
     model.train()
     return float(total.item() / len(windows))
+
+
+@torch.no_grad()
+def evaluate_per_sequence(model, windows: torch.Tensor, chunk: int, device: torch.device,
+                          autocast: AbstractContextManager) -> list[float]:
+    """Mean cross-entropy (nats/token) of each validation window, in the windows' order."""
+    model.eval()
+    losses = []
+    for i in range(0, len(windows), chunk):
+        batch = windows[i : i + chunk].to(device, non_blocking=True)  # (b, T+1)
+        with autocast:
+            logits = model(batch[:, :-1])  # (b, T, V)
+        token_loss = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:],
+                                     reduction="none")  # (b, T)
+        losses.append(token_loss.double().mean(dim=1).cpu())
+    model.train()
+    return torch.cat(losses).tolist()
 
 
 def is_diverged(losses: list[float], first: float, factor: float, window: int) -> str | None:

@@ -12,17 +12,23 @@ import logging
 import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from critbatch import files
 from critbatch.analysis import results as runs
 from critbatch.errors import ResultsError
-from critbatch.training import branches, checkpoint
-from critbatch.training.config import Config
-from critbatch.training.data import sample_batch
+from critbatch.training import branches, checkpoint, local_cbs
+from critbatch.training.config import Config, lr_batch_size
+from critbatch.training.data import sample_batch, sample_chunks
 from critbatch.training.distributed import launched_ranks, rank_share, shutdown
-from critbatch.training.evaluation import eval_tokens, evaluate, is_diverged
+from critbatch.training.evaluation import (
+    eval_tokens,
+    evaluate,
+    evaluate_per_sequence,
+    is_diverged,
+)
 from critbatch.training.metrics import (
     StepRecord,
     finishing,
@@ -60,20 +66,24 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                             tr.ranks.main, branch=state.branch_of is not None)
     state.wandb_run_id = wandb_run.id  # a resumed run continues this W&B run
     saver = checkpoint.Every(t.checkpoint_every_steps, t.checkpoint_every_minutes, state.step)
-    forks = {b.fork_step: b for b in branches.plan_branches(cfg, run_dir, tr.overrides)
-             if b.fork_step > state.step and tr.ranks.main}
+    forks: dict[int, list[branches.Branch]] = {}  # step -> the branches forked after it
+    for b in branches.plan_branches(cfg, run_dir, tr.overrides):
+        if b.fork_step > state.step and tr.ranks.main:
+            forks.setdefault(b.fork_step, []).append(b)
     eval_at = [x for x in eval_tokens(plan.budget, plan.start * seq_len, t.eval_points)
                if x > state.tokens]
     pending: list[StepRecord] = []  # steps not logged yet
     heartbeat = Heartbeat(tr.steps, plan.budget, state.tokens)
     t0 = time.perf_counter() - state.elapsed_s
-    batch_size = (plan.next(state.step, state.tokens, tr.gns.b_noise)
-                  if state.status == "completed" else 0)
+    # a scheduled batch's last known batch: a change at a resume (a local-CBS branch's switch
+    # at its fork) is recorded like any other
+    known = state.batch_changes[-1]["batch_size"] if state.batch_changes else plan.start
+    batch_size = next_batch(tr, known) if state.status == "completed" else 0
     with finishing(wandb_run), logging_redirect_tqdm():
         with progress_bar(tr) as bar:
             while batch_size:  # 0 once the budget is spent or the run diverged
                 factor = lr_factor_at(tr, batch_size)
-                batch = sample_batch(tr.data.train, seq_len, batch_size, t.seed, state.step)
+                batch = draw_batch(tr, batch_size)
                 batch = rank_share(batch, tr.ranks).to(tr.device, non_blocking=True)  # (B, T+1)
                 result = train_step(tr.stepper, batch, factor)
                 state.step, state.tokens = state.step + 1, state.tokens + batch_size * seq_len
@@ -84,14 +94,14 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                 last = plan.is_last(state.tokens)
                 eval_now = last or (eval_at and state.tokens >= eval_at[0])
                 save_now = tr.ranks.main and not last and saver.due(state.step)  # after a flush
-                branch = forks.get(state.step)
-                if (save_now or eval_now or last or branch or state.step % t.log_every == 0
+                forked = forks.get(state.step, [])
+                if (save_now or eval_now or last or forked or state.step % t.log_every == 0
                         or plan.decides(state.step)):
                     log_steps(tr, wandb_run, pending)  # metrics, B_noise, divergence
                     pending.clear()
                     bar.set_postfix(train_loss=f"{state.losses[-1]:.3f}")
                     heartbeat.tick(state, bar.disable)
-                if branch and state.status == "completed":
+                for branch in forked if state.status == "completed" else []:
                     branches.fork(branch, tr.stepper.model, tr.stepper.optimizers, tr.gns, state,
                                   run_dir)
                 if eval_now and state.status == "completed":
@@ -106,6 +116,8 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
         wall_time = time.perf_counter() - t0
         if tr.ranks.main:  # the final checkpoint: the weights other programs read, and the state
             save_checkpoint(tr, saver, wall_time)
+        if tr.ranks.main and t.batch_schedule == "switch" and state.status == "completed":
+            write_val_sequences(tr)  # before summary.json: a finished run has both
         summary = summarize(tr, wall_time, saver, wandb_run.id)
         if tr.ranks.main:
             files.write_json_atomic(run_dir / "summary.json", summary)
@@ -124,19 +136,20 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
 def train_with_branches(cfg: Config, run_dir: Path, overrides: list[str] | None = None,
                         skip_finished: bool = True) -> list[dict]:
     """Train the run in `run_dir` (unless it finished and `skip_finished`), then its cooldown
-    branches that are not finished (training/branches.py), one after the other; returns the
-    summaries trained here."""
+    and local-CBS branches that are not finished (training/branches.py), one after the other;
+    returns the summaries trained here."""
     overrides = list(overrides or [])
     summaries = []
     if not (skip_finished and (run_dir / "summary.json").exists()):
         summaries.append(train(cfg, run_dir, overrides))
     for branch in branches.pending(cfg, run_dir, overrides):
         if not (branch.run_dir / "checkpoint.pt").exists():
+            verb = "cool down" if branch.what == "cooldown branch" else "branch"
             raise ResultsError(
-                f"{branch.run_dir} has no checkpoint to cool down from (the run finished "
+                f"{branch.run_dir} has no checkpoint to {verb} from (the run finished "
                 f"without forking it, or the folder was removed); delete {run_dir} to train "
                 "the run and its branches again")
-        log.info(f"cooldown branch to {branch.tokens / 1e6:.3f}M tokens, from step "
+        log.info(f"{branch.what} to {branch.tokens / 1e6:.3f}M tokens, from step "
                  f"{branch.fork_step} of {run_dir}")
         with branches.log_file(branch.run_dir / "train.log"):
             summaries.append(train(branch.cfg, branch.run_dir, branch.overrides))
@@ -174,18 +187,28 @@ def progress_bar(tr: Trainer) -> tqdm:
                 disable=None if tr.ranks.main else True)
 
 
+def draw_batch(tr: Trainer, batch_size: int) -> torch.Tensor:
+    """The next step's batch, (batch_size, T+1): drawn by (seed, step), or, with
+    `train.data_chunk`, as chunks numbered by the sequences trained so far."""
+    t, seq_len, state = tr.cfg.train, tr.cfg.model.seq_len, tr.state
+    if t.data_chunk is None:
+        return sample_batch(tr.data.train, seq_len, batch_size, t.seed, state.step)
+    return sample_chunks(tr.data.train, seq_len, batch_size, t.seed, state.tokens // seq_len,
+                         t.data_chunk)
+
+
 def lr_factor_at(tr: Trainer, batch_size: int) -> float:
     """The schedule's multiplier of the peak lr for the next step, of `batch_size` sequences.
 
     A scheduled batch decays by the tokens through this step, and its lr follows the batch
-    by `optim.lr_scaling` (the optimizers were built for `train.batch_size`).
+    by `optim.lr_scaling` (the optimizers were built for `config.lr_batch_size`).
     """
     t, state = tr.cfg.train, tr.state
     if not tr.scheduled:
         return lr_factor(state.step, tr.steps, t)
     tokens_after = state.tokens + batch_size * tr.cfg.model.seq_len
     factor = lr_factor_by_tokens(state.step, tokens_after, tr.plan.budget, t)
-    return factor * batch_lr_ratio(tr.cfg.optim, batch_size, t.batch_size)
+    return factor * batch_lr_ratio(tr.cfg.optim, batch_size, lr_batch_size(tr.cfg))
 
 
 def log_steps(tr: Trainer, wandb_run, records: list[StepRecord]) -> None:
@@ -242,6 +265,13 @@ def next_batch(tr: Trainer, previous: int) -> int:
     return batch_size
 
 
+def write_val_sequences(tr: Trainer) -> None:
+    """The run's loss on each validation window at its end (a local-CBS branch's output)."""
+    s = tr.stepper
+    losses = evaluate_per_sequence(s.forward, tr.val, s.micro, tr.device, s.autocast)
+    local_cbs.write_val_sequences(tr.run_dir, losses, tr.cfg.model.seq_len, tr.state.tokens)
+
+
 def save_checkpoint(tr: Trainer, saver: checkpoint.Every, elapsed_s: float) -> None:
     """Save the model, optimizers, noise tracker and state (atomically); count the save."""
     state = tr.state
@@ -254,12 +284,13 @@ def save_checkpoint(tr: Trainer, saver: checkpoint.Every, elapsed_s: float) -> N
 def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
               wandb_run_id: str | None) -> dict:
     """summary.json's dict (analysis/results.py's format) from what the run holds."""
-    state = tr.state
-    return runs.build_summary(
+    state, cfg = tr.state, tr.cfg
+    summary = runs.build_summary(
         tr.resolved, overrides=tr.overrides, status=state.status,
         status_reason=state.status_reason, diverged_step=state.diverged_step, steps=state.step,
         tokens=state.tokens, curve=state.curve, batch_size_start=tr.plan.start,
-        batch_changes=state.batch_changes, resumed_at=state.resumed_at, lr=tr.lr,
+        batch_changes=state.batch_changes, resumed_at=state.resumed_at,
+        lr=tr.lr * batch_lr_ratio(cfg.optim, cfg.train.batch_size, lr_batch_size(cfg)),
         micro_batch_size=tr.stepper.micro, params=tr.params,
         params_nonembedding=tr.params_nonembedding, bytes_per_token=tr.data.bytes_per_token,
         data_fingerprint=tr.data.fingerprint, wall_time_s=wall_time_s, device=str(tr.device),
@@ -270,3 +301,4 @@ def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
         checkpoint_time_s=saver.seconds, git_revision=runs.git_revision(),
         versions=runs.package_versions(),
     )
+    return {**summary, **state.branch_fields}

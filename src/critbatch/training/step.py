@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from critbatch.errors import ConfigError
-from critbatch.training.config import Config, OptimConfig, micro_batch_size
+from critbatch.training.config import Config, OptimConfig, lr_batch_size, micro_batch_size
 from critbatch.training.distributed import Ranks, average_gradients, mean_over_ranks
 from critbatch.training.gns import MicroGradNorms
 from critbatch.training.model import GPT
@@ -66,7 +66,7 @@ def build_stepper(cfg: Config, device: torch.device, dtype: torch.dtype, compile
     `optim` replaces `cfg.optim` (the benchmark's variants)."""
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model, cfg.data.vocab_size).to(device)
-    optimizers = build_optimizers(model, optim or cfg.optim, cfg.train.batch_size, device.type)
+    optimizers = build_optimizers(model, optim or cfg.optim, lr_batch_size(cfg), device.type)
     return Stepper(
         model=model,
         forward=torch.compile(model) if compiled else model,

@@ -13,7 +13,13 @@ from critbatch.science.noise import NoiseEMA
 from critbatch.training import checkpoint
 from critbatch.training.batching import BatchPlan
 from critbatch.training.checkpoint import TrainState
-from critbatch.training.config import Config, micro_batch_size, plain, total_steps
+from critbatch.training.config import (
+    Config,
+    lr_batch_size,
+    micro_batch_size,
+    plain,
+    total_steps,
+)
 from critbatch.training.data import TokenData, check_seq_len, prepare_data, val_windows
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
@@ -42,7 +48,7 @@ class Trainer:
     stepper: Stepper
     params: int
     params_nonembedding: int
-    lr: float  # peak lr used at train.batch_size (after optim.lr_scaling)
+    lr: float  # peak lr the optimizers were built with (config.lr_batch_size; lr_scaling applied)
     plan: BatchPlan  # the batch of every step
     steps: int | None  # optimizer steps of a constant batch; None: known at a schedule's end
     gns: NoiseEMA  # the online noise scale (updated only when gns_on)
@@ -109,7 +115,7 @@ def build_trainer(cfg: Config, run_dir: Path, overrides: list[str]) -> Trainer:
         cfg=cfg, run_dir=run_dir, overrides=overrides, resolved=resolved, data=data,
         val=val_windows(data.val, cfg.model.seq_len, t.eval_tokens), device=device,
         dtype=dtype, compile=compiled, ranks=ranks, stepper=stepper, params=params,
-        params_nonembedding=params_nonembedding, lr=used_lr(cfg.optim, t.batch_size),
+        params_nonembedding=params_nonembedding, lr=used_lr(cfg.optim, lr_batch_size(cfg)),
         plan=plan, steps=None if plan.kind != "constant" else total_steps(cfg), gns=gns,
         gns_on=gns_on, state=state, resumed=ckpt is not None,
     )
@@ -133,10 +139,11 @@ def log_start(tr: Trainer) -> None:
     micro, local = tr.stepper.micro, t.batch_size // tr.ranks.world
     where = f"device {tr.device}, {dtype_name(tr.dtype)}, compile {tr.compile}"
     if tr.scheduled:
-        how = (f"linear in tokens over the first {t.ramp_fraction:.0%} of them"
-               if t.batch_schedule == "ramp" else
-               f"following {t.adaptive.noise_factor:g} x B_noise, decided every "
-               f"{t.adaptive.interval_steps} steps")
+        how = {"ramp": f"linear in tokens over the first {t.ramp_fraction:.0%} of them",
+               "adaptive": f"following {t.adaptive.noise_factor:g} x B_noise, decided every "
+                           f"{t.adaptive.interval_steps} steps",
+               "switch": f"switching after {(t.switch_at_tokens or 0) / 1e6:.3f}M tokens"
+               }[t.batch_schedule]
         log.info(f"train: {t.batch_schedule} batch {tr.plan.start} -> {t.batch_size} sequences "
                  f"({how}) x {m.seq_len} tokens, {tr.plan.budget / 1e6:.3f}M tokens; "
                  f"micro-batches of {micro}; lr x {cfg.optim.lr_scaling} rule at each change; "
