@@ -10,7 +10,7 @@ OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
-        sweep-schedules report wandb-sync clean data
+        sweep-schedules sweep-local-cbs report wandb-sync clean data
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -65,6 +65,9 @@ sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumula
 
 sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep schedules --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+
+sweep-local-cbs: install ## local critical batch by branched training: a base run per optimizer, branches at 1-16x its batch [SCALE= JOBS= OPT=]
+	$(PY) -m critbatch.sweep local_cbs --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
 report: install ## re-run the analyses of every sweep under runs/ (no training)
 	$(PY) -m critbatch.sweep report

@@ -1,7 +1,7 @@
 """Run a whole experiment: its Hydra multiruns, the noise measurement, and the report.
 
 `python -m critbatch.sweep batch --scale cpu --jobs 1 --opt adamw,muon` (what
-`make sweep-batch` calls; likewise widths, stability and schedules) runs, in order:
+`make sweep-batch` calls; likewise widths, stability, schedules and local_cbs) runs, in order:
 
 1. the multiruns of the experiment (`sweeps/<stage>.yaml`, one per optimizer),
    skipping every run whose directory already holds a valid summary.json; a stage
@@ -46,6 +46,7 @@ class Experiment:
     analysis: str  # analysis/<script> over the stages' folders
     noise_stage: str | None = None  # its largest-budget run gets the offline B_noise
     tuning_stage: str | None = None  # the later stages train at its best optim.lr
+    middle_lr: bool = False  # the stages train at the middle lr of the batch grid (grid.lrs)
     report: str = ""  # the stage whose folder holds the report (runs/<it>/<scale>/report)
 
     @property
@@ -63,6 +64,7 @@ EXPERIMENTS = {
     "schedules": Experiment(("schedules",), "schedules.py"),
     "branches": Experiment(("batch", "branch_check"), "branch_check.py", tuning_stage="batch",
                            report="branch_check"),
+    "local_cbs": Experiment(("local_cbs",), "local_cbs.py", middle_lr=True),
 }
 RUN_OVERHEAD_S = 1.0  # per run or branch: set-up, W&B, evals, checkpoints (in a warm worker)
 NOISE_OVERHEAD_S = 10.0  # per noise measurement: a process start and its W&B run
@@ -98,10 +100,10 @@ class Job:
 
     @property
     def tokens_to_train(self) -> int:
-        """Tokens the job still trains: the run (unless finished) and its branches' cooldowns."""
+        """Tokens the job still trains: the run (unless finished) and its branches after their
+    forks."""
         left = 0 if self.finished else self.tokens
-        return left + sum(b.tokens - b.fork_step * b.cfg.train.batch_size * b.cfg.model.seq_len
-                          for b in self.branches if not b.done)
+        return left + sum(b.tokens - b.fork_tokens for b in self.branches if not b.done)
 
     @property
     def differences(self) -> list[str]:
@@ -236,9 +238,11 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
     """Print what the sweep will train and how long it should take; return each job's
     estimated seconds (for the progress lines)."""
     todo = [j for j in jobs if not j.done]
-    n_branches = sum(len(j.cfg.train.branch_budgets) for j in jobs)
+    n_cooldown = sum(len(j.cfg.train.branch_budgets) for j in jobs)
+    n_local = sum(len(j.branches) for j in jobs) - n_cooldown
     print(f"sweep-{experiment} at scale={scale}: {len(jobs)} runs"
-          + (f" (+{n_branches} cooldown branches)" if n_branches else "")
+          + (f" (+{n_cooldown} cooldown branches)" if n_cooldown else "")
+          + (f" (+{n_local} local-CBS branches)" if n_local else "")
           + f", {len(jobs) - len(todo)} already complete, {len(todo)} to train")
     for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in jobs):
         part = [j for j in jobs if (j.stage, j.optimizer) == (stage, optimizer)]
@@ -251,12 +255,21 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
     seconds = job_seconds(todo, threads)
     training = makespan(list(seconds.values()), jobs_at_once)
     tokens = sum(j.tokens_to_train for j in todo)
-    fewest = min((b.cfg for j in jobs for b in j.branches), default=None,
+    fewest = min((b.cfg for j in jobs for b in j.branches
+                  if b.cfg.train.batch_schedule == "constant"), default=None,
                  key=lambda c: schema.total_steps(c))
     if fewest is not None:
         print(f"  fewest optimizer steps of any run: {schema.total_steps(fewest)} (batch "
               f"{fewest.train.batch_size}, {schema.token_budget(fewest):,} tokens; warmup "
               f"{fewest.train.warmup_steps} steps)")
+    widest = max((b for j in jobs for b in j.branches if b.fields), default=None,
+                 key=lambda b: b.cfg.train.batch_size)
+    if widest is not None:
+        t, window = widest.cfg.train, widest.tokens - widest.fork_tokens
+        seq_len = widest.cfg.model.seq_len
+        print(f"  local-CBS windows of {window:,} tokens: {window // (t.batch_size * seq_len)} "
+              f"optimizer steps of the largest branch (batch {t.batch_size}), "
+              f"{window // (t.batch_size_start * seq_len)} of k = 1")
     print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {training / 60:.1f} min of "
           f"training + ~{(NOISE_OVERHEAD_S + REPORT_S) / 60:.1f} min of noise and report "
           f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
@@ -351,10 +364,21 @@ def tuned_lr(jobs: list[Job], stage: str, optimizer: str) -> float | None:
     return best.cfg.optim.lr
 
 
+def middle_lr(scale: str, optimizer: str) -> float:
+    """The middle lr of the scale's batch grid (`grid.lrs`) for `optimizer`."""
+    from critbatch.training.cli import check_overrides
+
+    lrs = check_overrides([f"scale={scale}", f"optim={optimizer}"]).grid.lrs[optimizer]
+    values = [float(x) for x in str(lrs).split(",")]
+    return values[len(values) // 2]
+
+
 def stage_extra(exp: Experiment, stage: str, optimizer: str, plan: list[Job],
-                extra: list[str]) -> list[str] | None:
+                extra: list[str], scale: str = "cpu") -> list[str] | None:
     """The overrides of one stage: `extra`, plus the tuned lr for the stages after a tuning
-    stage (None when the tuning stage has no usable run yet)."""
+    stage (None when the tuning stage has no usable run yet), or the grid's middle lr."""
+    if exp.middle_lr and not any(o.startswith("optim.lr=") for o in extra):
+        return [*extra, f"optim.lr={middle_lr(scale, optimizer)!r}"]
     if exp.tuning_stage is None or stage == exp.tuning_stage:
         return extra
     lr = tuned_lr(plan, exp.tuning_stage, optimizer)
@@ -367,7 +391,7 @@ def plan_experiment(exp: Experiment, scale: str, optimizers: list[str], extra: l
     is planned at its tuning grid's middle lr, as an estimate, until the lr is known)."""
     jobs: list[Job] = []
     for stage, opt in itertools.product(exp.stages, optimizers):
-        overrides = stage_extra(exp, stage, opt, (plan or []) + jobs, extra)
+        overrides = stage_extra(exp, stage, opt, (plan or []) + jobs, extra, scale)
         if overrides is None:
             grid = [j.cfg.optim.lr for j in jobs if (j.stage, j.optimizer) ==
                     (exp.tuning_stage, opt)]
@@ -435,7 +459,7 @@ def replan_after_tuning(exp: Experiment, scale: str, optimizers: list[str], extr
         if stage == exp.tuning_stage:
             continue
         plan = [j for j in plan if (j.stage, j.optimizer) != (stage, optimizer)]
-        overrides = stage_extra(exp, stage, optimizer, plan, extra)
+        overrides = stage_extra(exp, stage, optimizer, plan, extra, scale)
         if overrides is None:
             problems.append(f"{stage} (optim={optimizer}) not run: every run of "
                             f"{exp.tuning_stage} diverged or failed, so no lr to carry")
@@ -486,6 +510,9 @@ def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str) ->
     """Run the experiment's analysis script over `folders` into `out`, saying so; True when it
     succeeded."""
     script = ANALYSIS_DIR / exp.analysis
+    if not script.exists():
+        print(f"\n== {title}: {script.relative_to(REPO)} does not exist (yet); no report")
+        return True
     print(f"\n== {title}: python {script.relative_to(REPO)} {' '.join(folders)} --out {out}",
           flush=True)
     return subprocess.call([sys.executable, str(script), *folders, "--out", str(out)]) == 0
