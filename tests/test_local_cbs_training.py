@@ -227,3 +227,35 @@ def test_bad_switch_and_chunk_settings_are_one_line(tiny_cfg, overrides, message
     with pytest.raises(ConfigError, match=message) as err:
         tiny_cfg(*BASE, *overrides)
     assert "\n" not in str(err.value)
+
+
+def test_the_entry_point_refuses_a_run_without_local_branches(tiny_cfg, tmp_path, capsys):
+    from critbatch.local_cbs import main
+
+    train(tiny_cfg(*BASE, "train.tokens=1280"), tmp_path / "plain")
+    with pytest.raises(SystemExit) as exit_:
+        main([str(tmp_path / "plain")])
+    assert exit_.value.code != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "trained without local-CBS branches" in err[0]
+
+
+@pytest.mark.slow
+def test_the_entry_point_trains_a_base_and_its_branches_then_resumes_nothing(
+        tiny_overrides, tmp_path, capsys):
+    """Overrides of sweeps/local_cbs.yaml train the base and its branches into
+    <sweep dir>/<overrides>; given that folder, a second call finds everything done."""
+    from critbatch.local_cbs import main
+
+    short = [o for o in tiny_overrides if not o.startswith("model.")]  # smoke's model
+    grid = ["grid.local_cbs.tokens=5120", "grid.local_cbs.multipliers=[1,2]",
+            "grid.local_cbs.window_tokens=1024", f"hydra.sweep.dir={tmp_path}"]
+    main([*short, *grid])
+    base = next(p.parent for p in tmp_path.glob("*/summary.json"))
+    names = sorted(str(p.parent.relative_to(base / "local_cbs"))
+                   for p in base.glob("local_cbs/*/*/summary.json"))
+    assert names == sorted(f"tokens={t}/{k}" for t in (512, 2560)
+                           for k in ("k=1", "k=1,seed=1", "k=2"))
+    capsys.readouterr()
+    main([str(base)])
+    assert "0 run(s) trained" in capsys.readouterr().out

@@ -3,7 +3,8 @@
 RUN_DIR: a run folder made with `train.local_cbs.at_fractions` (its config.json): trains what
 it lacks, the base run first when it has not finished, then every branch not finished.
 OVERRIDES: Hydra overrides of sweeps/local_cbs.yaml (what `make sweep-local-cbs` trains, e.g.
-`scale=smoke optim=muon optim.lr=0.005`), trained into runs/local_cbs/<scale>/<overrides>.
+`scale=smoke optim=muon`; optim.lr defaults to the batch grid's middle lr, as there), trained
+into runs/local_cbs/<scale>/<overrides>.
 The branches (training/local_cbs.py) and the decision (science/local_cbs.py) live below.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, user_errors
-from critbatch.sweep import plan_stage
+from critbatch.sweep import middle_lr, plan_stage
 from critbatch.training.cli import disk_errors, finished_run
 from critbatch.training.config import config_from_saved
 from critbatch.training.loop import train_with_branches
@@ -41,6 +42,8 @@ def planned_runs(args: list[str]) -> list[tuple]:
     scale = next((a.split("=", 1)[1] for a in args if a.startswith("scale=")), "cpu")
     optimizer = next((a.split("=", 1)[1] for a in args if a.startswith("optim=")), "adamw")
     rest = [a for a in args if not a.startswith(("scale=", "optim="))]
+    if not any(a.startswith("optim.lr=") for a in rest):  # as make sweep-local-cbs does
+        rest.append(f"optim.lr={middle_lr(scale, optimizer)!r}")
     return [(j.cfg, j.run_dir, j.overrides) for j in plan_stage("local_cbs", scale, optimizer,
                                                                  rest)]
 

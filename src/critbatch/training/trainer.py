@@ -154,6 +154,9 @@ def log_start(tr: Trainer) -> None:
             f"{tr.plan.budget / 1e6:.3f}M tokens; {local // micro} micro-batch(es) of {micro}; "
             f"{where}"
         )
+    if t.data_chunk:
+        log.info(f"data: each step's batch is chunks of {t.data_chunk} sequences, numbered by the "
+                 "sequences trained so far (train.data_chunk)")
     if tr.ranks.parallel:
         log.info(f"data-parallel: {tr.ranks.world} ranks x {local} sequences")
     log.info(f"gns: B_noise tracked from small batches of {tr.gns.b} (ema {t.gns.ema})"
