@@ -64,11 +64,11 @@ def write_run(run_dir: Path, summary_: dict, seed: int, metrics: list[dict]) -> 
 
 
 def write_branch(folder: Path, *, rng, mu: np.ndarray, at: int, k: int, excess: float,
-                 optimizer: str, seed: int = 0) -> None:
+                 optimizer: str, seed: int = 0, branch_sd: float = BRANCH_SD) -> None:
     """One branch: per-sequence losses mu_j + excess + u_b + e_bj, and its training losses
     per step (a row before the fork with a loss the EMA rule must never see)."""
     batch = k * BASE
-    offset = rng.normal(0, BRANCH_SD)
+    offset = rng.normal(0, branch_sd)
     losses = mu + excess + offset + rng.normal(0, SEQUENCE_SD, len(mu))
     steps = WINDOW // (batch * SEQ_LEN)
     metrics = [{"step": 0, "tokens": at, "train_loss": 99.0}]
@@ -88,7 +88,8 @@ def write_branch(folder: Path, *, rng, mu: np.ndarray, at: int, k: int, excess: 
 
 
 def synthetic_local_cbs(root: Path, *, optimizer: str = "adamw", ks=KS,
-                        checkpoints=CHECKPOINTS, bcrit=planted_bcrit, seed: int = 0) -> Path:
+                        checkpoints=CHECKPOINTS, bcrit=planted_bcrit, seed: int = 0,
+                        branch_sd: float = BRANCH_SD) -> Path:
     """A base run under root/<optimizer> with branches at every checkpoint and multiplier,
     and a k = 1 replicate (seed 1) at each; the branch's true excess is
     EXCESS_SLOPE (k B / b_crit - 1) above the planted b_crit, 0 below it."""
@@ -105,9 +106,9 @@ def synthetic_local_cbs(root: Path, *, optimizer: str = "adamw", ks=KS,
         for k in ks:
             excess = EXCESS_SLOPE * max(0.0, k * BASE / bcrit(at) - 1)
             write_branch(folder / f"k={k}", rng=rng, mu=mu, at=at, k=k, excess=excess,
-                         optimizer=optimizer)
+                         optimizer=optimizer, branch_sd=branch_sd)
         write_branch(folder / "k=1,seed=1", rng=rng, mu=mu, at=at, k=1, excess=0.0,
-                     optimizer=optimizer, seed=1)
+                     optimizer=optimizer, seed=1, branch_sd=branch_sd)
     return base_dir
 
 
@@ -188,6 +189,7 @@ def test_report_and_plots_are_written(report):
     for name in ("local_bcrit_vs_tokens.png", "local_bcrit_vs_loss.png", "fits.json"):
         assert (out / name).stat().st_size > 1000
     assert not list(out.glob(".*tmp*"))
+    assert not any("stopped on noise" in w for w in report["document"]["warnings"])
 
 
 @pytest.fixture
@@ -287,3 +289,15 @@ def test_branches_without_seed_replicates_are_a_one_line_error(script_main, smal
         shutil.rmtree(folder)
     err = one_line_error(script_main, capsys, small)
     assert "no seed replicates" in err and "second seed" in err
+
+
+def test_a_walk_stopped_by_branch_noise_is_flagged(tmp_path):
+    """Branches that scatter by 0.03 nats/token (3x the tolerance) with every k truly within
+    tolerance: the walk stops early, and the report says it was the noise, not the excess."""
+    root = synthetic_local_cbs(tmp_path / "runs", ks=(1, 2, 4), checkpoints=CHECKPOINTS[:4],
+                               bcrit=lambda t: 50 * BASE, branch_sd=0.03)
+    result = run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")
+    rows = result["document"]["local_cbs"]
+    assert any(r["noise_limited"] for r in rows)
+    assert all(r["branch_sd"] > 0.01 for r in rows)
+    assert any("stopped on noise" in w for w in result["document"]["warnings"])

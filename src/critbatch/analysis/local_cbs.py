@@ -337,8 +337,9 @@ def decide(checkpoint: Checkpoint, batch: int, noise: BranchNoise, tolerance: fl
     """`local_critical_batch` over the branches below the first diverged one; a diverged
     branch is a rejection (its excess and upper bound read infinity). Returns the row's
     decision fields: b_crit, margin, lower_bound_only, first_step_rejected (the first step up
-    was rejected: no lower end), excess, upper and reference per k after the first, diverged
-    (its multipliers)."""
+    was rejected: no lower end), noise_limited (the rejecting comparison's excess was within
+    tolerance, only its bound was not), excess, upper and reference per k after the first,
+    diverged (its multipliers)."""
     branches = checkpoint.branches
     if branches[0].losses is None:
         raise ResultsError(f"{where}: the k={branches[0].multiplier} branch diverged, so there "
@@ -350,7 +351,8 @@ def decide(checkpoint: Checkpoint, batch: int, noise: BranchNoise, tolerance: fl
     rejected = [str(b.multiplier) for b in branches[len(kept):]]
     inf = dict.fromkeys(rejected, math.inf)
     if len(kept) == 1:  # the first step up diverged
-        return {"b_crit": batch * ks[0], "margin": None, "lower_bound_only": False,
+        return {"b_crit": batch * ks[0], "margin": None, "noise_limited": False,
+                "lower_bound_only": False,
                 "first_step_rejected": True, "excess": inf, "upper": inf,
                 "reference": dict.fromkeys(rejected), "diverged": diverged}
     try:
@@ -359,7 +361,9 @@ def decide(checkpoint: Checkpoint, batch: int, noise: BranchNoise, tolerance: fl
     except ValueError as err:
         raise ResultsError(f"{where}: {err}") from None
     pairs = list(zip(ks[1:], d.comparisons, d.references, strict=True))
+    stop = next((c for c in d.comparisons if c.upper >= tolerance), None)
     return {"b_crit": d.b_crit, "margin": d.margin,
+            "noise_limited": stop is not None and stop.excess < tolerance,
             "lower_bound_only": d.lower_bound_only and not diverged,
             "first_step_rejected": d.margin is None,
             "excess": {**{str(k): c.excess for k, c, _ in pairs}, **inf},
@@ -474,8 +478,19 @@ def analyse(bases: list[BaseRun], tolerance: float = TOLERANCE,
         if noise.dof == 0:
             warnings.append(f"{base.run_dir.name}: the seed replicates differ no more than their "
                             "sequence scatter explains; no branch term in the bounds")
-        rows += [checkpoint_row(base, c, noise, tolerance, confidence, warnings)
-                 for c in base.checkpoints]
+        mine = [checkpoint_row(base, c, noise, tolerance, confidence, warnings)
+                for c in base.checkpoints]
+        limited = [r for r in mine if r["noise_limited"]]
+        if limited:
+            width = max(u - e for r in limited for e, u in zip(r["excess"].values(),
+                                                               r["upper"].values(), strict=True)
+                        if math.isfinite(u))
+            warnings.append(f"{base.run_dir.name}: at {len(limited)} of {len(mine)} checkpoints "
+                            "the walk stopped on noise (excess within tolerance, its bound not): "
+                            f"bounds reach {width:.3g} nats/token above the excess against a "
+                            f"tolerance of {tolerance:g}; train more k = 1 replicate seeds or "
+                            "evaluate on more validation sequences")
+        rows += mine
     windows = sorted({r["window_tokens"] for r in rows if r["window_tokens"]})
     rule = {"tolerance": tolerance, "confidence": confidence, "window_tokens": windows,
             "interval": INTERVAL.format(level=confidence), "ema_epsilon": EMA_EPSILON,
