@@ -313,11 +313,45 @@ def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
     def name(run_dir: Path) -> str:
         return str(run_dir.relative_to(root)) if run_dir.is_relative_to(root) else str(run_dir)
 
-    print(f"\n== training {len(todo)} runs on {jobs_at_once} worker(s); each run's log is "
-          "its train.log", flush=True)
-    return workers.run_jobs(
-        [(j.cfg, j.run_dir.absolute(), j.overrides) for j in todo], jobs_at_once, threads,
-        {j.run_dir.absolute(): seconds.get(j.run_dir, 0.0) for j in todo}, name)
+    split = [j for j in todo if any(b.fields for b in j.branches)]  # local-CBS bases
+    whole = [j for j in todo if j not in split]
+    outcomes = []
+    if whole:
+        print(f"\n== training {len(whole)} runs on {jobs_at_once} worker(s); each run's log is "
+              "its train.log", flush=True)
+        outcomes += workers.run_jobs(
+            [(j.cfg, j.run_dir.absolute(), j.overrides) for j in whole], jobs_at_once, threads,
+            {j.run_dir.absolute(): seconds.get(j.run_dir, 0.0) for j in whole}, name)
+    if split:
+        outcomes += train_split(split, jobs_at_once, threads, seconds, name)
+    return outcomes
+
+
+def train_split(jobs: list[Job], jobs_at_once: int, threads: int | None,
+                seconds: dict[Path, float], name) -> list[workers.Outcome]:
+    """Runs with local-CBS branches: the base runs first (they fork the branches), then every
+    branch forked and not finished as a job of its own, so the workers share them."""
+    per_token = {j.run_dir: seconds.get(j.run_dir, 0.0) / max(1, j.tokens_to_train)
+                 for j in jobs}
+    bases = [j for j in jobs if not j.finished]
+    outcomes = []
+    if bases:
+        print(f"\n== training {len(bases)} base run(s) on {jobs_at_once} worker(s), forking "
+              "their local-CBS branches; each run's log is its train.log", flush=True)
+        outcomes += workers.run_jobs(
+            [(j.cfg, j.run_dir.absolute(), j.overrides) for j in bases], jobs_at_once, threads,
+            {j.run_dir.absolute(): per_token[j.run_dir] * j.tokens for j in bases}, name,
+            with_branches=False)
+    forked = [(j, b) for j in jobs for b in branching.pending(j.cfg, j.run_dir, j.overrides)
+              if (b.run_dir / "checkpoint.pt").exists()]  # a failed base forked none
+    if forked:
+        print(f"\n== training {len(forked)} local-CBS branches on {jobs_at_once} worker(s)",
+              flush=True)
+        outcomes += workers.run_jobs(
+            [(b.cfg, b.run_dir.absolute(), b.overrides) for _, b in forked], jobs_at_once,
+            threads, {b.run_dir.absolute(): per_token[j.run_dir] * (b.tokens - b.fork_tokens)
+                      for j, b in forked}, name)
+    return outcomes
 
 
 def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,

@@ -11,9 +11,11 @@ to this pool instead of launching one multirun per stage and optimizer:
 - one writer prints the progress: a line per finished run, `[k/N] run  val_loss  tokens/s
   elapsed  ETA`, while each run's own log lines, with timestamps, go to its train.log.
 
-A run and its cooldown branches are one job (`loop.train_with_branches`). A failed run is
-reported by the progress line and the sweep goes on. `python -m critbatch.train -m ...`
-(Hydra's launchers: joblib, submitit, SLURM) trains the same runs into the same folders.
+A run and its cooldown branches are one job (`loop.train_with_branches`); the local-CBS
+branches, many per run, train as jobs of their own once their base run has forked them
+(`sweep.train_split`). A failed run is reported by the progress line and the sweep goes on.
+`python -m critbatch.train -m ...` (Hydra's launchers: joblib, submitit, SLURM) trains the
+same runs into the same folders.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 from critbatch.errors import CritbatchError
 from critbatch.training.cli import disk_errors, finished_run
 from critbatch.training.config import Config
-from critbatch.training.loop import train_with_branches
+from critbatch.training.loop import train, train_with_branches
 
 log = logging.getLogger("critbatch")
 LOG_FORMAT = "[%(asctime)s][%(levelname)s] - %(message)s"
@@ -79,15 +81,20 @@ def job_output(log_path: Path) -> Iterator[None]:
         handle.close()
 
 
-def train_job(cfg: Config, run_dir: str, overrides: list[str]) -> Outcome:
-    """Train a planned run and its branches in this worker (a finished run is skipped,
-    its missing branches trained); never raises."""
+def train_job(cfg: Config, run_dir: str, overrides: list[str],
+              with_branches: bool = True) -> Outcome:
+    """Train a planned run and its branches (unless not `with_branches`) in this worker (a
+    finished run is skipped, its missing branches trained); never raises."""
     start, folder = time.perf_counter(), Path(run_dir)
     with job_output(folder / "train.log"):
         try:
             with disk_errors():
                 finished = finished_run(folder, cfg)
-                summaries = train_with_branches(cfg, folder, overrides, skip_finished=finished)
+                if with_branches:
+                    summaries = train_with_branches(cfg, folder, overrides,
+                                                    skip_finished=finished)
+                else:
+                    summaries = [] if finished else [train(cfg, folder, overrides)]
         except CritbatchError as err:
             log.error(str(err))
             return Outcome(run_dir, False, time.perf_counter() - start, error=str(err))
@@ -141,9 +148,11 @@ class Progress:
 
 
 def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: int | None,
-             estimates: dict[Path, float], name: Callable[[Path], str] = str) -> list[Outcome]:
+             estimates: dict[Path, float], name: Callable[[Path], str] = str,
+             with_branches: bool = True) -> list[Outcome]:
     """Train `jobs` (config, run folder, overrides) on `workers` processes, longest
-    estimate first, printing a progress line as each one ends; returns their outcomes."""
+    estimate first, printing a progress line as each one ends; returns their outcomes.
+    Without `with_branches` each job is its run alone (its branches are forked, not trained)."""
     order = sorted(jobs, key=lambda j: -estimates.get(j[1], 0.0))
     progress = Progress(len(order), {str(j[1]): estimates.get(j[1], 0.0) for j in order},
                         workers)
@@ -152,7 +161,7 @@ def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker,
                              initargs=(threads,)) as pool:
-        futures = [pool.submit(train_job, cfg, str(run_dir), overrides)
+        futures = [pool.submit(train_job, cfg, str(run_dir), overrides, with_branches)
                    for cfg, run_dir, overrides in order]
         for future in as_completed(futures):
             outcome = future.result()
