@@ -366,8 +366,9 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "Per target loss: steps S(B) = E(B)/(B seq_len) each batch size needs, E(B) read "
               "off its loss-versus-tokens curve at the best lr (its cells at every budget, "
               "interpolated, never extrapolated); every batch size whose curve reaches the "
-              "target is used, and the targets span the losses three batch sizes or more reach "
-              "(two where no three do: an exact fit, no interval). Weighted least-squares fit "
+              "target is used, and the targets span the losses four batch sizes or more reach "
+              "(three where no four do, two where no three do: an exact fit, no interval; a "
+              "fit on three has one degree of freedom). Weighted least-squares fit "
               "of S = S_min + E_min/B (weights 1/S: relative errors); B_crit = E_min/S_min.",
               "", by_optimizer(fits["pareto"], pareto_table,
                                "No Pareto frontier (see the warnings)."),

@@ -8,9 +8,12 @@ E(B) is read off each batch size's final loss versus tokens at the best lr (its 
 budget, a `LossCurve` without extrapolation): a batch size enters the fit at L* only when its
 curve reaches L* within its budgets. Targets are not confined to the loss range that every
 batch size shares: they span the range where at least `PARETO_MIN_BATCHES` batch sizes reach
-(two when nowhere do three, an exact fit without an interval), each fit with the batch sizes
-that reach its target. With cooldown branches every batch size has four budgets, so the
-frontier spans most of the losses the sweep saw.
+(four: a fit of two parameters on three points has one degree of freedom, and its 95% interval,
+Student's t of 12.7, spanned more than a factor 100 in 9 of the 11 three-point fits of the cpu
+sweeps of 2026-12-01; three where nowhere do four reach, two where nowhere do three: an exact
+fit without an interval), each fit with the batch sizes that reach its target. With cooldown
+branches every batch size has four budgets, so the frontier spans most of the losses the sweep
+saw.
 
 Units: batch sizes and E_min in sequences unless a name ends in `_tokens`; S_min in optimizer
 steps; losses in nats/token.
@@ -26,7 +29,7 @@ from critbatch.science.fits import LossCurve
 from critbatch.science.laws import fit_pareto, pareto_degeneracy
 
 PARETO_TARGETS = 5  # target losses per Pareto frontier
-PARETO_MIN_BATCHES = 3  # batch sizes that must reach a target (two: an exact fit)
+PARETO_MIN_BATCHES = 4  # batch sizes that must reach a target (fewer where none reach)
 PARETO_MAX_INTERVAL_FACTOR = 100.0  # a Pareto B_crit interval wider than this is degenerate
 
 
@@ -102,11 +105,11 @@ def pareto_frontiers(cells: list, seq_len: int, optimizer: str,
                      fix_hint: str) -> tuple[list[dict], str | None]:
     """Pareto fits at PARETO_TARGETS target losses of one group's `cells` (`bcrit.Cell`).
 
-    The targets span the losses that PARETO_MIN_BATCHES batch sizes or more reach (two when
-    nowhere do three: `spread_targets` of `covered_segments`); each fit uses every batch size
-    whose curve (`batch_curves`) reaches its target, listed in the row's `batch_sizes`, and
-    records the rule in `min_batch_sizes`. `fix_hint`: what fills a gap (`FixHints.pareto`,
-    formatted with `batch` and `more`). Returns (rows, warning).
+    The targets span the losses that PARETO_MIN_BATCHES batch sizes or more reach (fewer,
+    down to two, where nowhere do that many: `spread_targets` of `covered_segments`); each
+    fit uses every batch size whose curve (`batch_curves`) reaches its target, listed in the
+    row's `batch_sizes`, and records the rule in `min_batch_sizes`. `fix_hint`: what fills a
+    gap (`FixHints.pareto`, formatted with `batch` and `more`). Returns (rows, warning).
     """
     curves = batch_curves(cells)
     batches = sorted({c.batch_size for c in cells})
@@ -114,11 +117,10 @@ def pareto_frontiers(cells: list, seq_len: int, optimizer: str,
         return [], (f"Pareto frontier needs two batch sizes with several budgets each "
                     f"({len(curves)} here); " + fix_hint.format(batch=max(batches), more=2))
     ranges = {b: c.loss_range for b, c in curves.items()}
-    need = PARETO_MIN_BATCHES
-    segments = covered_segments(list(ranges.values()), need)
-    if not segments:
-        need = 2
+    for need in range(PARETO_MIN_BATCHES, 1, -1):
         segments = covered_segments(list(ranges.values()), need)
+        if segments:
+            break
     if not segments:
         return [], ("Pareto frontier: the batch sizes' loss ranges do not overlap; "
                     + fix_hint.format(batch=max(curves), more=1))
