@@ -317,11 +317,10 @@ def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
     whole = [j for j in todo if j not in split]
     outcomes = []
     if whole:
-        print(f"\n== training {len(whole)} runs on {jobs_at_once} worker(s); each run's log is "
-              "its train.log", flush=True)
-        outcomes += workers.run_jobs(
-            [(j.cfg, j.run_dir.absolute(), j.overrides) for j in whole], jobs_at_once, threads,
-            {j.run_dir.absolute(): seconds.get(j.run_dir, 0.0) for j in whole}, name)
+        outcomes += run_pool(f"{len(whole)} runs on {jobs_at_once} worker(s); each run's log is "
+                             "its train.log",
+                             [(j.cfg, j.run_dir, j.overrides, seconds.get(j.run_dir, 0.0))
+                              for j in whole], jobs_at_once, threads, name)
     if split:
         outcomes += train_split(split, jobs_at_once, threads, seconds, name)
     return outcomes
@@ -336,22 +335,29 @@ def train_split(jobs: list[Job], jobs_at_once: int, threads: int | None,
     bases = [j for j in jobs if not j.finished]
     outcomes = []
     if bases:
-        print(f"\n== training {len(bases)} base run(s) on {jobs_at_once} worker(s), forking "
-              "their local-CBS branches; each run's log is its train.log", flush=True)
-        outcomes += workers.run_jobs(
-            [(j.cfg, j.run_dir.absolute(), j.overrides) for j in bases], jobs_at_once, threads,
-            {j.run_dir.absolute(): per_token[j.run_dir] * j.tokens for j in bases}, name,
-            with_branches=False)
+        outcomes += run_pool(f"{len(bases)} base run(s) on {jobs_at_once} worker(s), forking "
+                             "their local-CBS branches; each run's log is its train.log",
+                             [(j.cfg, j.run_dir, j.overrides, per_token[j.run_dir] * j.tokens)
+                              for j in bases], jobs_at_once, threads, name, with_branches=False)
     forked = [(j, b) for j in jobs for b in branching.pending(j.cfg, j.run_dir, j.overrides)
               if (b.run_dir / "checkpoint.pt").exists()]  # a failed base forked none
     if forked:
-        print(f"\n== training {len(forked)} local-CBS branches on {jobs_at_once} worker(s)",
-              flush=True)
-        outcomes += workers.run_jobs(
-            [(b.cfg, b.run_dir.absolute(), b.overrides) for _, b in forked], jobs_at_once,
-            threads, {b.run_dir.absolute(): per_token[j.run_dir] * (b.tokens - b.fork_tokens)
-                      for j, b in forked}, name)
+        outcomes += run_pool(f"{len(forked)} local-CBS branches on {jobs_at_once} worker(s)",
+                             [(b.cfg, b.run_dir, b.overrides,
+                               per_token[j.run_dir] * (b.tokens - b.fork_tokens))
+                              for j, b in forked], jobs_at_once, threads, name)
     return outcomes
+
+
+def run_pool(title: str, items: list[tuple[Config, Path, list[str], float]],
+             jobs_at_once: int, threads: int | None, name,
+             with_branches: bool = True) -> list[workers.Outcome]:
+    """Announce `title`, then train `items` (config, run folder, overrides, estimated
+    seconds) on the workers (`workers.run_jobs`)."""
+    print(f"\n== training {title}", flush=True)
+    return workers.run_jobs([(c, d.absolute(), o) for c, d, o, _ in items], jobs_at_once,
+                            threads, {d.absolute(): est for _, d, _, est in items}, name,
+                            with_branches)
 
 
 def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,
