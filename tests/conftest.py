@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,20 @@ from critbatch.training.config import Config
 from critbatch.training.data import stdlib_dir
 
 SAMPLE_PACKAGES = ("json", "email", "logging")  # real Python text, about 0.5 MB
+
+
+@pytest.fixture(autouse=True)
+def restore_logging():
+    """Each test starts and ends with the loggers it found: a Hydra run in-process configures
+    the root and critbatch loggers with handlers on pytest's captured streams, which are
+    closed after that test and made later tests print '--- Logging error ---'."""
+    loggers = [logging.getLogger(), logging.getLogger("critbatch")]
+    saved = [(lg.handlers[:], lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    yield
+    for lg, (handlers, level, propagate, disabled) in zip(loggers, saved, strict=True):
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate, lg.disabled = propagate, disabled
 
 
 @pytest.fixture(scope="session")

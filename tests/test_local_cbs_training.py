@@ -236,7 +236,7 @@ def test_the_entry_point_refuses_a_run_without_local_branches(tiny_cfg, tmp_path
     with pytest.raises(SystemExit) as exit_:
         main([str(tmp_path / "plain")])
     assert exit_.value.code != 0
-    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(err) == 1 and "trained without local-CBS branches" in err[0]
 
 
