@@ -621,17 +621,6 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str]) -> s
 OPTIMIZER_COLORS = [f"C{i}" for i in range(10)]
 
 
-def save_atomic(fig, path: Path) -> None:
-    """`plotting.save_figure` to a temporary name beside `path`, then renamed over it."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        plotting.save_figure(fig, tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def draw_local(ax, rows: list[dict], x_key: str, color: str, label: str) -> None:
     """Local B_crit (filled; '^' for lower bounds, 'v' for upper bounds) and the EMA rule."""
     rows = sorted((r for r in rows if r[x_key] is not None), key=lambda r: r[x_key])
@@ -661,7 +650,7 @@ def plot_vs_tokens(result: dict, path: Path) -> None:
     plotting.log_axes(ax, x=True, y=True)
     plotting.label_axes(ax, "tokens trained at the checkpoint (tokens)",
                         "local B_crit (sequences)", PLOTS["local_bcrit_vs_tokens"])
-    save_atomic(fig, path)
+    plotting.save_figure(fig, path)
 
 
 def draw_batch_sweep(ax, sweep: dict | None, opt: str) -> None:
@@ -704,7 +693,7 @@ def plot_vs_loss(result: dict, path: Path) -> None:
         draw_batch_sweep(ax, result["batch_sweep"], opt)
         plotting.log_axes(ax, x=True, y=True)
         plotting.label_axes(ax, "validation loss L (nats/token)", "batch size (sequences)", opt)
-    save_atomic(fig, path)
+    plotting.save_figure(fig, path)
 
 
 def write_plots(result: dict, out: Path) -> dict[str, str]:

@@ -9,9 +9,12 @@ that draws nothing never loads it.
 
 from __future__ import annotations
 
+import io
 import math
 import textwrap
 from pathlib import Path
+
+from critbatch import files
 
 MAX_PANELS = 6  # groups drawn per figure (more make the plots slow and unreadable)
 # A log axis spanning less than this factor is ticked like a linear one (evenly spaced round
@@ -206,7 +209,10 @@ def inside_edges(fig, renderer, pad_in: float = 0.05) -> None:
 
 
 def save_figure(fig, path: Path) -> None:
-    """Fit the texts (`fit_texts`), save `fig` to `path` at 90 dpi and close it."""
+    """Fit the texts (`fit_texts`), save `fig` to `path` at 90 dpi (atomically: a reader sees
+    the old image or the new one) and close it."""
     fit_texts(fig)
-    fig.savefig(path, dpi=90)
+    image = io.BytesIO()
+    fig.savefig(image, dpi=90, format=Path(path).suffix.lstrip(".") or "png")
     pyplot().close(fig)
+    files.write_bytes_atomic(path, image.getvalue())
