@@ -91,24 +91,41 @@ def test_resume_after_an_interruption_is_bitwise_the_uninterrupted_run(
     assert summary["b_noise"] is not None
 
 
-@pytest.mark.parametrize("schedule", ["ramp", "adaptive"])
+def write_fits(path: Path, tokens: list[int], b_crit: list[float]) -> Path:
+    """A local-CBS report's fits.json with Muon rows (tokens, b_crit in sequences)."""
+    rows = [{"optimizer": "muon", "lr_scaling": "none", "tokens": t, "b_crit": b}
+            for t, b in zip(tokens, b_crit, strict=True)]
+    path.write_text(json.dumps({"local_cbs": rows}))
+    return path
+
+
+@pytest.mark.parametrize("schedule", ["ramp", "adaptive", "measured"])
 def test_a_scheduled_batch_resumes_bitwise(tiny_cfg, tmp_path, monkeypatch, schedule):
-    """The batch plan (tokens so far, the adaptive controller, its changes) survives a kill."""
+    """The batch plan (tokens so far, the adaptive controller, the measured batch and its curve,
+    its changes) survives a kill; a measured run resumes on the curve it started with even
+    when its fits.json has been written again since."""
+    # measured: B_crit = 16 (tokens / 2048)^0.5, so 8 -> 16 after step 9, 16 -> 32 after 21
+    fits = write_fits(tmp_path / "fits.json", [2048, 32768], [16, 64])
     cfg = tiny_cfg("optim=muon", f"train.batch_schedule={schedule}", "train.batch_size_start=8",
                    "train.batch_size=32", "train.micro_batch_size=4", "train.tokens=32768",
                    "train.ramp_fraction=0.5", "train.adaptive.interval_steps=4",
                    "train.warmup_steps=3", "train.log_every=3", "train.checkpoint_every_steps=6",
-                   "train.eval_points=5")
+                   "train.eval_points=5", f"train.measured.fits={fits}")
     reference = train(cfg, tmp_path / "reference")
     assert len({r["batch_size"] for r in runs.read_metrics(tmp_path / "reference")}) >= 2
     interrupt_at(monkeypatch, 20)
     with pytest.raises(Interrupted):
         train(cfg, tmp_path / "resumed")
     monkeypatch.undo()
+    write_fits(fits, [2048, 32768], [64, 64])  # the report written again: not followed
     summary = train(cfg, tmp_path / "resumed")
     assert summary["resumed_at"] == [18]
     assert comparable(tmp_path / "resumed") == comparable(tmp_path / "reference")
     assert summary["batch_changes"] == reference["batch_changes"]
+    if schedule == "measured":
+        assert [(c["step"], c["batch_size"]) for c in summary["batch_changes"]][:2] == [
+            (9, 16), (21, 32)]
+        assert summary["measured_curve"]["b_crit"] == [16, 64]
 
 
 def _cli(run_dir: Path, overrides: list[str], **kw) -> subprocess.Popen:

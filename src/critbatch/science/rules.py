@@ -1,5 +1,6 @@
 """Batch-size and learning-rate rules: batches as powers of two of the micro-batch, the
-linear ramp, the noise-adaptive controller, and the lr scaling rules. Pure Python."""
+linear ramp, the noise-adaptive controller, the batch that follows a measured critical-batch
+curve, and the lr scaling rules. Pure Python."""
 
 from __future__ import annotations
 
@@ -78,6 +79,31 @@ class AdaptiveBatch:
         if wanted != self.batch:
             self.batch, self.last_change = wanted, step
         return self.batch
+
+
+def log_interp(x: float, points: list[tuple[float, float]]) -> float:
+    """The piecewise power law through `points` [(x, y)] (x ascending, all positive) at `x`:
+    log y linear in log x between neighbouring points, constant beyond the first and last."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            frac = math.log(x / x0) / math.log(x1 / x0)
+            return math.exp(math.log(y0) + frac * (math.log(y1) - math.log(y0)))
+    return points[-1][1]
+
+
+def measured_batch_size(b_crit: float, batch: int, cap: int, factor: float) -> int:
+    """The batch after doubling `batch` while `b_crit > factor x batch`, never above `cap`.
+
+    `b_crit` is the measured local critical batch at this point of training (sequences;
+    Merrill et al. 2025's branched estimate, analysis/local_cbs.py). Doubling only once it
+    exceeds factor x the batch keeps the batch below B_crit / factor x 2 (factor 2: at most
+    B_crit), where a larger batch still costs few extra tokens; it never shrinks.
+    """
+    while b_crit > factor * batch and 2 * batch <= cap:
+        batch *= 2
+    return batch
 
 
 def lr_multiplier(rule: str, batch_size: int, base_batch_size: int) -> float:

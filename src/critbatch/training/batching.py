@@ -15,6 +15,11 @@ et al. 2025 report 43% fewer steps with a batch warmup.
 - `adaptive`: `noise_factor x B_noise` from the online tracker, clipped to
   [batch_size_start, batch_size], rounded to the nearest power of two times the
   micro-batch, decided every `interval_steps` optimizer steps (so changed at most that often).
+- `measured`: from `train.batch_size_start`, doubled while the local critical batch measured
+  by branched training (a local-CBS report, `train.measured.fits`) at the tokens trained
+  exceeds `train.measured.factor` x the batch, up to `train.batch_size`; checked before every
+  step, never shrinking. The curve is read once at the start (training/measured.py) and is
+  part of the plan's checkpointed state, so a resumed run follows the curve it started with.
 - `switch`: `train.batch_size_start` until `train.switch_at_tokens`, then `train.batch_size`
   (a local-CBS branch: the base run's prefix, then k x its batch; training/local_cbs.py).
   Its optimizers are built for the first batch, so the lr before the switch is the base run's
@@ -31,8 +36,15 @@ from __future__ import annotations
 
 import math
 
-from critbatch.science.rules import AdaptiveBatch, pow2_floor, ramp_batch_size
+from critbatch.science.rules import (
+    AdaptiveBatch,
+    log_interp,
+    measured_batch_size,
+    pow2_floor,
+    ramp_batch_size,
+)
 from critbatch.training.config import Config, micro_batch_size, token_budget
+from critbatch.training.measured import read_curve
 
 
 class BatchPlan:
@@ -57,6 +69,12 @@ class BatchPlan:
         self.quantum = math.lcm(self.micro, t.data_chunk or 1)  # sequences: a switch's last steps
         self.controller = AdaptiveBatch(self.start, self.end, self.micro,
                                         t.adaptive.interval_steps, t.adaptive.noise_factor)
+        self.factor = t.measured.factor
+        self.measured = self.start  # measured: the batch so far (the last steps' shrink aside)
+        # measured: [[tokens, B_crit (sequences)], ...], read from the report at the start and
+        # replaced by the checkpoint's copy on resume (`restore`)
+        self.curve = (read_curve(t.measured.fits, cfg.optim.name, cfg.optim.lr_scaling,
+                                 cfg.scale) if self.kind == "measured" else [])
 
     @property
     def smallest_step(self) -> int:
@@ -77,9 +95,18 @@ class BatchPlan:
         if self.kind == "ramp":
             wanted = ramp_batch_size(tokens_done, self.budget, self.start, self.end,
                                      self.fraction, self.micro)
+        elif self.kind == "measured":
+            self.measured = measured_batch_size(self.b_crit(tokens_done), self.measured,
+                                                self.end, self.factor)
+            wanted = self.measured
         else:
             wanted = self.controller.update(step, b_noise)
         return wanted if wanted <= left else pow2_floor(left, self.micro)
+
+    def b_crit(self, tokens_done: int) -> float:
+        """The measured local critical batch (sequences) after `tokens_done` tokens: log B_crit
+        linear in log tokens between the report's checkpoints, constant beyond its ends."""
+        return log_interp(max(tokens_done, 1), [(t, b) for t, b in self.curve])
 
     def decides(self, step: int) -> bool:
         """True when the batch of the step after `step` steps may follow a new B_noise (the
@@ -91,10 +118,25 @@ class BatchPlan:
         return (self.budget - tokens_done) // self.seq_len < self.smallest_step
 
     def state(self) -> dict:
-        """What a checkpoint needs to resume the adaptive controller."""
+        """What a checkpoint needs to resume the adaptive controller, or the measured batch and
+        the curve it follows."""
+        if self.kind == "measured":
+            return {"batch": self.measured, "curve": self.curve}
         return {"batch": self.controller.batch, "last_change": self.controller.last_change}
 
     def restore(self, state: dict | None) -> None:
-        if state:
-            self.controller.batch = state["batch"]
-            self.controller.last_change = state["last_change"]
+        if not state:
+            return
+        if self.kind == "measured":
+            self.measured, self.curve = state["batch"], state["curve"]
+            return
+        self.controller.batch = state["batch"]
+        self.controller.last_change = state["last_change"]
+
+    def summary_fields(self, fits: str | None) -> dict:
+        """What summary.json records of the plan: a measured run's curve and its source."""
+        if self.kind != "measured":
+            return {}
+        return {"measured_curve": {"fits": fits, "factor": self.factor,
+                                   "tokens": [t for t, _ in self.curve],
+                                   "b_crit": [b for _, b in self.curve]}}

@@ -301,4 +301,4 @@ def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
         checkpoint_time_s=saver.seconds, git_revision=runs.git_revision(),
         versions=runs.package_versions(),
     )
-    return {**summary, **state.branch_fields}
+    return {**summary, **state.branch_fields, **tr.plan.summary_fields(cfg.train.measured.fits)}

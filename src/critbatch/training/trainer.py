@@ -142,7 +142,8 @@ def log_start(tr: Trainer) -> None:
         how = {"ramp": f"linear in tokens over the first {t.ramp_fraction:.0%} of them",
                "adaptive": f"following {t.adaptive.noise_factor:g} x B_noise, decided every "
                            f"{t.adaptive.interval_steps} steps",
-               "switch": f"switching after {(t.switch_at_tokens or 0) / 1e6:.3f}M tokens"
+               "switch": f"switching after {(t.switch_at_tokens or 0) / 1e6:.3f}M tokens",
+               "measured": f"doubled while the measured B_crit > {t.measured.factor:g} x it"
                }[t.batch_schedule]
         log.info(f"train: {t.batch_schedule} batch {tr.plan.start} -> {t.batch_size} sequences "
                  f"({how}) x {m.seq_len} tokens, {tr.plan.budget / 1e6:.3f}M tokens; "
@@ -154,6 +155,10 @@ def log_start(tr: Trainer) -> None:
             f"{tr.plan.budget / 1e6:.3f}M tokens; {local // micro} micro-batch(es) of {micro}; "
             f"{where}"
         )
+    if t.batch_schedule == "measured":
+        points = ", ".join(f"{b:g} at {tokens / 1e6:.3g}M" for tokens, b in tr.plan.curve)
+        source = "the checkpoint's copy" if tr.resumed else t.measured.fits
+        log.info(f"measured: B_crit (sequences) at tokens from {source}: {points}")
     if t.data_chunk:
         log.info(f"data: each step's batch is chunks of {t.data_chunk} sequences, numbered by the "
                  "sequences trained so far (train.data_chunk)")
