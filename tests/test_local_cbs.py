@@ -15,7 +15,11 @@ from critbatch.science.local_cbs import (
     estimate_branch_noise,
     local_critical_batch,
     local_critical_batch_ema,
+    local_critical_batches_by_seed,
     paired_excess,
+    pool_seed_scatter,
+    seed_excesses,
+    seed_paired_excess,
 )
 
 T_95_DOF1 = math.tan(0.45 * math.pi)  # Student's t with 1 dof is Cauchy: tan(pi (p - 1/2))
@@ -279,3 +283,123 @@ def test_paper_rule_by_hand():
     assert local_critical_batch_ema(16, (1, 2, 4, 8), series) == 128
     assert local_critical_batch_ema(16, (1, 2, 4), series[:3]) == 32
     assert local_critical_batch_ema(16, (1, 2, 4), series[:3], epsilon=0.03) == 64
+
+
+# ---------------------------------------------------------------------------------------------
+# Replicated ladders: every k trained again at each replicate seed
+
+
+def ladder_world(rng: np.random.Generator, excess_of, checkpoints: int = 6, seeds: int = 2,
+                 sequences: int = 256, order_sd: float = 0.02, branch_sd: float = 0.002,
+                 sequence_sd: float = 0.02, ks=KS) -> list[list[np.ndarray]]:
+    """Per checkpoint, per k: losses (seeds x sequences) with
+    L_ksj = mu_j + excess(k) + w_s + u_ks + e_ksj: w_s (sd `order_sd`) is the data order of
+    seed s, shared by every k trained on it; u_ks (sd `branch_sd`) and e_ksj per branch."""
+    world = []
+    for _ in range(checkpoints):
+        mu = rng.normal(3.5, 0.5, sequences)
+        order = rng.normal(0, order_sd, seeds)
+        world.append([
+            mu + excess_of(k) + order[:, None] + rng.normal(0, branch_sd, (seeds, 1))
+            + rng.normal(0, sequence_sd, (seeds, sequences)) for k in ks])
+    return world
+
+
+def test_replicated_ladders_recover_a_planted_local_bcrit_despite_data_order_noise():
+    """60 base runs (planted B_crit 32 ... 1024, 10 each) of 6 checkpoints with two seeds:
+    the data order moves every branch by sd 0.02 nats/token, twenty times the branch noise, as
+    the cpu runs' k = 1 replicates scatter (branch noise 0.001 and 512 sequences as in the
+    first test above). Pairing by seed cancels it: every checkpoint's
+    decision is within one doubling, and most are exact. The k = 1 replicate design on the
+    same losses (its branch sd from the seed pairs) cannot resolve the first step up."""
+    off, k1_only = [], []
+    for planted in (32, 64, 128, 256, 512, 1024):
+        for seed in range(10):
+            rng = np.random.default_rng(10_000 + 100 * planted + seed)
+            world = ladder_world(rng, lambda k, p=planted: 0.015 * max(0.0, k * BASE / p - 1),
+                                 sequences=512, branch_sd=0.001)
+            for result in local_critical_batches_by_seed(BASE, KS, world):
+                off.append(math.log2(result.b_crit / planted))
+            k1 = estimate_branch_noise([(c[0][0], c[0][1]) for c in world])
+            k1_only += [local_critical_batch(BASE, KS, [x[0] for x in c], k1).b_crit / planted
+                        for c in world]
+    off = np.array(off)
+    print(f"replicated ladders: exact in {np.mean(off == 0):.0%} of {len(off)} checkpoints; "
+          f"k = 1 replicates only: median b_crit / planted {np.median(k1_only):.3g}")
+    assert np.all(np.abs(off) <= 1)
+    assert np.mean(off == 0) >= 0.8
+    assert np.median(k1_only) < 0.5
+
+
+def test_false_alarm_rate_between_identical_branches_with_replicated_ladders():
+    """2000 base runs whose k = 1 and k = 2 branches are trained identically (zero excess),
+    6 checkpoints, two seeds, data-order sd 0.02. A false alarm is calling k = 2 worse at
+    tolerance 0 (its one-sided 95% lower bound above zero) at the first checkpoint: at most
+    the nominal 5% plus three Monte Carlo standard errors, and not far below it."""
+    rng = np.random.default_rng(11)
+    trials, alarms = 2000, 0
+    for _ in range(trials):
+        world = ladder_world(rng, lambda k: 0.0, ks=(1, 2), sequences=64)
+        arrays = world[0]
+        diffs = [seed_excesses(c[1], c[0])[0] for c in world]
+        scatter = pool_seed_scatter(diffs)
+        alarms += seed_paired_excess(arrays[1], arrays[0], scatter).lower > 0
+    rate = alarms / trials
+    margin = 3 * math.sqrt(0.05 * 0.95 / trials)
+    print(f"replicated ladders: false-alarm rate {rate:.1%} at nominal 5%")
+    assert 0.05 - 2 * margin <= rate <= 0.05 + margin
+
+
+def test_seed_paired_bound_by_hand():
+    """Two seeds whose excesses are 0.01 and 0.03 (constant shifts: no sequence scatter); a
+    second comparison with excesses 0.0 and 0.02. Pooled variance ((0.01^2 + 0.01^2) * 2) / 2
+    = 2e-4 with 2 dof; se = sqrt(2e-4 / 2) = 0.01; upper = 0.02 + t(2) x 0.01."""
+    x = np.linspace(3.0, 4.0, 8)
+    ref = np.stack([x, x + 0.5])  # the seeds' data orders differ by 0.5 nats: cancelled
+    first, second = ref + np.array([[0.01], [0.03]]), ref + np.array([[0.0], [0.02]])
+    scatter = pool_seed_scatter([seed_excesses(first, ref)[0], seed_excesses(second, ref)[0]])
+    assert scatter.var == pytest.approx(2e-4, rel=1e-9) and scatter.dof == 2
+    result = seed_paired_excess(first, ref, scatter)
+    assert result.excess == pytest.approx(0.02, rel=1e-9)
+    assert result.se == pytest.approx(0.01, rel=1e-9)
+    assert result.se_paired == pytest.approx(0.0, abs=1e-12)
+    assert result.upper == pytest.approx(0.02 + 0.01 * T_95_DOF2, rel=1e-9)
+
+
+def test_replicated_walk_on_hand_computed_ladders():
+    """Two checkpoints x two seeds of constant shifts; k = 2's excesses over k = 1 are
+    (-0.002, 0.0) and (-0.004, -0.002): pooled var (2e-6 + 2e-6) / 2 dof, se 0.001, bound
+    excess + t(2) x 0.001 = excess + 0.00292. k = 4 is 0.03 worse at the second
+    checkpoint only. Checkpoint 0: every k accepted (a lower bound); checkpoint 1: b_crit 2 B,
+    the walk stopped by k = 4."""
+    x = np.linspace(3.0, 4.0, 8)
+    base = np.stack([x, x + 0.3])
+
+    def ladder(shifts):
+        return [base + np.array(s)[:, None] for s in shifts]
+
+    world = [ladder([(0, 0), (-0.002, 0.0), (-0.003, 0.001)]),
+             ladder([(0, 0), (-0.004, -0.002), (0.027, 0.027)])]
+    first, second = local_critical_batches_by_seed(16, (1, 2, 4), world)
+    half = T_95_DOF2 * 0.001
+    assert first.excess[0] == pytest.approx(-0.001, abs=1e-12)
+    assert first.upper[0] == pytest.approx(-0.001 + half, rel=1e-9)
+    assert first.b_crit == 64 and first.lower_bound_only
+    assert second.references == (1, 2)
+    assert second.excess == pytest.approx((-0.003, 0.030), abs=1e-12)
+    assert second.b_crit == 32 and not second.lower_bound_only
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: pool_seed_scatter([[0.1], [0.2]]), "replicate_ladder"),
+    (lambda: seed_excesses(np.ones((2, 3)), np.ones((3, 3))), "same seeds"),
+    (lambda: seed_excesses(np.ones(3), np.ones(3)), "seeds x sequences"),
+    (lambda: local_critical_batches_by_seed(16, (1, 2), [[np.ones((1, 3)), np.ones((1, 3))]]),
+     "replicate_ladder"),
+    (lambda: local_critical_batches_by_seed(16, (1, 2), [[np.ones((2, 3)), np.ones((1, 3))]]),
+     "same seeds and validation sequences"),
+])
+def test_bad_ladders_are_one_line_value_errors(call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert message in str(info.value) and "\n" not in str(info.value)

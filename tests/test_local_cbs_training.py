@@ -17,6 +17,7 @@ from critbatch.training import loop as train_loop
 from critbatch.training.branches import plan_branches
 from critbatch.training.data import sample_batch, sample_chunks
 from critbatch.training.local_cbs import VAL_SEQUENCES
+from critbatch.training.local_cbs import plan as local_plan
 from critbatch.training.loop import train, train_with_branches
 
 TIMING_KEYS = {"wall_time_s", "tokens_per_s", "resumed_at", "checkpoint_saves",
@@ -31,7 +32,8 @@ BASE = ["train.batch_size=4", "train.tokens=10240", "train.schedule=constant",
         "train.warmup_steps=5", "train.log_every=5", "train.eval_points=3",
         "optim.lr_scaling=sqrt", "optim.base_batch_size=4"]
 LOCAL = ["train.local_cbs.at_fractions=[0.25,0.5]", "train.local_cbs.multipliers=[1,2,4]",
-         "train.local_cbs.window_tokens=2048", "train.local_cbs.replicate_seeds=[1]"]
+         "train.local_cbs.window_tokens=2048", "train.local_cbs.replicate_seeds=[1]",
+         "train.local_cbs.replicate_ladder=false"]
 FORKS = (2560, 5120)  # tokens at the forks
 NAMES = ("k=1", "k=2", "k=4", "k=1,seed=1")
 
@@ -197,7 +199,44 @@ def test_a_killed_branch_resumes_bitwise(tiny_cfg, tmp_path, monkeypatch):
     assert runs.read_summary(killed)["resumed_at"] == [2560 // 128, 2560 // 128 + 2]
 
 
+def test_the_ladder_is_repeated_at_every_replicate_seed(tiny_cfg):
+    """replicate_ladder (the default): each replicate seed trains every k again, from the
+    same fork, at that seed; without it only k = 1 is repeated."""
+    cfg = tiny_cfg(*BASE, *LOCAL[:-1], "train.local_cbs.replicate_seeds=[1,2]")
+    planned = local_plan(cfg, [])
+    at_first = [b.folder.split("/")[-1] for b in planned if b.at_tokens == FORKS[0]]
+    assert at_first == ["k=1", "k=2", "k=4", "k=1,seed=1", "k=2,seed=1", "k=4,seed=1",
+                        "k=1,seed=2", "k=2,seed=2", "k=4,seed=2"]
+    repeat = next(b for b in planned if b.folder.endswith("tokens=5120/k=4,seed=2"))
+    assert repeat.cfg.train.seed == 2 and repeat.cfg.train.batch_size == 16
+    assert "train.seed=2" in repeat.overrides
+    only_k1 = local_plan(tiny_cfg(*BASE, *LOCAL), [])
+    assert [b.folder.split("/")[-1] for b in only_k1 if b.at_tokens == FORKS[0]] == list(NAMES)
+
+
+def test_a_branch_cooldown_anneals_the_end_of_its_window_only(tiny_cfg, tmp_path):
+    """local_cbs.cooldown_fraction=0.5: the k = 2 branch forked at 2560 tokens keeps the
+    base's constant lr up to the fork and the switch's scaled lr for the first half of its
+    2048-token window, then decays (1-sqrt) to min_lr_ratio of it at its last step."""
+    cfg = tiny_cfg(*BASE, *LOCAL, "train.gns.enabled=false", "train.local_cbs.at_fractions=[0.25]",
+                   "train.local_cbs.cooldown_fraction=0.5", "train.local_cbs.replicate_seeds=[]")
+    branch = next(b for b in local_plan(cfg, []) if b.multiplier == 2)
+    assert branch.cfg.train.schedule == "wsd"
+    assert branch.cfg.train.cooldown_fraction == pytest.approx(0.5 * 2048 / (2560 + 2048))
+    assert f"train.cooldown_fraction={branch.cfg.train.cooldown_fraction!r}" in branch.overrides
+    train(branch.cfg, tmp_path / "branch")
+    rows = runs.read_metrics(tmp_path / "branch")
+    peak = rows[10]["lr"]  # after the 5-step warmup, before the fork at step 20
+    assert [r["lr"] for r in rows[5:20]] == [peak] * 15
+    window = [r["lr"] for r in rows[20:]]  # 8 steps of 8 sequences x 32 tokens
+    scaled = peak * lr_multiplier("sqrt", 8, 4)
+    assert window[:4] == pytest.approx([scaled] * 4)
+    assert all(b < a for a, b in zip(window[3:], window[4:], strict=False))
+    assert window[-1] == pytest.approx(scaled * 0.1)
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
+    (["train.local_cbs.cooldown_fraction=1.5"], "cooldown_fraction=1.5 must lie in"),
     (["train.local_cbs.at_fractions=[0.5,1.2]"], "must be increasing fractions"),
     (["train.local_cbs.at_fractions=[0.5,0.25]"], "must be increasing fractions"),
     (["train.local_cbs.multipliers=[1,3,9]"], "ascending powers of two starting at 1"),
@@ -255,7 +294,7 @@ def test_the_entry_point_trains_a_base_and_its_branches_then_resumes_nothing(
     names = sorted(str(p.parent.relative_to(base / "local_cbs"))
                    for p in base.glob("local_cbs/*/*/summary.json"))
     assert names == sorted(f"tokens={t}/{k}" for t in (512, 2560)
-                           for k in ("k=1", "k=1,seed=1", "k=2"))
+                           for k in ("k=1", "k=1,seed=1", "k=2", "k=2,seed=1"))
     capsys.readouterr()
     main([str(base)])
     assert "0 run(s) trained" in capsys.readouterr().out

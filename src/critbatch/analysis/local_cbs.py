@@ -73,9 +73,11 @@ from critbatch.science.local_cbs import (
     CONFIDENCE,
     TOLERANCE,
     BranchNoise,
+    LocalCriticalBatch,
     estimate_branch_noise,
     local_critical_batch,
     local_critical_batch_ema,
+    local_critical_batches_by_seed,
 )
 
 LOCAL_CBS_DIR = "local_cbs"  # inside a base run folder
@@ -93,7 +95,19 @@ PLOTS = {
     "local_bcrit_vs_loss": "Local B_crit, online B_noise and the batch sweep's B_crit "
                            "(sequences) versus loss (nats/token)",
 }
-INTERVAL = ("one-sided {level:.0%} upper bound from per-sequence pairs plus seed replicates")
+INTERVALS = {  # per design, what the bound of an excess rests on
+    "replicated ladders": "one-sided {level:.0%} upper bound from the scatter across seeds of "
+                          "the seed-paired excess (every k trained again at each replicate "
+                          "seed on the same data order, pooled over checkpoints per k)",
+    "k = 1 replicates": "one-sided {level:.0%} upper bound from per-sequence pairs plus seed "
+                        "replicates (branch variance from the k = 1 branches trained twice, "
+                        "pooled over each base run's checkpoints)",
+}
+
+
+def interval_text(designs: Sequence[str], level: float) -> str:
+    return "; ".join(f"{d}: {INTERVALS[d].format(level=level)}" if len(set(designs)) > 1
+                     else INTERVALS[d].format(level=level) for d in sorted(set(designs)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +120,7 @@ class Branch:
 
     run_dir: Path
     multiplier: int  # k: the branch trains at k x the base batch
-    seed: int | None  # None: the branch the decision uses; else a k = 1 replicate's seed tag
+    seed: int | None  # None: trained at the base's seed; else a replicate's seed tag
     summary: dict
     losses: np.ndarray | None  # nats/token, one per validation sequence; None: diverged
     train_losses: np.ndarray  # nats/token, one per optimizer step after the fork
@@ -115,8 +129,20 @@ class Branch:
 @dataclass(frozen=True)
 class Checkpoint:
     tokens: int  # training tokens of the base run at the fork
-    branches: tuple[Branch, ...]  # the decision's branches, ascending k
-    replicates: tuple[Branch, ...]  # the k = 1 replicates (other seeds)
+    branches: tuple[Branch, ...]  # at the base's seed, ascending k
+    replicates: tuple[Branch, ...]  # at other seeds (k = 1 only, or every k), by seed then k
+
+    def ladder_seeds(self) -> list[int]:
+        """Replicate seeds at which every k of `branches` was trained again."""
+        ks = {b.multiplier for b in self.branches}
+        seeds = sorted({b.seed for b in self.replicates})
+        return [s for s in seeds
+                if {b.multiplier for b in self.replicates if b.seed == s} >= ks]
+
+    def at_seed(self, seed: int | None) -> list[Branch]:
+        """The ladder trained at `seed` (None: the base's), ascending k."""
+        return sorted((b for b in (*self.branches, *self.replicates) if b.seed == seed),
+                      key=lambda b: b.multiplier)
 
 
 @dataclass(frozen=True)
@@ -128,6 +154,30 @@ class BaseRun:
     @property
     def optimizer(self) -> str:
         return self.summary["optimizer"]
+
+    @property
+    def lr_scaling(self) -> str:
+        """How the branches' lr followed their batch (optim.lr_scaling)."""
+        return str(self.summary.get("lr_scaling", "unknown"))
+
+    @property
+    def label(self) -> str:
+        return arm_label(self.optimizer, self.lr_scaling)
+
+    @property
+    def ladder(self) -> bool:
+        """Every checkpoint has its whole ladder again at one replicate seed or more."""
+        return all(c.ladder_seeds() for c in self.checkpoints)
+
+
+def arm_label(optimizer: str, lr_scaling: str | None) -> str:
+    """How tables, fits and plots name a base run's measurement: the optimizer and the rule
+    its branches' lr followed ('muon, lr sqrt')."""
+    return f"{optimizer}, lr {lr_scaling or 'unknown'}"
+
+
+def label_of(row: dict) -> str:
+    return arm_label(row["optimizer"], row.get("lr_scaling"))
 
 
 def find_base_runs(paths: Sequence[str | Path]) -> list[Path]:
@@ -200,10 +250,8 @@ def read_checkpoint(folder: Path, tokens: int) -> Checkpoint:
     names = sorted(p for p in folder.iterdir() if p.is_dir() and BRANCH_NAME.fullmatch(p.name))
     branches = [read_branch(p, tokens) for p in names]
     main = sorted((b for b in branches if b.seed is None), key=lambda b: b.multiplier)
-    replicates = sorted((b for b in branches if b.seed is not None), key=lambda b: b.seed)
-    if any(b.multiplier != 1 for b in replicates):
-        raise ResultsError(f"{folder} has seed replicates at k > 1; only k=1,seed=<s> folders "
-                           "are replicates: rename or remove the others")
+    replicates = sorted((b for b in branches if b.seed is not None),
+                        key=lambda b: (b.seed, b.multiplier))
     return Checkpoint(tokens=tokens, branches=tuple(main), replicates=tuple(replicates))
 
 
@@ -244,19 +292,9 @@ def load_base_run(run_dir: Path) -> BaseRun:
 
 def replicate_pairs(checkpoint: Checkpoint) -> list[tuple[np.ndarray, np.ndarray]]:
     """Disjoint pairs of identically trained k = 1 branches (module docstring)."""
-    k1 = [b for b in checkpoint.branches if b.multiplier == 1]
-    same = [b for b in (*k1, *checkpoint.replicates) if b.losses is not None]
+    same = [b for b in (*checkpoint.branches, *checkpoint.replicates)
+            if b.multiplier == 1 and b.losses is not None]
     return [(same[i].losses, same[i + 1].losses) for i in range(0, len(same) - 1, 2)]
-
-
-def branch_noise(base: BaseRun) -> BranchNoise:
-    pairs = [p for c in base.checkpoints for p in replicate_pairs(c)]
-    if not pairs:
-        raise ResultsError(f"{base.run_dir / LOCAL_CBS_DIR} has no seed replicates "
-                           "(k=1,seed=<s> folders): without them the branch noise is unknown "
-                           "and identical branches would be called different; train the k = 1 "
-                           "branch with a second seed at one checkpoint or more")
-    return estimate_branch_noise(pairs)
 
 
 def curve_value(curve: list[dict], tokens: float, key: str) -> float | None:
@@ -301,28 +339,30 @@ def ema_rule(base_batch: int, checkpoint: Checkpoint, where: str,
                                      for b in checkpoint.branches], epsilon=EMA_EPSILON)
 
 
-def checkpoint_row(base: BaseRun, checkpoint: Checkpoint, noise: BranchNoise, tolerance: float,
-                   confidence: float, warnings: list[str]) -> dict:
-    """One row of fits.json `local_cbs` (ROW_KEYS and a few more)."""
+def checkpoint_row(base: BaseRun, checkpoint: Checkpoint, decided: dict,
+                   noise: BranchNoise | None, tolerance: float, confidence: float,
+                   warnings: list[str]) -> dict:
+    """One row of fits.json `local_cbs` (ROW_KEYS and a few more) from the checkpoint's
+    decision fields (`decide_base`)."""
     s = base.summary
     batch, seq_len = int(s["batch_size"]), int(s["seq_len"])
     where = f"{base.run_dir.name} at {checkpoint.tokens:,} tokens"
-    for b in checkpoint.branches:
+    for b in (*checkpoint.branches, *checkpoint.replicates):
         if b.summary["batch_size"] != b.multiplier * batch:
-            warnings.append(f"{where}: branch k={b.multiplier} trained at batch "
+            warnings.append(f"{where}: branch {b.run_dir.name} trained at batch "
                             f"{b.summary['batch_size']}, not {b.multiplier} x {batch}")
     ks = [b.multiplier for b in checkpoint.branches]
-    decided = decide(checkpoint, batch, noise, tolerance, confidence, where)
     loss = checkpoint_loss(base, checkpoint)
     if loss is None:
         warnings.append(f"{where}: no validation loss at the checkpoint (neither the base run's "
                         "curve nor the k=1 branch's covers it); left out of the fit")
     return {
-        "optimizer": base.optimizer, "tokens": checkpoint.tokens, "val_loss": loss,
-        **decided, "b_crit_tokens": decided["b_crit"] * seq_len,
+        "optimizer": base.optimizer, "lr_scaling": base.lr_scaling, "tokens": checkpoint.tokens,
+        "val_loss": loss, **decided, "b_crit_tokens": decided["b_crit"] * seq_len,
         "b_crit_ema": ema_rule(batch, checkpoint, where, warnings),
         "base_batch_size": batch, "multipliers": list(ks),
-        "branch_sd": noise.sd, "branch_sd_dof": noise.dof, "branch_pairs": noise.pairs,
+        "branch_sd": noise.sd if noise else None, "branch_sd_dof": noise.dof if noise else None,
+        "branch_pairs": noise.pairs if noise else 0,
         "tolerance": tolerance, "confidence": confidence, "run_dir": str(base.run_dir),
         "b_noise": curve_value(s["curve"], checkpoint.tokens, "b_noise"),
         "seq_len": seq_len, "sequences": len(checkpoint.branches[0].losses),
@@ -332,35 +372,39 @@ def checkpoint_row(base: BaseRun, checkpoint: Checkpoint, noise: BranchNoise, to
     }
 
 
-def decide(checkpoint: Checkpoint, batch: int, noise: BranchNoise, tolerance: float,
-           confidence: float, where: str) -> dict:
-    """`local_critical_batch` over the branches below the first diverged one; a diverged
-    branch is a rejection (its excess and upper bound read infinity). Returns the row's
-    decision fields: b_crit, margin, lower_bound_only, first_step_rejected (the first step up
-    was rejected: no lower end), noise_limited (the rejecting comparison's excess was within
-    tolerance, only its bound was not), excess, upper and reference per k after the first,
-    diverged (its multipliers)."""
-    branches = checkpoint.branches
-    if branches[0].losses is None:
-        raise ResultsError(f"{where}: the k={branches[0].multiplier} branch diverged, so there "
+def ladders_of(base: BaseRun, checkpoint: Checkpoint) -> list[list[Branch]]:
+    """The ladders a checkpoint's decision uses: the base seed's, then (replicated design)
+    each replicate seed's, every one ascending in k."""
+    seeds = checkpoint.ladder_seeds() if base.ladder else []
+    return [checkpoint.at_seed(None), *(checkpoint.at_seed(s) for s in seeds)]
+
+
+def usable(ladders: list[list[Branch]], where: str) -> tuple[int, list[int]]:
+    """How many k, from the smallest, every ladder trained without diverging, and the
+    multipliers that diverged in any ladder (a diverged branch is a rejection)."""
+    if any(ladder[0].losses is None for ladder in ladders):
+        raise ResultsError(f"{where}: a k={ladders[0][0].multiplier} branch diverged, so there "
                            "is nothing to compare the larger batches with; retrain it, or "
                            "remove the checkpoint's folder")
-    diverged = [b.multiplier for b in branches if b.losses is None]
-    kept = [b for b in branches if diverged == [] or b.multiplier < diverged[0]]
-    ks = [b.multiplier for b in kept]
-    rejected = [str(b.multiplier) for b in branches[len(kept):]]
+    ks = [b.multiplier for b in ladders[0]]
+    broken = [i for i in range(len(ks)) if any(ladder[i].losses is None for ladder in ladders)]
+    return (broken[0] if broken else len(ks)), [ks[i] for i in broken]
+
+
+def decision_fields(d: LocalCriticalBatch | None, ks: list[int], kept: int,
+                    diverged: list[int], batch: int, tolerance: float) -> dict:
+    """A checkpoint's decision as row fields: b_crit, margin, lower_bound_only,
+    first_step_rejected (the first step up was rejected: no lower end), noise_limited (the
+    rejecting comparison's excess was within tolerance, only its bound was not), excess,
+    upper and reference per k after the first (infinity and null at and above a diverged
+    k), diverged (its multipliers). `d` is None when the first step up diverged."""
+    rejected = [str(k) for k in ks[kept:]]
     inf = dict.fromkeys(rejected, math.inf)
-    if len(kept) == 1:  # the first step up diverged
+    if d is None:
         return {"b_crit": batch * ks[0], "margin": None, "noise_limited": False,
-                "lower_bound_only": False,
-                "first_step_rejected": True, "excess": inf, "upper": inf,
-                "reference": dict.fromkeys(rejected), "diverged": diverged}
-    try:
-        d = local_critical_batch(batch, ks, [b.losses for b in kept], noise,
-                                 tolerance=tolerance, confidence=confidence)
-    except ValueError as err:
-        raise ResultsError(f"{where}: {err}") from None
-    pairs = list(zip(ks[1:], d.comparisons, d.references, strict=True))
+                "lower_bound_only": False, "first_step_rejected": True, "excess": inf,
+                "upper": inf, "reference": dict.fromkeys(rejected), "diverged": diverged}
+    pairs = list(zip(ks[1:kept], d.comparisons, d.references, strict=True))
     stop = next((c for c in d.comparisons if c.upper >= tolerance), None)
     return {"b_crit": d.b_crit, "margin": d.margin,
             "noise_limited": stop is not None and stop.excess < tolerance,
@@ -372,20 +416,71 @@ def decide(checkpoint: Checkpoint, batch: int, noise: BranchNoise, tolerance: fl
             "diverged": diverged}
 
 
+def decide_base(base: BaseRun, noise: BranchNoise | None, tolerance: float,
+                confidence: float) -> tuple[list[dict], list[dict]]:
+    """Every checkpoint's decision fields (`decision_fields`), and per k after the first the
+    noise its bounds used. Replicated design (`BaseRun.ladder`):
+    `local_critical_batches_by_seed` on the ladders stacked by seed, the seed scatter pooled
+    over the checkpoints per k; else `local_critical_batch` with the k = 1 branch noise."""
+    batch = int(base.summary["batch_size"])
+    where = [f"{base.run_dir.name} at {c.tokens:,} tokens" for c in base.checkpoints]
+    ladders = [ladders_of(base, c) for c in base.checkpoints]
+    cut = [usable(lad, w) for lad, w in zip(ladders, where, strict=True)]
+    ks = [b.multiplier for b in base.checkpoints[0].branches]
+    decided: list[LocalCriticalBatch | None] = [None] * len(ladders)
+    todo = [i for i, (kept, _) in enumerate(cut) if kept >= 2]
+    try:
+        if base.ladder and todo:
+            stacked = [[np.stack([lad[j].losses for lad in ladders[i]])
+                        for j in range(cut[i][0])] for i in todo]
+            for i, d in zip(todo, local_critical_batches_by_seed(
+                    batch, ks, stacked, tolerance=tolerance, confidence=confidence),
+                    strict=True):
+                decided[i] = d
+        else:
+            for i in todo:
+                decided[i] = local_critical_batch(
+                    batch, ks[:cut[i][0]], [b.losses for b in ladders[i][0][:cut[i][0]]],
+                    noise, tolerance=tolerance, confidence=confidence)
+    except ValueError as err:
+        raise ResultsError(f"{base.run_dir.name}: {err}") from None
+    fields = [decision_fields(d, ks, kept, diverged, batch, tolerance)
+              for d, (kept, diverged) in zip(decided, cut, strict=True)]
+    return fields, scatter_rows(base, decided, ks)
+
+
+def scatter_rows(base: BaseRun, decided: list[LocalCriticalBatch | None],
+                 ks: list[int]) -> list[dict]:
+    """Per k after the first: the sd of one seed's (replicated design) or one branch pair's
+    excess the bounds used, with its degrees of freedom."""
+    rows = []
+    for j, k in enumerate(ks[1:]):
+        comparisons = [(d.comparisons[j], len(lad)) for d, lad in zip(
+            decided, (ladders_of(base, c) for c in base.checkpoints), strict=True)
+            if d is not None and len(d.comparisons) > j]
+        if comparisons:
+            c, seeds = comparisons[0]
+            rows.append({"multiplier": k, "sd": c.se * math.sqrt(seeds) if base.ladder
+                         else c.se, "dof": c.dof, "seeds": seeds})
+    return rows
+
+
 def kaplan_rows(rows: list[dict], warnings: list[str]) -> list[dict]:
     """Kaplan's law over each optimizer's local points (fit_kaplan, unweighted: the local
     B_crit is resolved to a doubling) with a bootstrap over checkpoints; a row saying why when
     there is no fit. Lower-bound-only points and those rejected at the first step (no lower
     end) are left out and named."""
     out = []
-    for opt in sorted({r["optimizer"] for r in rows}):
-        mine = [r for r in rows if r["optimizer"] == opt]
+    for label in sorted({label_of(r) for r in rows}):
+        mine = [r for r in rows if label_of(r) == label]
+        opt = mine[0]["optimizer"]
         pts = [r for r in mine if r["in_kaplan"]]
         left = [f"{r['tokens']:,} tokens ("
                 + ("no loss" if r["val_loss"] is None else "lower bound only"
                    if r["lower_bound_only"] else "rejected at the first step up") + ")"
                 for r in mine if not r["in_kaplan"]]
-        row = {"optimizer": opt, "method": "local", "b_star_tokens": None, "exponent": None,
+        row = {"optimizer": opt, "lr_scaling": mine[0].get("lr_scaling"), "label": label,
+               "method": "local", "b_star_tokens": None, "exponent": None,
                "exponent_low": None, "exponent_high": None, "b_star_tokens_low": None,
                "b_star_tokens_high": None, "n_points": len(pts), "n_units": len(pts),
                "interval": None, "left_out": left, "seq_len": mine[0]["seq_len"],
@@ -394,7 +489,7 @@ def kaplan_rows(rows: list[dict], warnings: list[str]) -> list[dict]:
         if len(set(losses)) < 2:
             row["interval"] = (f"none: no fit, {len(pts)} usable checkpoint(s) at "
                                f"{len(set(losses))} loss(es) (a fit needs two)")
-            warnings.append(f"Kaplan fit of the local B_crit ({opt}): {row['interval']}; "
+            warnings.append(f"Kaplan fit of the local B_crit ({label}): {row['interval']}; "
                             "branch at more checkpoints")
             out.append(row)
             continue
@@ -421,7 +516,8 @@ def cost_row(base: BaseRun) -> dict:
     tokens = sum(max(0, int(b.summary["tokens"]) - t) for t, b in branches)
     wall_s = sum(float(b.summary["wall_time_s"]) for _, b in branches)
     base_tokens, base_wall = int(base.summary["tokens"]), float(base.summary["wall_time_s"])
-    return {"optimizer": base.optimizer, "run_dir": str(base.run_dir),
+    return {"optimizer": base.optimizer, "lr_scaling": base.lr_scaling,
+            "run_dir": str(base.run_dir),
             "checkpoints": len(base.checkpoints), "branches": len(branches),
             "replicates": sum(len(c.replicates) for c in base.checkpoints),
             "branch_tokens": tokens, "base_tokens": base_tokens,
@@ -471,42 +567,56 @@ def analyse(bases: list[BaseRun], tolerance: float = TOLERANCE,
     warnings: list[str] = []
     rows, noise_rows = [], []
     for base in bases:
-        noise = branch_noise(base)
-        noise_rows.append({"optimizer": base.optimizer, "run_dir": str(base.run_dir),
-                           "branch_sd": noise.sd, "branch_sd_dof": noise.dof,
-                           "pairs": noise.pairs})
-        if noise.dof == 0:
+        pairs = [p for c in base.checkpoints for p in replicate_pairs(c)]
+        if not pairs and not base.ladder:
+            raise ResultsError(f"{base.run_dir / LOCAL_CBS_DIR} has no seed replicates "
+                               "(k=<k>,seed=<s> folders): without them the noise is unknown "
+                               "and identical branches would be called different; train the "
+                               "branches again at a replicate seed (train.local_cbs."
+                               "replicate_seeds)")
+        noise = estimate_branch_noise(pairs) if pairs else None
+        decided, scatter = decide_base(base, noise, tolerance, confidence)
+        noise_rows.append({"optimizer": base.optimizer, "lr_scaling": base.lr_scaling,
+                           "run_dir": str(base.run_dir),
+                           "design": "replicated ladders" if base.ladder else "k = 1 replicates",
+                           "branch_sd": noise.sd if noise else None,
+                           "branch_sd_dof": noise.dof if noise else None,
+                           "pairs": noise.pairs if noise else 0, "per_k": scatter})
+        if noise and noise.dof == 0 and not base.ladder:
             warnings.append(f"{base.run_dir.name}: the seed replicates differ no more than their "
                             "sequence scatter explains; no branch term in the bounds")
-        mine = [checkpoint_row(base, c, noise, tolerance, confidence, warnings)
-                for c in base.checkpoints]
+        mine = [checkpoint_row(base, c, d, noise, tolerance, confidence, warnings)
+                for c, d in zip(base.checkpoints, decided, strict=True)]
         limited = [r for r in mine if r["noise_limited"]]
         if limited:
             width = max(u - e for r in limited for e, u in zip(r["excess"].values(),
                                                                r["upper"].values(), strict=True)
                         if math.isfinite(u))
+            advice = ("train more replicate seeds" if base.ladder else
+                      "replicate every k (train.local_cbs.replicate_ladder=true)")
             warnings.append(f"{base.run_dir.name}: at {len(limited)} of {len(mine)} checkpoints "
                             "the walk stopped on noise (excess within tolerance, its bound not): "
                             f"bounds reach {width:.3g} nats/token above the excess against a "
-                            f"tolerance of {tolerance:g}; train more k = 1 replicate seeds or "
-                            "evaluate on more validation sequences")
+                            f"tolerance of {tolerance:g}; {advice}")
         rows += mine
     windows = sorted({r["window_tokens"] for r in rows if r["window_tokens"]})
+    interval = interval_text([n["design"] for n in noise_rows], confidence)
     rule = {"tolerance": tolerance, "confidence": confidence, "window_tokens": windows,
-            "interval": INTERVAL.format(level=confidence), "ema_epsilon": EMA_EPSILON,
-            "statement": rule_statement(tolerance, confidence, windows)}
+            "interval": interval, "ema_epsilon": EMA_EPSILON,
+            "statement": rule_statement(tolerance, confidence, windows, interval)}
     return {"rows": rows, "kaplan": kaplan_rows(rows, warnings),
             "cost": [cost_row(b) for b in bases], "noise": noise_rows, "rule": rule,
             "bases": bases, "batch_sweep": batch_sweep, "warnings": warnings}
 
 
-def rule_statement(tolerance: float, confidence: float, windows: list[int]) -> str:
+def rule_statement(tolerance: float, confidence: float, windows: list[int],
+                   interval: str) -> str:
     window = (", ".join(f"{w:,}" for w in windows) + " tokens" if windows
               else "an unrecorded number of tokens")
     return (f"From each checkpoint, branches at k x B (k = 1, 2, 4, ...) train a window of "
             f"{window}; each is then evaluated on the same validation windows. Walking k "
             "upwards, a branch is within tolerance when the "
-            f"{INTERVAL.format(level=confidence)} of its excess loss over the best smaller "
+            f"{interval} of its excess loss over the best smaller "
             f"branch is below {tolerance:g} nats/token; the local B_crit is k x B for the last "
             "k accepted before the first rejection (noise makes it smaller, never larger). "
             "When every k is accepted it is a lower bound only. The paper's rule (EMA of the "
@@ -554,23 +664,24 @@ def checkpoint_table(rows: list[dict]) -> str:
 
 
 def kaplan_table(rows: list[dict]) -> str:
-    table = [[r["optimizer"],
+    table = [[label_of(r),
               fmt_interval(r["b_star_tokens"], r["b_star_tokens_low"], r["b_star_tokens_high"]),
               fmt_interval(r["exponent"], r["exponent_low"], r["exponent_high"]),
               str(r["n_points"]), r["interval"], "; ".join(r["left_out"]) or "none"]
              for r in rows]
     table.append(["Kaplan et al. 2020", f"{KAPLAN_B_STAR_TOKENS:.0e}", f"{KAPLAN_EXPONENT:g}",
                   "-", "GPT-2 tokenizer on WebText2", "-"])
-    return md_table(["optimizer", "B* (tokens) [interval]", "1/alpha_B [interval]",
+    return md_table(["optimizer, lr rule", "B* (tokens) [interval]", "1/alpha_B [interval]",
                      "checkpoints", "interval", "left out"], table)
 
 
 def cost_table(rows: list[dict]) -> str:
     return md_table(
-        ["optimizer", "base run", "checkpoints", "branches (replicates)", "branch tokens",
+        ["optimizer, lr rule", "base run", "checkpoints", "branches (replicates)",
+         "branch tokens",
          "base tokens", "tokens / base", "branch wall time (s)", "base wall time (s)",
          "wall time / base"],
-        [[r["optimizer"], Path(r["run_dir"]).name, str(r["checkpoints"]),
+        [[label_of(r), Path(r["run_dir"]).name, str(r["checkpoints"]),
           f"{r['branches']} ({r['replicates']})", f"{r['branch_tokens']:,}",
           f"{r['base_tokens']:,}", fmt(r["token_fraction"], ".2f"),
           fmt(r["branch_wall_time_s"], ",.1f"), fmt(r["base_wall_time_s"], ",.1f"),
@@ -578,9 +689,15 @@ def cost_table(rows: list[dict]) -> str:
 
 
 def noise_table(rows: list[dict]) -> str:
-    return md_table(["optimizer", "base run", "branch sd (nats/token)", "dof", "replicate pairs"],
-                    [[r["optimizer"], Path(r["run_dir"]).name, fmt(r["branch_sd"], ".2e"),
-                      fmt(r["branch_sd_dof"], ".3g"), str(r["pairs"])] for r in rows])
+    """Per base run: its design, the k = 1 replicates' branch sd, and per k the sd of the
+    excess its bounds used (replicated design: one seed's excess; else one branch pair's)."""
+    return md_table(
+        ["optimizer, lr rule", "base run", "design", "k = 1 branch sd (nats/token) [dof, pairs]",
+         "per k: sd of the excess the bounds use (nats/token) [dof]"],
+        [[label_of(r), Path(r["run_dir"]).name, r.get("design", "k = 1 replicates"),
+          f"{fmt(r['branch_sd'], '.2e')} [{fmt(r['branch_sd_dof'], '.3g')}, {r['pairs']}]",
+          "; ".join(f"{x['multiplier']}: {x['sd']:.2e} [{x['dof']:.3g}]"
+                    for x in r.get("per_k", [])) or "-"] for r in rows])
 
 
 def report_markdown(result: dict, inputs: list[str], plots: dict[str, str]) -> str:
@@ -588,17 +705,20 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str]) -> s
     lines = ["# Local critical batch size by branched training", "",
              f"Inputs: {', '.join(inputs)}; {len(result['bases'])} base run(s), {len(rows)} "
              "checkpoint(s).", "", "## The rule", "", result["rule"]["statement"], "",
-             f"The interval: {result['rule']['interval']} (branch variance from the k = 1 "
-             "branches trained twice, pooled over each base run's checkpoints).", "",
-             "## Branch noise", "", noise_table(result["noise"]), "",
+             f"The interval: {result['rule']['interval']}.", "",
+             "## Noise", "",
+             "The k = 1 branch sd is how much one branch's loss moves with the seed (data "
+             "order) alone; with replicated ladders every k shares each seed's data order, so "
+             "the excess of one k over another scatters far less, and that scatter is what "
+             "the bounds use.", "", noise_table(result["noise"]), "",
              "## Local B_crit per checkpoint", "",
              "Batch sizes in sequences; margin = tolerance minus the upper bound of the last "
              "accepted k (room the accepted B_crit had; '-' when the first step up was "
              "rejected); online B_noise: the base run's tracker at that point (B_simple, a "
              "different quantity).", ""]
-    for opt in sorted({r["optimizer"] for r in rows}):
-        lines += [f"### {opt}", "", checkpoint_table([r for r in rows if r["optimizer"] == opt]),
-                  ""]
+    for label in sorted({label_of(r) for r in rows}):
+        lines += [f"### {label}", "",
+                  checkpoint_table([r for r in rows if label_of(r) == label]), ""]
     lines += ["## Kaplan's law over the local points", "",
               "B_crit(L) = B* / L^(1/alpha_B), unweighted least squares in logs over the "
               "checkpoints with a two-sided B_crit; interval: percentile bootstrap over "
@@ -643,10 +763,10 @@ def plot_vs_tokens(result: dict, path: Path) -> None:
     plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.8))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.11, top=0.9)
-    optimizers = sorted({r["optimizer"] for r in result["rows"]})
-    for color, opt in zip(OPTIMIZER_COLORS, optimizers, strict=False):
-        draw_local(ax, [r for r in result["rows"] if r["optimizer"] == opt], "tokens", color,
-                   opt)
+    labels = sorted({label_of(r) for r in result["rows"]})
+    for color, label in zip(OPTIMIZER_COLORS, labels, strict=False):
+        draw_local(ax, [r for r in result["rows"] if label_of(r) == label], "tokens", color,
+                   label)
     plotting.log_axes(ax, x=True, y=True)
     plotting.label_axes(ax, "tokens trained at the checkpoint (tokens)",
                         "local B_crit (sequences)", PLOTS["local_bcrit_vs_tokens"])
@@ -670,21 +790,22 @@ def plot_vs_loss(result: dict, path: Path) -> None:
     """Per optimizer: the local B_crit and the EMA rule against loss, the base runs' online
     B_noise series, the local Kaplan fit and, with a batch sweep, its per-run and Pareto
     B_crit; everything in sequences."""
-    optimizers = plotting.shown_groups(sorted({r["optimizer"] for r in result["rows"]}),
-                                       result["warnings"])
-    fig, axes = plotting.panel_grid(len(optimizers), PLOTS["local_bcrit_vs_loss"],
+    labels = plotting.shown_groups(sorted({label_of(r) for r in result["rows"]}),
+                                   result["warnings"])
+    fig, axes = plotting.panel_grid(len(labels), PLOTS["local_bcrit_vs_loss"],
                                     panel_in=(6.0, 4.6), max_cols=2)
-    for opt, ax in zip(optimizers, axes, strict=True):
-        rows = [r for r in result["rows"] if r["optimizer"] == opt]
-        draw_local(ax, rows, "val_loss", "C0", opt)
-        for i, base in enumerate(b for b in result["bases"] if b.optimizer == opt):
+    for label, ax in zip(labels, axes, strict=True):
+        rows = [r for r in result["rows"] if label_of(r) == label]
+        opt = rows[0]["optimizer"]
+        draw_local(ax, rows, "val_loss", "C0", label)
+        for i, base in enumerate(b for b in result["bases"] if b.label == label):
             pts = sorted((p["val_loss"], p["b_noise"]) for p in base.summary["curve"]
                          if is_finite(p.get("b_noise")) and p["b_noise"] > 0
                          and is_finite(p.get("val_loss")) and p["val_loss"] > 0)
             if pts:
                 ax.plot(*zip(*pts, strict=True), "-", color="C1", lw=1,
                         label="online B_noise (base run)" if i == 0 else None)
-        fit = next(k for k in result["kaplan"] if k["optimizer"] == opt)
+        fit = next(k for k in result["kaplan"] if k["label"] == label)
         losses = [r["val_loss"] for r in rows if r["val_loss"]]
         if fit["exponent"] is not None and fit["b_star_tokens"]:
             grid = np.geomspace(min(losses) / 1.02, max(losses) * 1.02, 50)
@@ -692,7 +813,8 @@ def plot_vs_loss(result: dict, path: Path) -> None:
                     color="C0", lw=1, label=f"local fit: B*/L^{fit['exponent']:.2f}")
         draw_batch_sweep(ax, result["batch_sweep"], opt)
         plotting.log_axes(ax, x=True, y=True)
-        plotting.label_axes(ax, "validation loss L (nats/token)", "batch size (sequences)", opt)
+        plotting.label_axes(ax, "validation loss L (nats/token)", "batch size (sequences)",
+                            label)
     plotting.save_figure(fig, path)
 
 
@@ -720,11 +842,11 @@ def default_paths(runs_root: str | Path = "runs") -> list[Path]:
 def summary_lines(result: dict) -> list[str]:
     lines = []
     for r in result["rows"]:
-        lines.append(f"  {r['optimizer']} {Path(r['run_dir']).name} tokens={r['tokens']:,} "
+        lines.append(f"  {label_of(r)} {Path(r['run_dir']).name} tokens={r['tokens']:,} "
                      f"loss={fmt(r['val_loss'], '.4f')} local B_crit {bcrit_cell(r)} seq, "
                      f"margin={fmt(r['margin'], '+.4f')} EMA rule={fmt(r['b_crit_ema'], 'd')}")
     for k in result["kaplan"]:
-        lines.append(f"  Kaplan {k['optimizer']} local: 1/alpha_B = "
+        lines.append(f"  Kaplan {k['label']} local: 1/alpha_B = "
                      f"{fmt_interval(k['exponent'], k['exponent_low'], k['exponent_high'])} "
                      f"({k['interval']}; Kaplan: {KAPLAN_EXPONENT:g})")
     return lines
@@ -749,7 +871,8 @@ def run_analysis(paths: Sequence[str | Path] | None = None, out: str | Path | No
     write_json_atomic(folder / "fits.json", doc)
     inputs = [str(p) for p in roots]
     write_text_atomic(folder / "report.md", report_markdown(result, inputs, plots))
-    summary = {f"local_cbs_exponent/{k['optimizer']}": k["exponent"] for k in result["kaplan"]}
+    summary = {f"local_cbs_exponent/{k['optimizer']}_{k['lr_scaling']}": k["exponent"]
+               for k in result["kaplan"]}
     render.publish_report(
         folder, name="local_cbs", group=render.logged_group(bases[0].run_dir,
                                                             bases[0].summary.get("sweep")),

@@ -278,20 +278,35 @@ def local_critical_batch(base_batch_size: int, multipliers: Sequence[int],
     room the accepted b_crit had; None when the first comparison was rejected. The margins of
     the other k, the rejected one included, are tolerance - `upper` of their comparisons.
     """
+    check_rule(base_batch_size, tolerance)
+    ks = check_multipliers(multipliers, len(losses))
+    arrays = [per_sequence(x, f"branch k={k}") for k, x in zip(ks, losses, strict=True)]
+    best = best_smaller([float(x.mean()) for x in arrays])
+    comparisons = [paired_excess(arrays[i], arrays[b], branch, confidence)
+                   for i, b in enumerate(best, start=1)]
+    return walk(base_batch_size, ks, [ks[b] for b in best], comparisons, tolerance, confidence)
+
+
+def check_rule(base_batch_size: int, tolerance: float) -> None:
     if not (math.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance is {tolerance}: give a loss excess >= 0 in nats/token, "
                          f"e.g. {TOLERANCE}")
     if base_batch_size < 1:
         raise ValueError(f"base batch size is {base_batch_size}: give the base run's batch in "
                          "sequences (>= 1)")
-    ks = check_multipliers(multipliers, len(losses))
-    arrays = [per_sequence(x, f"branch k={k}") for k, x in zip(ks, losses, strict=True)]
-    means = [float(x.mean()) for x in arrays]
-    references, comparisons = [], []
-    for i in range(1, len(ks)):
-        best = int(np.argmin(means[:i]))
-        references.append(ks[best])
-        comparisons.append(paired_excess(arrays[i], arrays[best], branch, confidence))
+
+
+def best_smaller(means: Sequence[float]) -> list[int]:
+    """Per branch after the first: the index of the smaller branch of lowest mean loss."""
+    return [int(np.argmin(means[:i])) for i in range(1, len(means))]
+
+
+def walk(base_batch_size: int, ks: tuple[int, ...], references: Sequence[int],
+         comparisons: Sequence[PairedExcess], tolerance: float,
+         confidence: float) -> LocalCriticalBatch:
+    """The decision from the comparisons of each k after the first with its reference:
+    b_crit = B x the last k accepted (upper bound below the tolerance) before the first
+    rejection."""
     accepted = [c.upper < tolerance for c in comparisons]
     rejected = accepted.index(False) if False in accepted else len(accepted)
     margin = tolerance - comparisons[rejected - 1].upper if rejected > 0 else None
@@ -300,6 +315,126 @@ def local_critical_batch(base_batch_size: int, multipliers: Sequence[int],
         margin=margin, base_batch_size=base_batch_size, multipliers=ks,
         references=tuple(references), comparisons=tuple(comparisons), tolerance=tolerance,
         confidence=confidence)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replicated ladders: every k trained again at each replicate seed
+
+
+@dataclass(frozen=True)
+class SeedScatter:
+    """How much one comparison's excess moves with the data order.
+
+    Estimated from comparisons repeated at several seeds (the whole ladder of k trained again
+    at each replicate seed, each seed a data order every k of it shares): `var` is the
+    variance of one seed's excess about the mean over its seeds, pooled over comparisons."""
+
+    var: float  # (nats/token)^2: variance of a single seed's excess
+    dof: float  # sum over the pooled comparisons of (seeds - 1)
+    comparisons: int  # comparisons pooled
+
+    @property
+    def sd(self) -> float:
+        """nats/token: the scatter of a single seed's excess."""
+        return math.sqrt(self.var)
+
+
+def per_seed(losses: ArrayLike, name: str) -> np.ndarray:
+    """`losses` as a 2-D float array: one row per seed, one per-sequence loss per column."""
+    x = np.asarray(losses, dtype=float)
+    if x.ndim != 2 or x.shape[0] < 1:
+        raise ValueError(f"{name} has shape {x.shape}: give one row of per-sequence losses per "
+                         "seed (seeds x sequences)")
+    for row in x:
+        per_sequence(row, name)
+    return x
+
+
+def seed_excesses(candidate: ArrayLike, reference: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Per seed: the candidate's mean excess over the reference trained at the same seed
+    (rows in the same seed order, columns the same sequences), and its sequence-only standard
+    error."""
+    c, r = per_seed(candidate, "candidate"), per_seed(reference, "reference")
+    if c.shape != r.shape:
+        raise ValueError(f"candidate has shape {c.shape} and reference {r.shape}: give both at "
+                         "the same seeds (rows) and validation sequences (columns)")
+    d = c - r
+    return d.mean(axis=1), d.std(axis=1, ddof=1) / math.sqrt(d.shape[1])
+
+
+def pool_seed_scatter(excesses: Sequence[ArrayLike]) -> SeedScatter:
+    """The pooled within-comparison variance of per-seed excesses: each item holds one
+    comparison's excesses at its seeds (`seed_excesses`); items with one seed add nothing."""
+    groups = [np.asarray(d, dtype=float) for d in excesses]
+    used = [d for d in groups if len(d) >= 2]
+    dof = sum(len(d) - 1 for d in used)
+    if dof == 0:
+        raise ValueError("no comparison was trained at two seeds or more: train every k again "
+                         "at a replicate seed (train.local_cbs.replicate_ladder)")
+    sum_sq = sum(float(((d - d.mean()) ** 2).sum()) for d in used)
+    return SeedScatter(var=sum_sq / dof, dof=float(dof), comparisons=len(used))
+
+
+def seed_paired_excess(candidate: ArrayLike, reference: ArrayLike, scatter: SeedScatter,
+                       confidence: float = CONFIDENCE) -> PairedExcess:
+    """The excess of `candidate` over `reference`, both trained at the same m seeds: the mean
+    over seeds of the per-seed paired excess, se = sqrt(scatter.var / m) with scatter.dof
+    degrees of freedom. The scatter of a seed's excess holds both the branches' training
+    noise and their sequence scatter, so nothing else is added; se_paired reports the
+    sequence part alone."""
+    from scipy.stats import t as student_t
+
+    check_confidence(confidence)
+    d, se_seq = seed_excesses(candidate, reference)
+    m = len(d)
+    excess, se = float(d.mean()), math.sqrt(scatter.var / m)
+    t = float(student_t.ppf(confidence, scatter.dof)) if se > 0 else 0.0
+    return PairedExcess(excess=excess, se_paired=math.sqrt(float((se_seq**2).mean()) / m),
+                        se=se, dof=scatter.dof, upper=excess + t * se, lower=excess - t * se,
+                        confidence=confidence, sequences=int(np.asarray(candidate).shape[1]))
+
+
+def local_critical_batches_by_seed(base_batch_size: int, multipliers: Sequence[int],
+                                   checkpoints: Sequence[Sequence[ArrayLike]],
+                                   tolerance: float = TOLERANCE,
+                                   confidence: float = CONFIDENCE) -> list[LocalCriticalBatch]:
+    """The local critical batch at every checkpoint of one base run, from replicated ladders.
+
+    `checkpoints[c][i]`: the per-sequence losses (nats/token) of branch `multipliers[i]` x
+    `base_batch_size` at checkpoint c, one row per seed (the base's seed first, then each
+    replicate seed; the same seeds in the same order for every k of the checkpoint). A
+    checkpoint may hold fewer branches than `multipliers` (those below a diverged one).
+
+    The design pairs twice: every branch is evaluated on the same sequences, and at each
+    seed every k trains on the same data order, so a seed's excess d_s = mean_j(L_cj - L_rj)
+    of a candidate c over a reference r cancels what the data order does to both. Its
+    scatter across seeds is measured, not assumed: pooled over the checkpoints, separately for
+    each k (`pool_seed_scatter`; a larger k may scatter differently). The excess is the mean
+    of d_s over the m seeds, its variance var / m with the pooled degrees of freedom, and the
+    walk is `local_critical_batch`'s: each k against the smaller branch of lowest mean loss
+    (averaged over seeds), accepted when the one-sided upper bound is below `tolerance`.
+    Assumes d_s is normal with the same variance at every checkpoint for a given k.
+    """
+    check_rule(base_batch_size, tolerance)
+    ks = check_multipliers(multipliers, len(multipliers))
+    ladders = []
+    for c, branches in enumerate(checkpoints):
+        arrays = [per_seed(x, f"checkpoint {c}, branch k={k}")
+                  for k, x in zip(ks, branches, strict=False)]
+        if len(arrays) < 2:
+            raise ValueError(f"checkpoint {c} has {len(arrays)} branch(es): give two or more")
+        if len({a.shape for a in arrays}) != 1:
+            raise ValueError(f"checkpoint {c}: branches have shapes {[a.shape for a in arrays]};"
+                             " every k needs the same seeds and validation sequences")
+        best = best_smaller([float(a.mean()) for a in arrays])
+        ladders.append((arrays, best))
+    scatter = {i: pool_seed_scatter([seed_excesses(arrays[i], arrays[best[i - 1]])[0]
+                                     for arrays, best in ladders if len(arrays) > i])
+               for i in range(1, len(ks)) if any(len(a) > i for a, _ in ladders)}
+    return [walk(base_batch_size, ks[:len(arrays)], [ks[b] for b in best],
+                 [seed_paired_excess(arrays[i], arrays[b], scatter[i], confidence)
+                  for i, b in enumerate(best, start=1)], tolerance, confidence)
+            for arrays, best in ladders]
 
 
 def ema(series: ArrayLike, decay: float = EMA_DECAY) -> np.ndarray:

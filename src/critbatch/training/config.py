@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from critbatch.analysis.results import wandb_group_name
 from critbatch.errors import ConfigError
+from critbatch.training.measured import read_curve
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
@@ -50,6 +51,7 @@ class BatchSchedule(StrEnum):
     ramp = "ramp"
     adaptive = "adaptive"
     switch = "switch"
+    measured = "measured"
 
 
 class DataName(StrEnum):
@@ -140,13 +142,26 @@ class AdaptiveBatchConfig:
 
 
 @dataclass
+class MeasuredBatchConfig:
+    """`train.batch_schedule=measured`: the batch follows a measured local critical batch
+    (a local-CBS report's curve, training/measured.py; batching.py)."""
+
+    # a local-CBS report's fits.json (make sweep-local-cbs); a relative path is taken from the
+    # working directory, like runs/. Read once at the start; the run keeps its own copy
+    fits: str | None = None
+    # the batch doubles while the curve's B_crit (sequences) at the tokens trained exceeds
+    # factor x the batch: 2 keeps the batch at or below B_crit
+    factor: float = 2.0
+
+
+@dataclass
 class LocalCbsConfig:
     """Local critical batch by branched training (Merrill et al. 2025; training/local_cbs.py).
 
     A constant-batch run (batch B) with `at_fractions` set forks, at each fraction of its
     budget, branches at k B for every multiplier k that train the same `window_tokens` on the
-    same sequences (`train.data_chunk` = B), and the k = 1 branch again at each replicate
-    seed; each branch is a run folder <run>/local_cbs/tokens=<t>/k=<k>[,seed=<s>]/.
+    same sequences (`train.data_chunk` = B), and the ladder again (or only k = 1) at each
+    replicate seed; each branch is a run folder <run>/local_cbs/tokens=<t>/k=<k>[,seed=<s>]/.
     """
 
     at_fractions: list[float] = field(default_factory=list)  # of train.tokens; [] = no branches
@@ -154,7 +169,14 @@ class LocalCbsConfig:
     # tokens every branch trains after the fork, rounded down to whole steps of the largest k;
     # a window that runs past the base budget is trained anyway (the branch ends later)
     window_tokens: int = 163_840
-    replicate_seeds: list[int] = field(default_factory=lambda: [1])  # train.seed of k=1 repeats
+    replicate_seeds: list[int] = field(default_factory=lambda: [1])  # train.seed of the repeats
+    # share of the window, at its end, over which each branch's lr decays (wsd's 1-sqrt
+    # cooldown to train.min_lr_ratio); 0 = a constant lr to the end (Merrill et al.'s protocol)
+    cooldown_fraction: float = 0.0
+    # true: every k is trained again at each replicate seed, so each comparison is paired by
+    # data order and its noise is measured directly (science/local_cbs.py); false: only k = 1
+    # is repeated, which gives a branch sd that treats branches as independent (conservative)
+    replicate_ladder: bool = True
 
 
 @dataclass
@@ -168,10 +190,12 @@ class TrainConfig:
     micro_batches: int = 1
     tokens: int = 4_000_000  # token budget; steps = tokens // (batch_size * seq_len)
     steps: int | None = None  # optimizer steps; when set, tokens = steps x batch_size x seq_len
-    # constant | ramp | adaptive | switch. ramp: from batch_size_start to batch_size over the
-    # first ramp_fraction of the tokens; adaptive: follows noise_factor x B_noise within
-    # [batch_size_start, batch_size]. Both change the batch in powers of two of the
-    # micro-batch (accumulation, so memory stays flat) and rescale the lr by optim.lr_scaling.
+    # constant | ramp | adaptive | switch | measured. ramp: from batch_size_start to batch_size
+    # over the first ramp_fraction of the tokens; adaptive: follows noise_factor x B_noise
+    # within [batch_size_start, batch_size]; measured: from batch_size_start, doubled while
+    # the measured local B_crit exceeds measured.factor x it, up to batch_size. All three change
+    # the batch in powers of two of the micro-batch (accumulation, so memory stays flat) and
+    # rescale the lr by optim.lr_scaling.
     # switch: batch_size_start until switch_at_tokens, then batch_size (a local-CBS branch)
     batch_schedule: BatchSchedule = BatchSchedule.constant
     batch_size_start: int | None = None  # ramp/adaptive/switch: the first batch, sequences
@@ -184,6 +208,7 @@ class TrainConfig:
     data_chunk: int | None = None
     ramp_fraction: float = 0.25  # ramp: share of the token budget over which the batch grows
     adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
+    measured: MeasuredBatchConfig = field(default_factory=MeasuredBatchConfig)
     warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
     schedule: Schedule = Schedule.cosine  # cosine | linear | constant | wsd (warmup-stable-decay)
     min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
@@ -240,7 +265,8 @@ class StabilityGrid:
 
 @dataclass
 class SchedulesGrid:
-    """The batch-schedule study (sweeps/schedules.yaml): four arms at equal tokens."""
+    """The batch-schedule study (sweeps/schedules.yaml): five arms at equal tokens, each
+    with a wsd lr schedule, so that every arm ends annealed."""
 
     small: int = 8  # sequences: the constant small batch, and where ramp and adaptive start
     large: int = 128  # sequences: the constant large batch, the ramp's end, adaptive's cap
@@ -254,6 +280,14 @@ class SchedulesGrid:
     lr_scaling: str = "sqrt"
     ramp_fraction: float = 0.25  # share of the tokens over which the ramp grows
     interval_steps: int = 50  # adaptive: optimizer steps between batch changes, at least
+    # measured: the local-CBS report whose B_crit curve the batch follows (relative to the
+    # working directory, the repository root under make)
+    measured_fits: str = "runs/local_cbs/${scale}/report/fits.json"
+    measured_factor: float = 2.0  # measured: doubles while B_crit > this x the batch
+    # constant small: cooldown branches (fractions of `tokens`), each an annealed small-batch
+    # run of that budget: the reference the steps saved are read against
+    branch_budgets: list[float] = field(
+        default_factory=lambda: [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875])
 
 
 @dataclass
@@ -268,7 +302,11 @@ class LocalCbsGrid:
     multipliers: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     # cpu: 20 optimizer steps of the largest branch (16 x 8 sequences x 64 tokens = 8,192)
     window_tokens: int = 163_840
-    replicate_seeds: list[int] = field(default_factory=lambda: [1])
+    replicate_seeds: list[int] = field(default_factory=lambda: [1])  # the ladder again at each
+    # how the branches' lr follows k (sweep syntax, one base run per rule): sqrt for AdamW;
+    # for Muon the issue asks which of none and sqrt holds, so both are measured
+    lr_scalings: dict[str, str] = field(
+        default_factory=lambda: {"adamw": "sqrt", "muon": "none,sqrt"})
 
 
 @dataclass
@@ -586,6 +624,9 @@ def _validate_batch_schedule(cfg: Config) -> None:
             raise ConfigError(f"train.adaptive.interval_steps={t.adaptive.interval_steps} "
                               "must be >= 1")
         _positive("train.adaptive.noise_factor", t.adaptive.noise_factor)
+    if t.batch_schedule == "measured":
+        _positive("train.measured.factor", t.measured.factor)
+        read_curve(t.measured.fits, cfg.optim.name, cfg.optim.lr_scaling, cfg.scale)
 
 
 def _validate_switch(cfg: Config) -> None:
@@ -611,7 +652,7 @@ def _validate_data_chunk(cfg: Config) -> None:
         return
     if chunk < 1:
         raise ConfigError(f"train.data_chunk={chunk} must be >= 1 sequence (or null)")
-    if t.batch_schedule in ("ramp", "adaptive") and micro_batch_size(cfg) % chunk:
+    if t.batch_schedule in ("ramp", "adaptive", "measured") and micro_batch_size(cfg) % chunk:
         raise ConfigError(f"train.data_chunk={chunk} must divide the micro-batch "
                           f"({micro_batch_size(cfg)}) of train.batch_schedule={t.batch_schedule}, "
                           "whose batches are multiples of it")
@@ -647,6 +688,9 @@ def _validate_local_cbs(cfg: Config) -> None:
             local.replicate_seeds):
         raise ConfigError(f"train.local_cbs.replicate_seeds={list(local.replicate_seeds)} must be "
                           f"distinct seeds other than train.seed={t.seed}")
+    if not 0 <= local.cooldown_fraction <= 1:
+        raise ConfigError(f"train.local_cbs.cooldown_fraction={local.cooldown_fraction} must lie "
+                          "in [0, 1] (a share of the window; 0 = constant lr)")
     if t.data_chunk not in (None, t.batch_size):
         raise ConfigError(f"train.data_chunk={t.data_chunk}: local branches draw chunks of the "
                           f"base batch; set it to train.batch_size={t.batch_size} or null")

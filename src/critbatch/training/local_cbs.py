@@ -6,10 +6,11 @@ tokens with the lr scaled by the optimizer's rule; the local critical batch is t
 whose loss is not worse than a smaller branch's (science/local_cbs.py decides it).
 
 A constant-batch, constant-lr run with `train.local_cbs.at_fractions` forks at each fraction
-f of its steps (`fork_steps`, t = f x steps x B x T tokens) one branch per multiplier k and
-one k = 1 branch per replicate seed, as cooldown branches fork (training/branches.py): the
-base saves its state into `<base>/local_cbs/tokens=<t>/k=<k>/` (and `k=1,seed=<s>/`) with the
-branch's config, and after the base each branch resumes there as an ordinary run. A branch's
+f of its steps (`fork_steps`, t = f x steps x B x T tokens) one branch per multiplier k and,
+per replicate seed, every k again (`replicate_ladder`, the default) or k = 1 only, as
+cooldown branches fork (training/branches.py): the base saves its state into
+`<base>/local_cbs/tokens=<t>/k=<k>/` (and `k=<k>,seed=<s>/`) with the branch's config, and
+after the base each branch resumes there as an ordinary run. A branch's
 config (`branch_config`) is the base's with
 
 - `train.batch_schedule=switch`: batch B up to t tokens (the base's prefix, which it never
@@ -17,7 +18,9 @@ config (`branch_config`) is the base's with
 - `train.data_chunk=B`: its step of k B is the k chunks of B sequences the base (and the
   k = 1 branch) would train in its next k steps, so every k sees the same sequences;
 - the lr: the optimizers are built at B (the state resumed is the base's), and the switch
-  rescales it to k B by `optim.lr_scaling`; the schedule stays constant (no cooldown);
+  rescales it to k B by `optim.lr_scaling`; the schedule stays constant, or with
+  `local_cbs.cooldown_fraction` > 0 becomes wsd with the cooldown over that share of the
+  window's end (`branch_cooldown`), so every k is compared annealed, not at its noise floor;
 - a replicate: `train.seed=<s>`, which after the fork changes only the data order.
 
 The window (`window_tokens`) is rounded down to whole steps of the largest branch, so every
@@ -40,7 +43,7 @@ VAL_SEQUENCES = "val_sequences.json"
 # what a branch sets itself: the base's overrides of these keys are left out of its own
 LOCAL_OVERRIDES = ("train.local_cbs.", "train.batch_schedule=", "train.batch_size=",
                    "train.batch_size_start=", "train.switch_at_tokens=", "train.tokens=",
-                   "train.data_chunk=")
+                   "train.data_chunk=", "train.schedule=", "train.cooldown_fraction=")
 
 
 @dataclass(frozen=True)
@@ -88,21 +91,32 @@ def branch_config(cfg: Config, at_tokens: int, multiplier: int, seed: int | None
     s.batch_schedule, s.batch_size_start = "switch", t.batch_size
     s.batch_size, s.switch_at_tokens = multiplier * t.batch_size, at_tokens
     s.tokens, s.data_chunk = at_tokens + window_tokens(cfg), t.batch_size
+    if t.local_cbs.cooldown_fraction:
+        s.schedule, s.cooldown_fraction = "wsd", branch_cooldown(cfg, at_tokens)
     if seed is not None:
         s.seed = seed
     return sub
 
 
+def branch_cooldown(cfg: Config, at_tokens: int) -> float:
+    """A branch's `train.cooldown_fraction` (of its whole budget, the base's prefix included)
+    that decays its lr over the last `local_cbs.cooldown_fraction` of its window."""
+    window = window_tokens(cfg)
+    return cfg.train.local_cbs.cooldown_fraction * window / (at_tokens + window)
+
+
 def plan(cfg: Config, overrides: list[str]) -> list[LocalBranch]:
     """The branches `cfg.train.local_cbs` asks of a base run, by fork then k, replicates
-    last at each fork; none when `at_fractions` is empty."""
+    last at each fork (by seed, then k); none when `at_fractions` is empty."""
     t = cfg.train
     own = [o for o in overrides if not o.startswith(LOCAL_OVERRIDES)]
     planned = []
     for fraction, step in zip(t.local_cbs.at_fractions, fork_steps(cfg), strict=True):
         at_tokens = step * t.batch_size * cfg.model.seq_len
-        runs = [(k, None) for k in t.local_cbs.multipliers]
-        runs += [(1, s) for s in t.local_cbs.replicate_seeds]
+        ks = t.local_cbs.multipliers
+        repeated = ks if t.local_cbs.replicate_ladder else ks[:1]
+        runs = [(k, None) for k in ks]
+        runs += [(k, s) for s in t.local_cbs.replicate_seeds for k in repeated]
         for k, seed in runs:
             sub = branch_config(cfg, at_tokens, k, seed)
             s = sub.train
@@ -110,6 +124,8 @@ def plan(cfg: Config, overrides: list[str]) -> list[LocalBranch]:
                     f"train.batch_size={s.batch_size}", f"train.switch_at_tokens={at_tokens}",
                     f"train.tokens={s.tokens}", f"train.data_chunk={t.batch_size}",
                     "train.local_cbs.at_fractions=[]"]
+            if t.local_cbs.cooldown_fraction:
+                mine += ["train.schedule=wsd", f"train.cooldown_fraction={s.cooldown_fraction!r}"]
             keep, name = own, f"k={k}"
             if seed is not None:
                 keep = [o for o in own if not o.startswith("train.seed=")]
