@@ -197,6 +197,87 @@ def test_four_arms_are_identified_and_compared_with_the_small_batch(tmp_path):
     assert "not reached by the constant small batch" in adaptive["note"]
 
 
+ANNEALED_A = 2.9  # the annealed small batch: L(S) = ANNEALED_A + C / sqrt(S), below its curve
+BRANCH_STEPS = (32, 64, 128, 256, 512)
+MEASURED = [16] * 96 + [32] * 48 + [64] * 48 + [128] * 80  # 16,384 sequences in 272 steps
+MEASURED_LOSS = 3.10
+
+
+def annealed_loss(step: float) -> float:
+    return ANNEALED_A + C * step**-0.5
+
+
+def write_annealed_study(root: Path) -> Path:
+    """One optimizer's five arms; the small batch (wsd) has cooldown branches whose final
+    losses, and its own, lie on `annealed_loss`, while its eval curve lies on `small_loss`."""
+    small = "arm=small,optim=adamw"
+    write_run(root, small, [SMALL_BATCH] * SMALL_STEPS, annealed_loss(SMALL_STEPS),
+              curve=[(2**k, small_loss(2**k)) for k in range(3, 10)]
+              + [(SMALL_STEPS, annealed_loss(SMALL_STEPS))])
+    for steps in BRANCH_STEPS:
+        tokens = steps * SMALL_BATCH * SEQ_LEN
+        branch = write_run(root, f"{small}/branches/tokens={tokens}", [SMALL_BATCH] * steps,
+                           annealed_loss(steps))
+        summary = json.loads((branch / "summary.json").read_text())
+        summary.update(branch_of=small, branch_at_tokens=int(0.8 * tokens))
+        write_json_atomic(branch / "summary.json", summary)
+    write_run(root, "arm=large,optim=adamw", [256] * 64, LARGE_LOSS)
+    write_run(root, "arm=ramp,optim=adamw", RAMP, RAMP_LOSS, schedule="ramp")
+    write_run(root, "arm=adaptive,optim=adamw", ADAPTIVE, ADAPTIVE_LOSS, schedule="adaptive",
+              batch_size=256)
+    write_run(root, "arm=measured,optim=adamw", MEASURED, MEASURED_LOSS, schedule="measured",
+              batch_size=256)
+    return root
+
+
+def test_steps_saved_are_read_off_the_annealed_small_batch(tmp_path):
+    """The cooldown branches are the reference's annealed points, not arms; S_small is the
+    log-step interpolation between the two annealed points that bracket each arm's loss."""
+    result = analyse(write_annealed_study(tmp_path))
+    (group,) = result["groups"]
+    arms = {a["arm"]: a for a in group["arms"]}
+    assert list(arms) == ["constant small", "ramp", "adaptive", "measured", "constant large"]
+    assert group["s_small_reference"] == "annealed"
+    assert [p["step"] for p in group["annealed_points"]] == [*BRANCH_STEPS, SMALL_STEPS]
+    assert {a["s_small_reference"] for a in arms.values()} == {"annealed"}
+    # large: 3.30 lies between the annealed points at 64 (3.40) and 128 (3.2536) steps
+    s = log_linear(64, annealed_loss(64), 128, annealed_loss(128), LARGE_LOSS)
+    assert arms["constant large"]["s_small_kind"] == "interpolated"
+    assert arms["constant large"]["s_small"] == pytest.approx(s, rel=1e-12)
+    assert arms["constant large"]["steps_saved"] == pytest.approx(s - 64)
+    assert arms["constant large"]["steps_saved_bound"] is None
+    # measured: 3.10 between 256 (3.15) and 512 (3.0768)
+    s = log_linear(256, annealed_loss(256), 512, annealed_loss(512), MEASURED_LOSS)
+    measured = arms["measured"]
+    assert measured["s_small"] == pytest.approx(s, rel=1e-12)
+    assert measured["steps_saved_percent"] == pytest.approx(100 * (s - 272) / s)
+    assert (measured["batch_size_start"], measured["batch_size_max"]) == (16, 128)
+    # the unannealed curve would have put the large batch's loss much later (128-256 steps)
+    assert arms["constant large"]["s_small"] < schedules.steps_to_reach(
+        [{"step": 2**k, "val_loss": small_loss(2**k)} for k in range(3, 10)], LARGE_LOSS).steps
+
+
+def test_the_report_says_which_reference_steps_saved_were_read_off(tmp_path):
+    annealed = schedules.run_analysis([str(write_annealed_study(tmp_path / "new"))],
+                                      str(tmp_path / "rep_new"))
+    old = schedules.run_analysis([str(write_study(tmp_path / "old", optimizers=("adamw",)))],
+                                 str(tmp_path / "rep_old"))
+    assert annealed["document"]["groups"][0]["s_small_reference"] == "annealed"
+    assert "exact up to that interpolation" in annealed["document"]["caveat"]
+    text = (tmp_path / "rep_new" / "report.md").read_text()
+    assert "S_small read off annealed at 6 budgets" in text and "| annealed |" in text
+    assert "Caveat: steps saved are an upper estimate" not in text
+    # an older sweep, without branches: its own curve, labelled an upper estimate
+    (group,) = old["document"]["groups"]
+    assert group["s_small_reference"] == "unannealed curve: upper estimate"
+    assert group["annealed_points"] == []
+    assert {a["s_small_reference"] for a in group["arms"]} == {
+        "unannealed curve: upper estimate"}
+    assert "steps saved are an upper estimate" in old["document"]["caveat"]
+    text = (tmp_path / "rep_old" / "report.md").read_text()
+    assert "| unannealed curve (upper estimate) |" in text and "its unannealed curve" in text
+
+
 def test_several_arms_of_a_kind_are_named_by_their_batch_range(tmp_path):
     write_run(tmp_path, "small", [16] * 64, 3.5)
     write_run(tmp_path, "mid", [64] * 16, 3.6)
@@ -309,6 +390,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
     doc = json.loads((out / "schedules.json").read_text(), parse_constant=no_nan)
     assert set(doc) == {"version", "question", "inputs", "n_runs", "caveat", "groups",
                         "warnings", "left_out"}
+    assert doc["groups"][0]["s_small_reference"] == "unannealed curve: upper estimate"
     assert doc["n_runs"] == 8 and [g["optimizer"] for g in doc["groups"]] == ["adamw", "muon"]
     assert doc["left_out"][0]["reason"] == "corrupt"
     arms = {a["arm"]: a for a in doc["groups"][0]["arms"]}

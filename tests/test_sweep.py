@@ -192,22 +192,57 @@ def test_stability_plan_at_every_scale(scale):
     assert {j.cfg.optim.lr_scaling for j in linear} == {"linear"}
 
 
+@pytest.fixture
+def measured_fits(tmp_path) -> str:
+    """The override pointing the schedules sweep's measured arm at a planted local-CBS report
+    (both optimizers, any lr rule)."""
+    rows = [{"optimizer": o, "tokens": t, "b_crit": b} for o in ("adamw", "muon")
+            for t, b in ((10_000, 8), (1_000_000, 64))]
+    path = tmp_path / "local_cbs_fits.json"
+    path.write_text(json.dumps({"local_cbs": rows}))
+    return f"grid.schedules.measured_fits={path}"
+
+
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
-def test_schedule_arms_train_equal_tokens(scale):
+def test_schedule_arms_train_equal_tokens(scale, measured_fits):
     for optimizer in ("adamw", "muon"):
         jobs = {j.run_dir.name.split(",")[0]: j for j in plan_stage("schedules", scale,
-                                                                  optimizer, [])}
+                                                                  optimizer, [measured_fits])}
         assert set(jobs) == {"arm=constant_small", "arm=constant_large", "arm=ramp",
-                             "arm=adaptive"}
+                             "arm=adaptive", "arm=measured"}
         grid = jobs["arm=ramp"].cfg.grid.schedules
         assert len({j.tokens for j in jobs.values()}) == 1  # equal tokens, exactly
         assert jobs["arm=constant_small"].cfg.train.batch_size == grid.small
         assert jobs["arm=constant_large"].cfg.train.batch_size == grid.large
-        for arm in ("ramp", "adaptive"):
+        for arm in ("ramp", "adaptive", "measured"):
             t = jobs[f"arm={arm}"].cfg.train
             assert (t.batch_schedule, t.batch_size_start, t.batch_size) == (arm, grid.small,
                                                                             grid.large)
         assert {j.cfg.optim.base_batch_size for j in jobs.values()} == {grid.small}
+        # every arm ends annealed; only the small batch forks branches, each with steps left
+        # after its warmup
+        assert {j.cfg.train.schedule for j in jobs.values()} == {"wsd"}
+        small = jobs["arm=constant_small"]
+        assert small.cfg.train.branch_budgets == grid.branch_budgets
+        assert [b.tokens for b in small.branches] == [
+            int(f * grid.tokens) for f in grid.branch_budgets]
+        assert min(total_steps(b.cfg) for b in small.branches) >= 2 * small.cfg.train.warmup_steps
+        assert all(not j.branches for n, j in jobs.items() if n != "arm=constant_small")
+
+
+def test_a_missing_local_cbs_report_is_measured_first_or_one_line(tmp_path, monkeypatch,
+                                                                   measured_fits):
+    from critbatch.errors import ConfigError
+    from critbatch.sweep import missing_measurement
+
+    monkeypatch.chdir(tmp_path)
+    assert missing_measurement("smoke", []) == Path("runs/local_cbs/smoke/report/fits.json")
+    assert missing_measurement("smoke", [measured_fits]) is None
+    with pytest.raises(ConfigError) as err:
+        plan_stage("schedules", "smoke", "adamw", [])
+    message = str(err.value)
+    assert "runs/local_cbs/smoke/report/fits.json does not exist" in message
+    assert "make sweep-local-cbs SCALE=smoke" in message and "\n" not in message
 
 
 def _study(name: str, cwd: Path, cache_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -237,8 +272,12 @@ def test_stability_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
 
 @pytest.mark.slow
 def test_schedule_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
+    """The local-CBS report the measured arm follows is made first; every arm's final loss is
+    compared with the annealed small batch (its cooldown branches)."""
     proc = _study("schedules", tmp_path, cache_dir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "so the local_cbs experiment runs first" in proc.stdout
+    assert (tmp_path / "runs/local_cbs/smoke/report/fits.json").exists()
     report = tmp_path / "runs/schedules/smoke/report"
     for name in ("report.md", "schedules.json", "batch_vs_tokens.png", "loss_vs_steps.png",
                  "loss_vs_tokens.png"):
@@ -247,15 +286,18 @@ def test_schedule_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
     assert sorted(g["optimizer"] for g in doc["groups"]) == ["adamw", "muon"]
     for group in doc["groups"]:
         arms = {a["arm"]: a for a in group["arms"]}
-        assert set(arms) == {"constant small", "constant large", "ramp", "adaptive"}
+        assert set(arms) == {"constant small", "constant large", "ramp", "adaptive",
+                             "measured"}
         assert {a["tokens"] for a in arms.values()} == {65536}  # equal tokens, exactly
         small = arms["constant small"]["steps"]
         assert small == 65536 // (4 * 32)
-        for name in ("ramp", "adaptive", "constant large"):
-            assert arms[name]["steps"] < small and arms[name]["s_small_kind"]
+        assert group["s_small_reference"] == "annealed"
+        for name in ("ramp", "adaptive", "constant large", "measured"):
+            assert arms[name]["steps"] <= small and arms[name]["s_small_kind"]
 
 
-def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, monkeypatch):
+def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                      measured_fits):
     from dataclasses import asdict
 
     from critbatch.analysis.synthetic import synthetic_summary
@@ -264,7 +306,7 @@ def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, mo
     from critbatch.sweep import check_finished, unplanned_runs
 
     monkeypatch.chdir(tmp_path)
-    jobs = plan_stage("schedules", "smoke", "adamw", [])
+    jobs = plan_stage("schedules", "smoke", "adamw", [measured_fits])
     ramp = next(j for j in jobs if j.cfg.train.batch_schedule == "ramp")
     ramp.run_dir.mkdir(parents=True)
     summary = synthetic_summary(SyntheticTruth(), batch_size=64, tokens=32768, lr=4e-3)

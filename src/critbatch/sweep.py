@@ -10,7 +10,10 @@
    (batch and widths);
 3. the experiment's analysis script over its run directories;
 
-and prints where the report is. Run directories are `runs/<stage>/<scale>/<overrides>`,
+and prints where the report is. The schedules experiment's `measured` arm follows the
+local-CBS report of its scale (`grid.schedules.measured_fits`); when that file is missing,
+the local_cbs experiment runs first (saying so in one line), as `make sweep-local-cbs` would.
+Run directories are `runs/<stage>/<scale>/<overrides>`,
 named by their override values, so a second call trains nothing and an interrupted
 call trains only what is missing.
 """
@@ -440,15 +443,40 @@ def plan_experiment(exp: Experiment, scale: str, optimizers: list[str], extra: l
     return jobs
 
 
+def missing_measurement(scale: str, extra: list[str]) -> Path | None:
+    """The local-CBS report (fits.json) the schedules sweep's `measured` arm follows, when that
+    arm is in the sweep and the file does not exist yet; else None."""
+    from hydra import compose, initialize_config_dir
+
+    schema.register_configs()
+    search = [f"hydra.searchpath=[file://{schema.CONF_DIR}]"]
+    try:
+        with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
+            root = compose("schedules", overrides=search + [f"scale={scale}", *extra],
+                           return_hydra_config=True)
+            arms = str((root.hydra.sweeper.params or {}).get("arm", "")).split(",")
+            fits = Path(root.grid.schedules.measured_fits)
+    except Exception as err:
+        raise ConfigError(schema.explain_compose_error(err)) from None
+    return fits if "measured" in arms and not fits.exists() else None
+
+
 def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: list[str],
                    extra: list[str]) -> int:
     """Every stage of an experiment; returns how many runs or stages did not complete.
 
     The stages train together on one pool of workers, except that the stages after a tuning
-    stage wait for its best lr."""
+    stage wait for its best lr. The schedules experiment first runs the local_cbs one when
+    the report its measured arm follows is missing."""
     t0 = time.perf_counter()
     exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
+    before = 0
+    if experiment == "schedules" and (fits := missing_measurement(scale, extra)):
+        print(f"== {fits} does not exist: the measured arm follows it, so the local_cbs "
+              f"experiment runs first (make sweep-local-cbs SCALE={scale})", flush=True)
+        before = run_experiment("local_cbs", scale, jobs_at_once, optimizers, extra)
+        print(f"\n== back to sweep-schedules at scale={scale}", flush=True)
     plan = plan_experiment(exp, scale, optimizers, extra)
     check_finished(plan)
     device = "cuda" if scale == "gpu" else "cpu"
@@ -487,7 +515,7 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
         print(f"warning: {problem}")
     if (report_dir / "report.md").exists():
         print(f"report: {report_dir / 'report.md'}")
-    return len(problems)
+    return before + len(problems)
 
 
 def replan_after_tuning(exp: Experiment, scale: str, optimizers: list[str], extra: list[str],

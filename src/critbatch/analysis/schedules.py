@@ -1,23 +1,29 @@
 """The batch-size schedule study: does growing the batch save steps at no cost in tokens?
 
-`sweeps/schedules.yaml` trains, per optimizer and at equal tokens, four arms: a constant
-small batch, a constant large batch, a `ramp` (small -> large over a fraction of the budget)
-and an `adaptive` batch that follows the online gradient noise scale B_noise between the
-two (McCandlish et al. 2018: train near the critical batch, which grows as the loss falls).
+`sweeps/schedules.yaml` trains, per optimizer and at equal tokens, five arms: a constant
+small batch, a constant large batch, a `ramp` (small -> large over a fraction of the budget),
+an `adaptive` batch that follows the online gradient noise scale B_noise between the two
+(McCandlish et al. 2018: train near the critical batch, which grows as the loss falls) and a
+`measured` batch that doubles as the local critical batch measured by branched training
+grows (Merrill et al. 2025; make sweep-local-cbs). Every arm has a wsd lr schedule, so each
+ends annealed.
 
 The key number per arm is the **steps saved against the constant small batch at the loss
 the arm reaches**. With L the arm's final validation loss,
 
-    S_small(L)  = optimizer steps the constant-small run needed to reach L, read off its
-                  validation curve: the first eval point at or below L and the one before
-                  it bracket L; the loss is interpolated linearly in log(step) between them;
+    S_small(L)  = optimizer steps the constant small batch needs to reach L;
     steps_saved = S_small(L) - steps_arm       (and as a % of S_small(L)).
 
-The small run's intermediate eval points come before its learning-rate decay has finished,
-so its loss at step S is higher than that of a run annealed to end at S: S_small(L)
-overstates what an annealed small-batch run would need, and steps saved are an upper
-estimate. When L is below every point of the small curve, S_small(L) > steps_small, and
-steps_small - steps_arm is reported as a lower bound.
+S_small(L) is read off the small batch's **annealed** points when it has them: the final
+(steps, val_loss) of its cooldown branches (`train.branch_budgets`, each the run annealed
+to a smaller budget) and of the run itself. The two points that bracket L are interpolated
+linearly in log(step), so steps saved are exact up to that interpolation
+(`s_small_reference` "annealed"). A small run without branches (older sweeps) is read off
+its own validation curve instead, whose intermediate points come before its lr decay has
+finished: its loss at step S is higher than that of a run annealed to end at S, so
+S_small(L) overstates what the small batch needs and steps saved are an upper estimate
+("unannealed curve: upper estimate"). Either way, when L is below every point,
+S_small(L) > steps_small, and steps_small - steps_arm is reported as a lower bound.
 
 `run_analysis` (what `analysis/schedules.py` calls) loads the runs, analyses them and writes,
 through `run_study`, `report.md`, `schedules.json` (schema in `schedules_document`)
@@ -39,19 +45,21 @@ from critbatch.errors import ResultsError
 
 SWEEP = "schedules"
 DOCUMENT_VERSION = 1  # of schedules.json
-KINDS = ("constant", "ramp", "adaptive")
+KINDS = ("constant", "ramp", "adaptive", "measured")
+ANNEALED, UNANNEALED = "annealed", "unannealed curve: upper estimate"  # s_small_reference
 SMALL, LARGE = "constant small", "constant large"
 TOKENS_TOLERANCE = 0.01  # an arm whose tokens differ from the small arm's by more is flagged
 WANDB_COLUMNS = ("group", "arm", "batch_size_start", "batch_size_max", "batch_size_mean", "steps",
                  "tokens", "val_loss", "val_loss_per_byte", "s_small", "steps_saved",
-                 "steps_saved_percent")
+                 "steps_saved_percent", "s_small_reference")
 MAX_BNOISE_POINTS = 400  # B_noise points drawn per arm (thinned evenly)
 MODEL_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth")
 PLOTS = {
     "batch_vs_tokens": "Batch size (sequences) versus tokens per arm, with the adaptive arm's "
-                       "online B_noise",
-    "loss_vs_steps": "Validation loss versus optimizer steps per arm (dotted: steps saved "
-                     "against the constant small batch at each arm's final loss)",
+                       "online B_noise and the measured arm's local B_crit",
+    "loss_vs_steps": "Validation loss versus optimizer steps per arm (squares: the annealed "
+                     "small-batch points; dotted: steps saved against the constant small "
+                     "batch at each arm's final loss)",
     "loss_vs_tokens": "Validation loss versus tokens per arm",
 }
 QUESTION_SHORT = "Does growing the batch save optimizer steps at no cost in tokens?"
@@ -61,10 +69,20 @@ QUESTION = (
     "critical batch B_crit buys few steps for many tokens, and B_crit grows as the loss "
     "falls, so a batch that starts small and grows (GPT-3's ramp, or McCandlish et al. "
     "2018's prescription of following the gradient noise scale B_noise) should take fewer "
-    "steps than a constant small batch at no loss in quality. Each optimizer trains four "
-    "arms on the same token budget: a constant small batch, a constant large batch, a ramp "
-    "(small -> large) and an adaptive batch that follows the online B_noise estimate between "
-    "the two. Batch sizes in sequences; losses in nats/token."
+    "steps than a constant small batch at no loss in quality. Each optimizer trains five "
+    "arms on the same token budget, each with a wsd lr schedule that ends annealed: a "
+    "constant small batch, a constant large batch, a ramp (small -> large), an adaptive batch "
+    "that follows the online B_noise estimate between the two, and a measured batch that "
+    "doubles as the local critical batch measured by branched training grows. Batch sizes in "
+    "sequences; losses in nats/token."
+)
+ANNEALED_NOTE = (
+    "**Steps saved against the annealed small batch.** S_small(L) is read off the small "
+    "batch's annealed points: the final loss of each of its cooldown branches (the run "
+    "annealed to a smaller budget) and of the run itself, interpolated linearly in log(step) "
+    "between the two that bracket L. Steps saved are exact up to that interpolation. Where an "
+    "arm's loss is below the small run's final loss, the saving is at least steps_small - "
+    "steps_arm (marked 'bound')."
 )
 CAVEAT = (
     "**Caveat: steps saved are an upper estimate.** S_small(L) is read off the constant-small "
@@ -193,6 +211,30 @@ def steps_to_reach(curve: list[dict], loss: float) -> Crossing:
     return Crossing(None, "not_reached")
 
 
+def annealed_points(reference: dict, branches: list[dict]) -> list[dict]:
+    """The small batch's annealed (step, val_loss) points, as eval points {step, val_loss}:
+    each completed cooldown branch's end and the run's own end, ascending in steps; [] when
+    it has no completed branch (then only its unannealed curve can be read)."""
+    ends = [b for b in branches if b["status"] == "completed" and is_finite(b["val_loss"])]
+    if not ends:
+        return []
+    return sorted(({"step": r["steps"], "val_loss": r["val_loss"]} for r in [*ends, reference]),
+                  key=lambda p: p["step"])
+
+
+def split_branches(runs: list[dict]) -> tuple[list[dict], dict[Path, list[dict]]]:
+    """The runs that are arms, and the cooldown branches by their parent run folder (resolved):
+    a branch is a run with `branch_of` set in `<parent>/branches/<name>/`."""
+    arms, branches = [], defaultdict(list)
+    for r in runs:
+        folder = Path(r["run_dir"])
+        if r.get("branch_of") and folder.parent.name == "branches":
+            branches[folder.parent.parent.resolve()].append(r)
+        else:
+            arms.append(r)
+    return arms, branches
+
+
 # ---------------------------------------------------------------------------------------------
 # Arms
 
@@ -245,13 +287,13 @@ def name_arms(runs: list[dict]) -> list[tuple[str, dict]]:
         for item in named:
             if clash[item[0]] > 1:
                 item[0] = f"{item[0]} ({suffix(item[1])})"
-    order = {SMALL: 0, "ramp": 1, "adaptive": 2, LARGE: 4}
+    order = {SMALL: 0, "ramp": 1, "adaptive": 2, "measured": 3, LARGE: 5}
 
     def rank(item):
         name, r = item
         base = SMALL if name.startswith(SMALL) else LARGE if name.startswith(LARGE) else \
             arm_kind(r) if arm_kind(r) in order else None
-        return (order.get(base, 3), r["batch_size"], name)
+        return (order.get(base, 4), r["batch_size"], name)
 
     return [(name, r) for name, r in sorted(named, key=rank)]
 
@@ -271,8 +313,10 @@ def pick_reference(named: list[tuple[str, dict]]) -> tuple[dict | None, list[str
                   f"the lowest final loss ({best['run_dir']})"]
 
 
-def analyse_arm(name: str, run: dict, reference: dict | None) -> dict:
-    """One arm's row: its schedule, cost, loss, and steps saved against `reference`."""
+def analyse_arm(name: str, run: dict, reference: dict | None,
+                annealed: list[dict] | None = None) -> dict:
+    """One arm's row: its schedule, cost, loss, and steps saved against `reference`, read off
+    its `annealed` points when there are any, else off its validation curve."""
     sched = schedule_of(run)
     completed = run["status"] == "completed" and is_finite(run["val_loss"])
     row: dict[str, Any] = {
@@ -288,7 +332,9 @@ def analyse_arm(name: str, run: dict, reference: dict | None) -> dict:
         "is_reference": run is reference, "tokens_ratio": None, "val_loss_delta": None,
         "val_loss_per_byte_delta": None,
         "s_small": None, "s_small_kind": None, "steps_saved": None, "steps_saved_percent": None,
-        "steps_saved_bound": None, "note": "",
+        "steps_saved_bound": None,
+        "s_small_reference": (ANNEALED if annealed else UNANNEALED) if reference else None,
+        "note": "",
     }
     ref_ok = reference is not None and reference["status"] == "completed" and is_finite(
         reference["val_loss"])
@@ -312,7 +358,7 @@ def analyse_arm(name: str, run: dict, reference: dict | None) -> dict:
         row.update(s_small_kind="reference_diverged",
                    note="the constant-small run diverged: steps saved cannot be read")
         return row
-    crossing = steps_to_reach(reference["curve"], run["val_loss"])
+    crossing = steps_to_reach(annealed or reference["curve"], run["val_loss"])
     row["s_small_kind"] = crossing.kind
     steps_small = reference["steps"]
     if crossing.kind == "interpolated":
@@ -330,8 +376,9 @@ def analyse_arm(name: str, run: dict, reference: dict | None) -> dict:
         saved = crossing.steps - run["steps"]
         row.update(s_small=crossing.steps, steps_saved=saved,
                    steps_saved_percent=100 * saved / crossing.steps, steps_saved_bound="upper",
-                   note="the small run was below this loss at its first eval point: S_small "
-                        "and steps saved are at most the values shown")
+                   note="the small run was below this loss at its "
+                        + ("smallest annealed budget" if annealed else "first eval point")
+                        + ": S_small and steps saved are at most the values shown")
     else:
         row["note"] = "the constant-small run has no usable validation curve"
     return row
@@ -359,6 +406,7 @@ def analyse(runs: list[dict], left_out: list[dict] | None = None,
         runs = [r for r in runs if r.get("sweep") == SWEEP]
     elif runs:
         warnings.append(f"no run is from the {SWEEP!r} sweep: analysing every run given")
+    runs, branches = split_branches(runs)
     unknown = sorted({arm_kind(r) for r in runs} - set(KINDS))
     if unknown:
         warnings.append(f"unknown batch_schedule {', '.join(unknown)}: shown as their own arms")
@@ -375,7 +423,9 @@ def analyse(runs: list[dict], left_out: list[dict] | None = None,
         named = name_arms(by_key[key])
         reference, notes = pick_reference(named)
         warnings += notes
-        arms = [analyse_arm(n, r, reference) for n, r in named]
+        annealed = annealed_points(reference, branches.get(
+            Path(reference["run_dir"]).resolve(), [])) if reference else []
+        arms = [analyse_arm(n, r, reference, annealed) for n, r in named]
         if reference is None:
             warnings.append(f"{name}: no constant-small run, so no steps saved")
         elif reference["status"] != "completed" or not is_finite(reference["val_loss"]):
@@ -391,7 +441,8 @@ def analyse(runs: list[dict], left_out: list[dict] | None = None,
                 warnings.append(f"{name} {a['arm']} {a['status']} ({a['run_dir']})")
         groups.append({"name": name, "optimizer": optimizer, "model": model,
                        "reference": reference["run_dir"] if reference else None,
-                       "arms": arms,
+                       "s_small_reference": arms[0]["s_small_reference"] if arms else None,
+                       "annealed_points": annealed, "arms": arms,
                        "runs": {a["arm"]: r for a, (_, r) in zip(arms, named, strict=True)}})
     return {"groups": groups, "left_out": left_out, "warnings": warnings, "n_runs": len(runs)}
 
@@ -405,22 +456,36 @@ def schedules_document(result: dict, inputs: list[str]) -> dict:
     null).
 
     {version, question, inputs, n_runs, caveat, groups: [{name, optimizer, model, reference,
-    arms: [{arm, batch_schedule, run_dir, status, lr, seq_len, batch_size_start,
-    batch_size_final, batch_size_max, batch_size_mean, batch_changes, b_noise, steps, tokens,
+    s_small_reference, annealed_points, arms: [{arm, batch_schedule, run_dir, status, lr,
+    seq_len, batch_size_start, batch_size_final, batch_size_max, batch_size_mean,
+    batch_changes, b_noise, steps, tokens,
     val_loss, val_loss_per_byte, is_reference, tokens_ratio, val_loss_delta,
     val_loss_per_byte_delta, s_small, s_small_kind, steps_saved, steps_saved_percent,
-    steps_saved_bound, note}]}], warnings, left_out}. val_loss_delta: the arm's final loss
+    steps_saved_bound, s_small_reference, note}]}], warnings, left_out}.
+    s_small_reference: "annealed" (S_small read off the small batch's cooldown branches and
+    its end: exact up to the log-step interpolation) or "unannealed curve: upper estimate"
+    (off its validation curve; older sweeps), null without a small batch; annealed_points:
+    the small batch's annealed [{step, val_loss}] ([] when it has none). caveat: the note
+    that applies (both when groups differ). val_loss_delta: the arm's final loss
     minus the reference's (nats/token; `_per_byte`: nats/byte). s_small_kind: reference |
     interpolated | not_reached | first_eval | no_curve | no_reference | reference_diverged |
     arm_diverged; steps_saved_bound: null (an estimate), "lower" or "upper".
     """
-    groups = [{k: g[k] for k in ("name", "optimizer", "model", "reference", "arms")}
-              for g in result["groups"]]
+    groups = [{k: g[k] for k in ("name", "optimizer", "model", "reference", "s_small_reference",
+                                 "annealed_points", "arms")} for g in result["groups"]]
     return {
         "version": DOCUMENT_VERSION, "question": QUESTION_SHORT,
-        "inputs": inputs, "n_runs": result["n_runs"], "caveat": CAVEAT.replace("**", ""),
+        "inputs": inputs, "n_runs": result["n_runs"],
+        "caveat": " ".join(notes_for(result)).replace("**", ""),
         "groups": groups, "warnings": result["warnings"], "left_out": result["left_out"],
     }
+
+
+def notes_for(result: dict) -> list[str]:
+    """How steps saved were read: the annealed note, the upper-estimate caveat, or both."""
+    kinds = {g["s_small_reference"] for g in result["groups"]}
+    return [text for kind, text in ((ANNEALED, ANNEALED_NOTE), (UNANNEALED, CAVEAT))
+            if kind in kinds] or [CAVEAT]
 
 
 def _count(x: float | None) -> str:
@@ -449,15 +514,17 @@ def arm_cells(a: dict) -> list[str]:
     else:
         s_small, saved, pct = "-", "-", "-"
     status = "" if a["status"] == "completed" else f" ({a['status']})"
+    reference = {ANNEALED: "annealed", UNANNEALED: "unannealed curve (upper estimate)"}.get(
+        a["s_small_reference"], "-")
     return [a["arm"] + status, batch, fmt(a["lr"], ".3g"), f"{a['steps']:,}",
             f"{a['tokens']:,}", fmt(a["tokens_ratio"], ".2f"), fmt(a["val_loss"], ".4f"),
             "-" if a["is_reference"] else fmt(a["val_loss_delta"], "+.4f"),
-            s_small, saved, pct]
+            s_small, saved, pct, reference]
 
 
 ARM_HEADER = ["arm", "batch start -> largest (mean; last step), seq", "peak lr", "steps", "tokens",
               "tokens vs small", "final val loss (nats/token)", "minus small's (nats/token)",
-              "S_small at that loss (steps)", "steps saved", "% saved"]
+              "S_small at that loss (steps)", "steps saved", "% saved", "S_small read off"]
 
 
 def arm_table(group: dict) -> str:
@@ -469,9 +536,12 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
     lines = ["# Batch-size schedules report", "", QUESTION, "",
              render.inputs_line(result, inputs, elapsed_s), "",
              "## Arms per optimizer", "",
-             "S_small: the optimizer steps the constant-small run needed to reach the arm's "
-             "final validation loss, interpolated linearly in log(step) between the two eval "
-             "points of its curve that bracket that loss (first crossing). Steps saved = "
+             "S_small: the optimizer steps the constant small batch needs to reach the arm's "
+             "final validation loss, interpolated linearly in log(step) between the two points "
+             "that bracket that loss (first crossing): its annealed points (the ends of its "
+             "cooldown branches and of the run; 'S_small read off' = annealed) when it has "
+             "them, else the eval points of its own curve (unannealed: an upper estimate). "
+             "Steps saved = "
              "S_small - the arm's steps, and as a % of S_small. Tokens vs small: the arm's "
              "tokens over the constant-small run's (1.00 at equal tokens). Batch: the first "
              "step's -> the largest trained (the ramp's final batch, the most the adaptive "
@@ -481,7 +551,12 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
     for g in result["groups"]:
         lines += [f"### {g['name']}", ""]
         if g["reference"]:
-            lines += [f"Reference (constant small batch): {g['reference']}", ""]
+            how = (f"annealed at {len(g['annealed_points'])} budgets: "
+                   + ", ".join(f"{p['val_loss']:.4f} at {p['step']:,} steps"
+                               for p in g["annealed_points"])
+                   if g["annealed_points"] else "its unannealed curve")
+            lines += [f"Reference (constant small batch): {g['reference']}; S_small read off "
+                      f"{how}", ""]
         lines += [arm_table(g), ""]
         notes = [f"- {a['arm']}: {a['note']}" for a in g["arms"]
                  if a["note"] and not a["is_reference"]]
@@ -489,7 +564,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                   f" ({a['b_noise'] * a['seq_len']:.3g} tokens)"
                   for a in g["arms"] if a["b_noise"] is not None]
         lines += notes + ([""] if notes else [])
-    lines += [CAVEAT, ""]
+    for note in notes_for(result):
+        lines += [note, ""]
     lines += render.plots_section(plots, PLOTS)
     lines += render.warnings_section(result["warnings"])
     if result["left_out"]:
@@ -500,14 +576,14 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
 # ---------------------------------------------------------------------------------------------
 # Plots (one panel per optimizer group)
 
-ARM_COLORS = {SMALL: "C0", "ramp": "C1", "adaptive": "C2", LARGE: "C3"}
+ARM_COLORS = {SMALL: "C0", "ramp": "C1", "adaptive": "C2", LARGE: "C3", "measured": "C4"}
 
 
 def arm_color(a: dict, i: int) -> str:
     for base, color in ARM_COLORS.items():
         if a["arm"].startswith(base):
             return color
-    return f"C{4 + i % 6}"
+    return f"C{5 + i % 5}"
 
 
 def _figure(n: int, title: str):
@@ -545,6 +621,10 @@ def plot_batch_vs_tokens(groups: list[dict], path: Path) -> list[str]:
             if trace and a["batch_schedule"] == "adaptive":
                 ax.plot([t for t, _ in trace], [b for _, b in trace], ":", color=color, lw=1,
                         label=f"{a['arm']}: online B_noise")
+            measured = run.get("measured_curve")
+            if isinstance(measured, dict) and measured.get("tokens"):
+                ax.plot(measured["tokens"], measured["b_crit"], "s:", color=color, lw=1, ms=3,
+                        label=f"{a['arm']}: measured local B_crit")
         if not g["arms"]:
             plotting.empty_axes(ax, "no runs")
         plotting.log_axes(ax, x=True, y=True)
@@ -575,6 +655,10 @@ def plot_val_loss(groups: list[dict], path: Path, x: str) -> None:
                 ax.plot([a["steps"], a["s_small"]], [a["val_loss"]] * 2, ":", color=color)
                 ax.plot([a["s_small"]], [a["val_loss"]], "x", color=color)
             drawn = True
+        if x == "step" and g["annealed_points"]:
+            points = g["annealed_points"]
+            ax.plot([p["step"] for p in points], [p["val_loss"] for p in points], "s",
+                    color=ARM_COLORS[SMALL], mfc="none", label=f"{SMALL}: annealed")
         if not drawn:
             plotting.empty_axes(ax, "no validation curve")
         plotting.log_axes(ax)
@@ -606,11 +690,11 @@ def wandb_fields(result: dict, loaded: dict) -> dict:
 
 def summary_lines(result: dict) -> list[str]:
     """Per group, the arms as an aligned table: batch, steps, tokens, loss, steps saved."""
-    header = ["arm", "batch", "steps", "tokens x", "loss", "S_small", "saved", "%"]
+    header = ["arm", "batch", "steps", "tokens x", "loss", "S_small", "saved", "%", "read off"]
     lines = []
     for g in result["groups"]:
         lines.append(f"{g['name']}:")
-        rows = [[c[0], c[1], c[3], c[5], c[6], c[8], c[9], c[10]] for c in
+        rows = [[c[0], c[1], c[3], c[5], c[6], c[8], c[9], c[10], c[11]] for c in
                 map(arm_cells, g["arms"])]
         widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
         lines += ["  " + "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))
