@@ -63,7 +63,7 @@ sweep-branches: install ## is a cooldown branch as good as a separate (wsd, cosi
 sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumulation check, report [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep stability --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
-sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive [SCALE= JOBS= OPT=]
+sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive, measured (after sweep-local-cbs, run first if missing) [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep schedules --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
 sweep-local-cbs: install ## local critical batch by branched training: a base run per optimizer, branches at 1-16x its batch [SCALE= JOBS= OPT=]
