@@ -340,3 +340,22 @@ def test_replicated_ladders_cancel_the_data_order(tmp_path):
     assert labels == ["adamw, lr sqrt", "muon, lr none", "muon, lr sqrt"]
     text = (result["out"] / "report.md").read_text()
     assert "### muon, lr none" in text and "### muon, lr sqrt" in text
+
+
+def test_the_sweep_draws_the_batch_sweep_of_the_same_scale_when_it_exists(tmp_path):
+    """`python -m critbatch.sweep local_cbs` analyses with --batch-sweep runs/batch/<scale>
+    when that report exists, and without it otherwise."""
+    from critbatch.sweep import EXPERIMENTS, analyse_sweep
+
+    runs_root = tmp_path / "runs"
+    sweep = runs_root / "local_cbs" / "cpu"
+    synthetic_local_cbs(sweep, ks=(1, 2, 4), checkpoints=CHECKPOINTS[:2])
+    out = sweep / "report"
+    assert analyse_sweep(EXPERIMENTS["local_cbs"], [str(sweep)], out, "alone")
+    assert "Batch sweep drawn" not in (out / "report.md").read_text()
+    batch = runs_root / "batch" / "cpu" / "report"
+    batch.mkdir(parents=True)
+    write_json_atomic(batch / "fits.json", {
+        "per_run": [{"optimizer": "adamw", "val_loss": 4.0, "b_crit": 300.0}], "pareto": []})
+    assert analyse_sweep(EXPERIMENTS["local_cbs"], [str(sweep)], out, "with the batch sweep")
+    assert "Batch sweep drawn for comparison" in (out / "report.md").read_text()

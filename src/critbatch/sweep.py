@@ -51,6 +51,9 @@ class Experiment:
     tuning_stage: str | None = None  # the later stages train at its best optim.lr
     middle_lr: bool = False  # the stages train at the middle lr of the batch grid (grid.lrs)
     report: str = ""  # the stage whose folder holds the report (runs/<it>/<scale>/report)
+    # an experiment whose report the analysis draws for comparison when it exists at the same
+    # scale (passed as --batch-sweep runs/<it>/<scale>)
+    compare_with: str | None = None
 
     @property
     def report_stage(self) -> str:
@@ -67,7 +70,8 @@ EXPERIMENTS = {
     "schedules": Experiment(("schedules",), "schedules.py"),
     "branches": Experiment(("batch", "branch_check"), "branch_check.py", tuning_stage="batch",
                            report="branch_check"),
-    "local_cbs": Experiment(("local_cbs",), "local_cbs.py", middle_lr=True),
+    "local_cbs": Experiment(("local_cbs",), "local_cbs.py", middle_lr=True,
+                            compare_with="batch"),
 }
 RUN_OVERHEAD_S = 1.0  # per run or branch: set-up, W&B, evals, checkpoints (in a warm worker)
 NOISE_OVERHEAD_S = 10.0  # per noise measurement: a process start and its W&B run
@@ -578,9 +582,13 @@ def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str) ->
     """Run the experiment's analysis script over `folders` into `out`, saying so; True when it
     succeeded."""
     script = ANALYSIS_DIR / exp.analysis
-    print(f"\n== {title}: python {script.relative_to(REPO)} {' '.join(folders)} --out {out}",
-          flush=True)
-    return subprocess.call([sys.executable, str(script), *folders, "--out", str(out)]) == 0
+    args = [*folders, "--out", str(out)]
+    if exp.compare_with:  # out is <runs>/<stage>/<scale>/report
+        other = out.parents[2] / exp.compare_with / out.parent.name
+        if (other / "report" / "fits.json").is_file():
+            args += ["--batch-sweep", str(other)]
+    print(f"\n== {title}: python {script.relative_to(REPO)} {' '.join(args)}", flush=True)
+    return subprocess.call([sys.executable, str(script), *args]) == 0
 
 
 def report_all(runs_root: Path = Path("runs")) -> int:
