@@ -475,3 +475,14 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_peak_lr_is_the_lr_at_the_largest_batch_trained_not_at_the_cap():
+    """A measured arm capped at 128 that grew only to 16 trained at most at base_lr x
+    sqrt(16 / 8); without the fields to carry the rule, summary.json's lr stands."""
+    from critbatch.analysis.schedules import peak_lr
+
+    run = {"lr": 0.006, "base_lr": 0.0015, "lr_scaling": "sqrt", "base_batch_size": 8}
+    assert peak_lr(run, 16) == pytest.approx(0.0015 * 2**0.5)
+    assert peak_lr(run, 128) == pytest.approx(0.006)
+    assert peak_lr({"lr": 0.006}, 16) == 0.006

@@ -42,6 +42,7 @@ from critbatch.analysis import plotting, render
 from critbatch.analysis.render import fmt, md_table
 from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
 from critbatch.errors import ResultsError
+from critbatch.science.rules import lr_multiplier
 
 SWEEP = "schedules"
 DOCUMENT_VERSION = 1  # of schedules.json
@@ -313,6 +314,16 @@ def pick_reference(named: list[tuple[str, dict]]) -> tuple[dict | None, list[str
                   f"the lowest final loss ({best['run_dir']})"]
 
 
+def peak_lr(run: dict, batch_size_max: float | None) -> float | None:
+    """The highest lr the arm trained at: its base lr carried by its rule to the largest batch
+    it trained. summary.json's `lr` is the lr at `train.batch_size`, the cap, which a measured
+    or adaptive batch may never reach."""
+    base, rule, at = run.get("base_lr"), run.get("lr_scaling"), run.get("base_batch_size")
+    if not (is_finite(base) and is_finite(batch_size_max) and is_finite(at) and rule):
+        return run["lr"]
+    return base * lr_multiplier(rule, batch_size_max, at)
+
+
 def analyse_arm(name: str, run: dict, reference: dict | None,
                 annealed: list[dict] | None = None) -> dict:
     """One arm's row: its schedule, cost, loss, and steps saved against `reference`, read off
@@ -321,7 +332,8 @@ def analyse_arm(name: str, run: dict, reference: dict | None,
     completed = run["status"] == "completed" and is_finite(run["val_loss"])
     row: dict[str, Any] = {
         "arm": name, "batch_schedule": sched["batch_schedule"], "run_dir": run["run_dir"],
-        "status": run["status"], "lr": run["lr"], "seq_len": run["seq_len"],
+        "status": run["status"], "lr": peak_lr(run, sched["batch_size_max"]),
+        "seq_len": run["seq_len"],
         "batch_size_start": sched["batch_size_start"],
         "batch_size_final": sched["batch_size_final"],
         "batch_size_max": sched["batch_size_max"], "batch_size_mean": sched["batch_size_mean"],
