@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from critbatch.analysis.local_cbs import run_analysis
+from critbatch.analysis.local_cbs_report import run_analysis
 from critbatch.analysis.render import add_wandb_arguments
 from critbatch.errors import user_errors
 from critbatch.science.local_cbs import CONFIDENCE, TOLERANCE

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch.analysis.local_cbs import FITS_KEYS, ROW_KEYS, run_analysis
+from critbatch.analysis.local_cbs import FITS_KEYS, ROW_KEYS
+from critbatch.analysis.local_cbs_report import run_analysis
 from critbatch.analysis.synthetic import synthetic_summary
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic

@@ -173,9 +173,8 @@ class LocalCbsConfig:
     # share of the window, at its end, over which each branch's lr decays (wsd's 1-sqrt
     # cooldown to train.min_lr_ratio); 0 = a constant lr to the end (Merrill et al.'s protocol)
     cooldown_fraction: float = 0.0
-    # true: every k is trained again at each replicate seed, so each comparison is paired by
-    # data order and its noise is measured directly (science/local_cbs.py); false: only k = 1
-    # is repeated, which gives a branch sd that treats branches as independent (conservative)
+    # true: every k again at each replicate seed, so a comparison is paired by data order and
+    # its noise measured (science/local_cbs.py); false: k = 1 only (independent branches)
     replicate_ladder: bool = True
 
 
@@ -304,14 +303,11 @@ class LocalCbsGrid:
     window_tokens: int = 163_840
     # the ladder again at each: two more seeds give 12 degrees of freedom per k over six forks
     replicate_seeds: list[int] = field(default_factory=lambda: [1, 2])
-    # share of each window's end spent in a cooldown (train.local_cbs.cooldown_fraction): the
-    # branches are compared annealed. At a constant lr a larger batch ends lower simply because
-    # its lr-to-batch ratio (the noise floor) is lower, which flatters it; a cooldown over half
-    # the window also cut the scatter of k = 2's excess fourfold at cpu scale (0.003 against
-    # 0.012 nats/token, one AdamW base, 2 forks x 3 seeds)
+    # train.local_cbs.cooldown_fraction: compared annealed, not at the noise floor, which
+    # flatters a larger batch (lower lr / batch); it cut the scatter of k = 2's excess to 0.003
+    # from 0.012 nats/token (cpu, one AdamW base, 2 forks x 3 seeds)
     cooldown_fraction: float = 0.5
-    # how the branches' lr follows k (sweep syntax, one base run per rule): sqrt for AdamW;
-    # for Muon neither is settled, so both are measured
+    # the branches' lr rule (sweep syntax, one base run each): Muon's is unsettled, so both
     lr_scalings: dict[str, str] = field(
         default_factory=lambda: {"adamw": "sqrt", "muon": "none,sqrt"})
 
