@@ -360,3 +360,14 @@ def test_the_sweep_draws_the_batch_sweep_of_the_same_scale_when_it_exists(tmp_pa
         "per_run": [{"optimizer": "adamw", "val_loss": 4.0, "b_crit": 300.0}], "pareto": []})
     assert analyse_sweep(EXPERIMENTS["local_cbs"], [str(sweep)], out, "with the batch sweep")
     assert "Batch sweep drawn for comparison" in (out / "report.md").read_text()
+
+
+def test_a_flat_local_bcrit_fits_an_exponent_of_exactly_zero(tmp_path):
+    """Every checkpoint at 4 B: the fit and its bootstrap give 1/alpha_B = 0, not rounding
+    noise such as -8e-15."""
+    root = synthetic_local_cbs(tmp_path / "runs", ks=(1, 2, 4, 8, 16),
+                               checkpoints=CHECKPOINTS[:4], bcrit=lambda t: 4 * BASE)
+    result = run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")
+    fit = result["document"]["local_cbs_kaplan"][0]
+    assert {r["b_crit"] for r in result["document"]["local_cbs"]} == {4 * BASE}
+    assert fit["exponent"] == 0.0 and fit["exponent_low"] == 0.0 == fit["exponent_high"]

@@ -83,6 +83,7 @@ VAL_SEQUENCES = "val_sequences.json"
 CHECKPOINT_NAME = re.compile(r"tokens=(\d+)")
 BRANCH_NAME = re.compile(r"k=(\d+)(?:,seed=(\d+))?")
 EMA_EPSILON = TOLERANCE  # nats: the paper's bare tolerance, whatever --tolerance says
+ROUNDING = 1e-9  # an exponent this close to 0 is least squares' rounding of a flat B_crit
 FITS_KEYS = ("local_cbs", "local_cbs_kaplan", "local_cbs_cost", "local_cbs_noise", "rule",
              "warnings")
 ROW_KEYS = ("optimizer", "tokens", "val_loss", "b_crit", "b_crit_tokens", "margin",
@@ -494,6 +495,9 @@ def kaplan_rows(rows: list[dict], warnings: list[str]) -> list[dict]:
         row.update({k: fit[k] for k in ("b_star_tokens", "exponent")})
         row.update({k: boot[k] for k in ("exponent_low", "exponent_high", "b_star_tokens_low",
                                          "b_star_tokens_high", "n_units")})
+        for key in ("exponent", "exponent_low", "exponent_high"):  # a flat B_crit fits 0 exactly
+            if row[key] is not None and abs(row[key]) < ROUNDING:  # (not -8e-15)
+                row[key] = 0.0
         row["interval"] = (
             boot["interval"] if boot["exponent_low"] is not None else
             f"none: {boot['n_units']} checkpoints (a bootstrap needs 3)" if boot["n_units"] < 3
