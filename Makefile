@@ -66,7 +66,7 @@ sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumula
 sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive, measured (after sweep-local-cbs, run first if missing) [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep schedules --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
-sweep-local-cbs: install ## local critical batch by branched training: a base run per optimizer, branches at 1-16x its batch [SCALE= JOBS= OPT=]
+sweep-local-cbs: install ## local critical batch by branched training: a base run per optimizer and lr rule, branches at 1-16x its batch, again at replicate seeds [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep local_cbs --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
 
 report: install ## re-run the analyses of every sweep under runs/ (no training)
