@@ -412,10 +412,11 @@ def decision_fields(d: LocalCriticalBatch | None, ks: list[int], kept: int,
 
 def decide_base(base: BaseRun, noise: BranchNoise | None, tolerance: float,
                 confidence: float) -> tuple[list[dict], list[dict]]:
-    """Every checkpoint's decision fields (`decision_fields`), and per k after the first the
-    noise its bounds used. Replicated design (`BaseRun.ladder`):
-    `local_critical_batches_by_seed` on the ladders stacked by seed, the seed scatter pooled
-    over the checkpoints per k; else `local_critical_batch` with the k = 1 branch noise."""
+    """Every checkpoint's decision fields (`decision_fields`), and (replicated design) per k
+    after the first the seed scatter its bounds used (`scatter_rows`). Replicated design
+    (`BaseRun.ladder`): `local_critical_batches_by_seed` on the ladders stacked by seed, the
+    seed scatter pooled over the checkpoints per k; else `local_critical_batch` with the
+    k = 1 branch noise."""
     batch = int(base.summary["batch_size"])
     where = [f"{base.run_dir.name} at {c.tokens:,} tokens" for c in base.checkpoints]
     ladders = [ladders_of(base, c) for c in base.checkpoints]
@@ -440,22 +441,21 @@ def decide_base(base: BaseRun, noise: BranchNoise | None, tolerance: float,
         raise ResultsError(f"{base.run_dir.name}: {err}") from None
     fields = [decision_fields(d, ks, kept, diverged, batch, tolerance)
               for d, (kept, diverged) in zip(decided, cut, strict=True)]
-    return fields, scatter_rows(base, decided, ks)
+    per_k = scatter_rows(decided, [len(lad) for lad in ladders], ks) if base.ladder else []
+    return fields, per_k
 
 
-def scatter_rows(base: BaseRun, decided: list[LocalCriticalBatch | None],
+def scatter_rows(decided: list[LocalCriticalBatch | None], seeds: list[int],
                  ks: list[int]) -> list[dict]:
-    """Per k after the first: the sd of one seed's (replicated design) or one branch pair's
-    excess the bounds used, with its degrees of freedom."""
+    """Replicated design, per k after the first: the pooled sd of one seed's excess that its
+    bounds used (se x sqrt(seeds) of any checkpoint's comparison: the pool is per k) and its
+    degrees of freedom; `seeds[i]`: the ladders of checkpoint i."""
     rows = []
     for j, k in enumerate(ks[1:]):
-        comparisons = [(d.comparisons[j], len(lad)) for d, lad in zip(
-            decided, (ladders_of(base, c) for c in base.checkpoints), strict=True)
-            if d is not None and len(d.comparisons) > j]
-        if comparisons:
-            c, seeds = comparisons[0]
-            rows.append({"multiplier": k, "sd": c.se * math.sqrt(seeds) if base.ladder
-                         else c.se, "dof": c.dof, "seeds": seeds})
+        c, m = next(((d.comparisons[j], m) for d, m in zip(decided, seeds, strict=True)
+                     if d is not None and len(d.comparisons) > j), (None, 0))
+        if c is not None:
+            rows.append({"multiplier": k, "sd": c.se * math.sqrt(m), "dof": c.dof, "seeds": m})
     return rows
 
 

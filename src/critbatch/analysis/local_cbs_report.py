@@ -108,8 +108,8 @@ def cost_table(rows: list[dict]) -> str:
 
 
 def noise_table(rows: list[dict]) -> str:
-    """Per base run: its design, the k = 1 replicates' branch sd, and per k the sd of the
-    excess its bounds used (replicated design: one seed's excess; else one branch pair's)."""
+    """Per base run: its design, the k = 1 replicates' branch sd, and (replicated design) per
+    k the sd of one seed's excess that its bounds used."""
     return md_table(
         ["optimizer, lr rule", "base run", "design", "k = 1 branch sd (nats/token) [dof, pairs]",
          "per k: sd of the excess the bounds use (nats/token) [dof]"],
