@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 from pathlib import Path
@@ -71,3 +72,15 @@ def tiny_cfg(tiny_overrides):
         return check_overrides(tiny_overrides + list(overrides))
 
     return make
+
+
+@pytest.fixture
+def analysis_main():
+    """Loads `main` of a user script in analysis/ from its file (in-process: fast)."""
+    def load(script: str):
+        path = Path(__file__).resolve().parents[1] / "analysis" / script
+        spec = importlib.util.spec_from_file_location(f"analysis_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.main
+    return load

@@ -4,7 +4,6 @@ local points, the fits.json contract, the report files and the one-line errors."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -204,11 +203,8 @@ def test_report_and_plots_are_written(report):
 
 
 @pytest.fixture
-def script_main():
-    spec = importlib.util.spec_from_file_location("analysis_local_cbs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+def script_main(analysis_main):
+    return analysis_main(SCRIPT.name)
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -76,12 +75,9 @@ def test_cli_end_to_end_writes_every_output(tmp_path):
 
 
 @pytest.fixture
-def fit_bcrit_main():
+def fit_bcrit_main(analysis_main):
     """`main` of analysis/fit_bcrit.py, imported from its file (in-process: fast)."""
-    spec = importlib.util.spec_from_file_location("analysis_fit_bcrit", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return analysis_main(SCRIPT.name)
 
 
 def age_runs(folder: Path, seconds: float) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -360,12 +359,9 @@ def test_batch_trajectory_from_metrics_and_from_the_summary(tmp_path):
 
 
 @pytest.fixture
-def analysis_cli():
+def analysis_cli(analysis_main):
     """`main` of analysis/schedules.py, imported from its file (in-process: fast)."""
-    spec = importlib.util.spec_from_file_location("analysis_schedules", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return analysis_main(SCRIPT.name)
 
 
 def run_cli(*args, cwd=REPO):
