@@ -21,14 +21,18 @@ call trains only what is missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import math
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from critbatch import workers
 from critbatch.analysis import results as runs
@@ -135,28 +139,38 @@ def resolve_scale(scale: str) -> str:
     return chosen
 
 
-def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list[Job]:
-    """Expand one multirun exactly as Hydra's basic sweeper will, with each job's run dir."""
+@contextlib.contextmanager
+def sweep_composer() -> Iterator[Callable[[str, list[str]], DictConfig]]:
+    """`compose(stage, overrides)` of sweeps/<stage>.yaml with conf/ on the search path (as
+    the `--config-dir sweeps` launch has it) and Hydra's config; a Hydra error in the block
+    becomes a one-line ConfigError."""
     from hydra import compose, initialize_config_dir
 
     schema.register_configs()
-    cli = [f"scale={scale}", f"optim={optimizer}", *extra]
     search = [f"hydra.searchpath=[file://{schema.CONF_DIR}]"]  # as `--config-dir sweeps` does
     try:
         with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
-            root = compose(stage, overrides=search + cli, return_hydra_config=True)
-            params = [f"{k}={v}" for k, v in (root.hydra.sweeper.params or {}).items()]
-            jobs = []
-            for overrides in sweep_jobs(params + cli):
-                cfg = compose(stage, overrides=search + overrides, return_hydra_config=True)
-                run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
-                del cfg.hydra
-                jobs.append(Job(stage, optimizer, overrides, run_dir, schema.to_config(cfg),
-                                list(extra)))
+            yield lambda stage, overrides: compose(stage, overrides=search + overrides,
+                                                   return_hydra_config=True)
     except ConfigError:
         raise
     except Exception as err:
         raise ConfigError(schema.explain_compose_error(err)) from None
+
+
+def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list[Job]:
+    """Expand one multirun exactly as Hydra's basic sweeper will, with each job's run dir."""
+    cli = [f"scale={scale}", f"optim={optimizer}", *extra]
+    with sweep_composer() as compose:
+        root = compose(stage, cli)
+        params = [f"{k}={v}" for k, v in (root.hydra.sweeper.params or {}).items()]
+        jobs = []
+        for overrides in sweep_jobs(params + cli):
+            cfg = compose(stage, overrides)
+            run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
+            del cfg.hydra
+            jobs.append(Job(stage, optimizer, overrides, run_dir, schema.to_config(cfg),
+                            list(extra)))
     return jobs
 
 
@@ -450,18 +464,10 @@ def plan_experiment(exp: Experiment, scale: str, optimizers: list[str], extra: l
 def missing_measurement(scale: str, extra: list[str]) -> Path | None:
     """The local-CBS report (fits.json) the schedules sweep's `measured` arm follows, when that
     arm is in the sweep and the file does not exist yet; else None."""
-    from hydra import compose, initialize_config_dir
-
-    schema.register_configs()
-    search = [f"hydra.searchpath=[file://{schema.CONF_DIR}]"]
-    try:
-        with initialize_config_dir(str(SWEEPS_DIR), version_base="1.3"):
-            root = compose("schedules", overrides=search + [f"scale={scale}", *extra],
-                           return_hydra_config=True)
-            arms = str((root.hydra.sweeper.params or {}).get("arm", "")).split(",")
-            fits = Path(root.grid.schedules.measured_fits)
-    except Exception as err:
-        raise ConfigError(schema.explain_compose_error(err)) from None
+    with sweep_composer() as compose:
+        root = compose("schedules", [f"scale={scale}", *extra])
+        arms = str((root.hydra.sweeper.params or {}).get("arm", "")).split(",")
+        fits = Path(root.grid.schedules.measured_fits)
     return fits if "measured" in arms and not fits.exists() else None
 
 
