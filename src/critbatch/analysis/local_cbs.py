@@ -59,7 +59,14 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.analysis.kaplan import BOOTSTRAP_RESAMPLES
-from critbatch.analysis.results import SKIP_DIRS, is_finite, read_metrics, read_summary
+from critbatch.analysis.results import (
+    LOCAL_CBS_DIR,
+    SKIP_DIRS,
+    VAL_SEQUENCES,
+    is_finite,
+    read_metrics,
+    read_summary,
+)
 from critbatch.errors import ConfigError, ResultsError
 from critbatch.science.laws import (
     KAPLAN_B_STAR_TOKENS,
@@ -78,8 +85,6 @@ from critbatch.science.local_cbs import (
     local_critical_batches_by_seed,
 )
 
-LOCAL_CBS_DIR = "local_cbs"  # inside a base run folder
-VAL_SEQUENCES = "val_sequences.json"
 CHECKPOINT_NAME = re.compile(r"tokens=(\d+)")
 BRANCH_NAME = re.compile(r"k=(\d+)(?:,seed=(\d+))?")
 EMA_EPSILON = TOLERANCE  # nats: the paper's bare tolerance, whatever --tolerance says

@@ -312,6 +312,12 @@ def build_summary(
     }
 
 
+# Branch folders inside a run folder, as training writes them and the analysis reads them:
+BRANCHES_DIR = "branches"  # <run>/branches/tokens=N/: cooldown branches (training/branches.py)
+LOCAL_CBS_DIR = "local_cbs"  # <run>/local_cbs/tokens=<t>/k=<k>[,seed=<s>]/: local-CBS branches
+VAL_SEQUENCES = "val_sequences.json"  # a local-CBS branch's loss on each validation window
+
+
 # ---------------------------------------------------------------------------------------------
 # Discovery and loading of many runs (used by the analysis; never imports the trainer).
 

@@ -40,7 +40,13 @@ from typing import Any, NamedTuple
 
 from critbatch.analysis import plotting, render
 from critbatch.analysis.render import fmt, md_table
-from critbatch.analysis.results import is_finite, is_number, load_runs, read_metrics
+from critbatch.analysis.results import (
+    BRANCHES_DIR,
+    is_finite,
+    is_number,
+    load_runs,
+    read_metrics,
+)
 from critbatch.errors import ResultsError
 from critbatch.science.rules import lr_multiplier
 
@@ -229,7 +235,7 @@ def split_branches(runs: list[dict]) -> tuple[list[dict], dict[Path, list[dict]]
     arms, branches = [], defaultdict(list)
     for r in runs:
         folder = Path(r["run_dir"])
-        if r.get("branch_of") and folder.parent.name == "branches":
+        if r.get("branch_of") and folder.parent.name == BRANCHES_DIR:
             branches[folder.parent.parent.resolve()].append(r)
         else:
             arms.append(r)

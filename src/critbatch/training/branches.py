@@ -32,6 +32,7 @@ from pathlib import Path
 
 from critbatch import files
 from critbatch.analysis import results as runs
+from critbatch.analysis.results import BRANCHES_DIR
 from critbatch.errors import ResultsError
 from critbatch.training import checkpoint, local_cbs
 from critbatch.training.config import Config, plain, token_budget, total_steps
@@ -39,7 +40,6 @@ from critbatch.training.optim import wsd_decay_start
 
 log = logging.getLogger("critbatch")
 
-BRANCHES_DIR = "branches"
 BRANCH_OVERRIDES = ("train.tokens=", "train.branch_budgets=")  # what a branch sets itself
 
 
@@ -72,7 +72,7 @@ def plan_branches(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Bran
     return cooldown_branches(cfg, run_dir, overrides) + [
         Branch(fraction=b.fraction, cfg=b.cfg, run_dir=run_dir / b.folder,
                overrides=b.overrides, fork_step=b.fork_step, fork_tokens=b.at_tokens,
-               what=f"local-CBS branch {b.folder.removeprefix(local_cbs.LOCAL_DIR + '/')}",
+               what=f"local-CBS branch {b.folder.removeprefix(runs.LOCAL_CBS_DIR + '/')}",
                fields=b.fields(run_dir))
         for b in local_cbs.plan(cfg, overrides)]
 

@@ -36,10 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from critbatch import files
+from critbatch.analysis.results import LOCAL_CBS_DIR, VAL_SEQUENCES
 from critbatch.training.config import Config, total_steps
 
-LOCAL_DIR = "local_cbs"
-VAL_SEQUENCES = "val_sequences.json"
 # what a branch sets itself: the base's overrides of these keys are left out of its own
 LOCAL_OVERRIDES = ("train.local_cbs.", "train.batch_schedule=", "train.batch_size=",
                    "train.batch_size_start=", "train.switch_at_tokens=", "train.tokens=",
@@ -133,7 +132,7 @@ def plan(cfg: Config, overrides: list[str]) -> list[LocalBranch]:
                 name += f",seed={seed}"
             planned.append(LocalBranch(
                 fraction=fraction, fork_step=step, at_tokens=at_tokens, multiplier=k,
-                seed=seed, cfg=sub, folder=f"{LOCAL_DIR}/tokens={at_tokens}/{name}",
+                seed=seed, cfg=sub, folder=f"{LOCAL_CBS_DIR}/tokens={at_tokens}/{name}",
                 overrides=[*keep, *mine]))
     return planned
 
