@@ -95,26 +95,29 @@ def cooldown_branches(cfg: Config, run_dir: Path, overrides: list[str]) -> list[
     return branches
 
 
-def fork(branch: Branch, model, optimizers: list, gns, state: checkpoint.TrainState,
+def fork(forked: list[Branch], model, optimizers: list, gns, state: checkpoint.TrainState,
          parent_dir: Path) -> None:
-    """Save the parent's state now (after `branch.fork_step` steps, metrics flushed) as the
-    branch's checkpoint, with the branch's config and summary fields, and the parent's metrics
-    rows so far as the start of the branch's metrics.jsonl. A finished branch is left alone."""
-    if branch.done:
+    """Save the parent's state now (after the branches' `fork_step` steps, metrics flushed)
+    as each branch's checkpoint, with the branch's config and summary fields, and the
+    parent's metrics rows so far as the start of its metrics.jsonl (read once for all of
+    them). A finished branch is left alone."""
+    todo = [b for b in forked if not b.done]
+    if not todo:
         return
-    assert (state.step, state.tokens) == (branch.fork_step, branch.fork_tokens), branch
-    branch.run_dir.mkdir(parents=True, exist_ok=True)
-    start = copy.deepcopy(state)
-    start.wandb_run_id, start.elapsed_s, start.resumed_at = None, 0.0, []
-    start.branch_of, start.branch_at_tokens = parent_dir.name, state.tokens
-    start.branch_fields = dict(branch.fields)
-    checkpoint.save(branch.run_dir / "checkpoint.pt", model, optimizers, plain(branch.cfg),
-                    gns, start)
     rows = [r for r in runs.read_metrics(parent_dir) if r["step"] <= state.step]
-    files.write_text_atomic(branch.run_dir / "metrics.jsonl",
-                            "".join(json.dumps(r) + "\n" for r in rows))
-    log.info(f"step:{state.step} tokens:{state.tokens / 1e6:.3f}M forked the {branch.what} "
-             f"to {branch.tokens / 1e6:.3f}M tokens -> {branch.run_dir}")
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    for branch in todo:
+        assert (state.step, state.tokens) == (branch.fork_step, branch.fork_tokens), branch
+        branch.run_dir.mkdir(parents=True, exist_ok=True)
+        start = copy.deepcopy(state)
+        start.wandb_run_id, start.elapsed_s, start.resumed_at = None, 0.0, []
+        start.branch_of, start.branch_at_tokens = parent_dir.name, state.tokens
+        start.branch_fields = dict(branch.fields)
+        checkpoint.save(branch.run_dir / "checkpoint.pt", model, optimizers, plain(branch.cfg),
+                        gns, start)
+        files.write_text_atomic(branch.run_dir / "metrics.jsonl", text)
+        log.info(f"step:{state.step} tokens:{state.tokens / 1e6:.3f}M forked the "
+                 f"{branch.what} to {branch.tokens / 1e6:.3f}M tokens -> {branch.run_dir}")
 
 
 def pending(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Branch]:

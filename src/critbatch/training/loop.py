@@ -101,8 +101,8 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                     pending.clear()
                     bar.set_postfix(train_loss=f"{state.losses[-1]:.3f}")
                     heartbeat.tick(state, bar.disable)
-                for branch in forked if state.status == "completed" else []:
-                    branches.fork(branch, tr.stepper.model, tr.stepper.optimizers, tr.gns, state,
+                if forked and state.status == "completed":
+                    branches.fork(forked, tr.stepper.model, tr.stepper.optimizers, tr.gns, state,
                                   run_dir)
                 if eval_now and state.status == "completed":
                     eval_at = [x for x in eval_at if x > state.tokens]
