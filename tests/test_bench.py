@@ -45,6 +45,8 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     for shape in results["variants"].values():
         assert {"dtype", "adamw", "optimizer"} <= set(shape)
         for pair in shape.values():
+            if "skipped" in pair:  # time-boxed (bf16 on a CPU without bf16 instructions)
+                continue
             assert positive(pair["ratio"])
             a, b = (k for k in pair if k not in ("ratio", "compared"))
             assert positive(pair[a]["step_ms"]) and positive(pair[b][pair["compared"]])
@@ -61,6 +63,30 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
         assert isinstance(t["met"], bool) or undetermined, t
     printed = capsys.readouterr().out
     assert "| preset |" in printed and "| target |" in printed
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
+def test_peak_is_time_boxed_where_bf16_is_slow():
+    """With oneDNN off, torch multiplies bf16 on its reference gemm (~1.5 GFLOP/s), as on a CPU
+    without bf16 matrix instructions: the ladder measures its probe and skips the large sizes
+    (each n = 4096 product would take ~90 s) instead of hanging there."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        result = bench.bench_peak(bench.Options(repeats=1))
+    assert list(result["bfloat16_by_size"])[0] == "256"
+    assert 4096 in result["bfloat16_skipped_sizes"]
+    assert set(result["bfloat16_by_size"]).isdisjoint(map(str, result["bfloat16_skipped_sizes"]))
+    assert positive(result["bfloat16_gflops"]) and positive(result["float32_gflops"])
+
+
+def test_variant_pair_too_slow_for_its_box_is_skipped_with_the_reason(tiny_overrides, capsys):
+    """A dtype measured at a crawl skips the variant pair that uses it; the others still run."""
+    opts = bench.Options(overrides=tiny_overrides, steps=4, compile=False,
+                         probe={"float32_gflops": 50.0, "bfloat16_gflops": 1e-4})
+    out = bench.bench_variants(opts)
+    for shape in out.values():
+        assert "bfloat16 would take" in shape["dtype"]["skipped"]
+        assert positive(shape["adamw"]["ratio"]) and positive(shape["optimizer"]["ratio"])
+    assert "dtype: skipped: bfloat16 would take" in capsys.readouterr().out
 
 
 @pytest.mark.slow

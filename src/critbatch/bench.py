@@ -160,6 +160,7 @@ class Options:
     compile: bool = True  # include the torch.compile variant (the slow one to set up)
     analysis_runs: int = 1000  # synthetic runs for the analysis section
     results: dict = field(default_factory=dict)  # sections already measured (peak, train)
+    probe: dict = field(default_factory=dict)  # matmul GFLOP/s per dtype when peak did not run
 
 
 def presets(device_type: str) -> dict[str, list[str]]:
@@ -238,15 +239,22 @@ def step_timer(cfg, device: torch.device, *, dtype=torch.float32, compiled=False
 
 
 def interleaved(steppers: dict[str, Callable[[], tuple[float, float]]], iters: int,
-                warmup: int = 2) -> dict[str, dict]:
-    """Median step times of several setups, stepped in turn (order reversed every iteration)."""
+                warmup: int = 2, box_s: float | None = None) -> dict[str, dict]:
+    """Median step times of several setups, stepped in turn (order reversed every iteration).
+    With `box_s`, the timed iterations shrink (to 2 at least) so that they fit in the seconds
+    the warm-up steps predict."""
     names = list(steppers)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-    for it in range(warmup + iters):
+    it = 0
+    while it < warmup + iters:
+        clock = time.perf_counter()
         for name in (names if it % 2 == 0 else names[::-1]):
             timing = steppers[name]()
             if it >= warmup:
                 times[name].append(timing)
+        if box_s is not None and it == warmup - 1:  # the last warm-up: steps are warm now
+            iters = max(2, min(iters, int(box_s / (time.perf_counter() - clock))))
+        it += 1
     return {name: {"fwd_bwd_ms": 1e3 * statistics.median(t[0] for t in ts),
                    "optim_ms": 1e3 * statistics.median(t[1] for t in ts),
                    "step_ms": 1e3 * statistics.median(a + b for a, b in ts)}
@@ -281,21 +289,64 @@ def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int, iters: int) 
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
+# Seconds each dtype's matmul ladder may take. A CPU without bf16 matrix instructions runs bf16
+# on torch's reference gemm at ~1.5 GFLOP/s (fp32 ~30-200): one n = 4096 product would then take
+# 90 s, and the ladder stops growing n once the next size is predicted to pass this box.
+PEAK_BOX_S = {"cpu": 4.0, "cuda": 10.0}
+
+
+def matmul_ladder(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...], iters: int,
+                  box_s: float) -> tuple[dict[str, float], list[int]]:
+    """GFLOP/s of square matmuls at growing n, the first a cheap probe: a size is measured only
+    while (iters + 2 warmup) products at the best rate so far fit in what is left of `box_s`.
+    Returns ({n: GFLOP/s} measured, the sizes skipped)."""
+    by_size: dict[str, float] = {}
+    skipped: list[int] = []
+    spent = 0.0
+    for n in sizes:
+        best = max(by_size.values(), default=None)
+        if best is not None and (iters + 2) * 2 * n**3 / (best * 1e9) > box_s - spent:
+            skipped.append(n)
+            continue
+        clock = time.perf_counter()
+        by_size[str(n)] = matmul_gflops(device, dtype, n, iters)
+        spent += time.perf_counter() - clock
+    return by_size, skipped
+
+
 def bench_peak(opts: Options) -> dict:
-    """The device's limit: the best of a few large square matmuls, fp32 and bf16."""
+    """The device's limit: the best of a few large square matmuls, fp32 and bf16, each dtype
+    time-boxed (`matmul_ladder`): where a dtype is slow (bf16 on a CPU without bf16 matrix
+    instructions) only the small sizes run, and the skipped ones are listed."""
     device = bench_device()
-    sizes = (4096, 8192) if device.type == "cuda" else (1024, 2048, 4096)
+    sizes = (1024, 4096, 8192) if device.type == "cuda" else (256, 1024, 2048, 4096)
     iters = opts.repeats or (20 if device.type == "cuda" else 5)
     result = {}
+    notes = []
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        by_size = {str(n): matmul_gflops(device, dtype, n, iters) for n in sizes}
+        by_size, skipped = matmul_ladder(device, dtype, sizes, iters, PEAK_BOX_S[device.type])
         result[f"{name}_gflops"] = max(by_size.values())
         result[f"{name}_by_size"] = by_size
-    print(f"peak: matmul {result['float32_gflops']:,.0f} GFLOP/s fp32, "
-          f"{result['bfloat16_gflops']:,.0f} GFLOP/s bf16 (best of n = "
-          f"{', '.join(map(str, sizes))})", flush=True)
+        result[f"{name}_skipped_sizes"] = skipped
+        if skipped:
+            notes.append(f"{name} n = {', '.join(map(str, skipped))} skipped (predicted past the "
+                         f"{PEAK_BOX_S[device.type]:.0f} s box at {result[f'{name}_gflops']:,.1f} "
+                         f"GFLOP/s)")
+    print(f"peak: matmul {result['float32_gflops']:,.0f} GFLOP/s fp32 (n = "
+          f"{', '.join(result['float32_by_size'])}), {result['bfloat16_gflops']:,.1f} GFLOP/s bf16 "
+          f"(n = {', '.join(result['bfloat16_by_size'])})"
+          + "".join(f"; {note}" for note in notes), flush=True)
     return result
+
+
+def dtype_gflops(opts: Options, device: torch.device) -> dict[str, float]:
+    """Matmul GFLOP/s per dtype name: the peak section's, else a probe at n = 256 (cached)."""
+    peak = opts.results.get("peak") or opts.probe
+    if not peak:
+        peak = opts.probe = {f"{str(d).removeprefix('torch.')}_gflops": matmul_gflops(
+            device, d, 256, 3) for d in (torch.float32, torch.bfloat16)}
+    return {k.removesuffix("_gflops"): v for k, v in peak.items() if k.endswith("_gflops")}
 
 
 # ---------------------------------------------------------------------------
@@ -485,6 +536,9 @@ def variant_pairs(cfg, device: torch.device, compiled_too: bool) -> dict[str, di
     return pairs
 
 
+VARIANT_BOX_S = 30.0  # seconds one variant pair may take, warm-up aside (compile's aside too)
+
+
 def bench_variants(opts: Options) -> dict:
     """Step times (medians, interleaved step by step) of each variant pair, per shape.
 
@@ -496,12 +550,27 @@ def bench_variants(opts: Options) -> dict:
     names = list(presets(device.type))
     shapes = names[-2:] if device.type == "cpu" else names  # cpu and cpu-w256 / gpu, gpu-w384
     iters = opts.steps or 8
+    rates = dtype_gflops(opts, device)
     out = {}
     for i, name in enumerate(shapes):
         cfg = compose(presets(device.type)[name], opts)
+        m = cfg.model
+        step_gflop = flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size) * (
+            cfg.train.batch_size * m.seq_len) / 1e9
+        default = str(resolve_device(cfg)[1]).removeprefix("torch.")
         out[name] = {}
         for pair, steppers in variant_pairs(cfg, device, opts.compile and i == 0).items():
-            timed = interleaved(steppers, iters)
+            # at the matmul peak, a floor: 2 warm-up and 2 timed rounds of every setup
+            floor_s = 4 * sum(step_gflop / rates.get(label, rates[default]) for label in steppers)
+            if floor_s > VARIANT_BOX_S:
+                slowest = min(steppers, key=lambda label: rates.get(label, rates[default]))
+                reason = (f"{slowest} would take >= {floor_s:,.0f} s here (matmul "
+                          f"{rates.get(slowest, rates[default]):,.1f} GFLOP/s; box "
+                          f"{VARIANT_BOX_S:.0f} s)")
+                out[name][pair] = {"skipped": reason}
+                print(f"variants {name} {pair}: skipped: {reason}", flush=True)
+                continue
+            timed = interleaved(steppers, iters, box_s=VARIANT_BOX_S)
             a, b = list(timed)
             key = "optim_ms" if pair in ("adamw", "optimizer") else "step_ms"
             timed["compared"] = key
@@ -689,7 +758,9 @@ def table(results: dict) -> str:
     peak = results.get("peak")
     if peak:
         lines += [f"Peak (large matmul): {peak['float32_gflops']:,.0f} GFLOP/s fp32, "
-                  f"{peak['bfloat16_gflops']:,.0f} GFLOP/s bf16", ""]
+                  f"{peak['bfloat16_gflops']:,.1f} GFLOP/s bf16 (largest n measured: "
+                  f"{max(map(int, peak['float32_by_size']))} fp32, "
+                  f"{max(map(int, peak['bfloat16_by_size']))} bf16)", ""]
     trained = results.get("train", {}).get("presets", {})
     if trained:
         lines += ["| preset | width x depth, T, B | params | tokens/s trainer | tokens/s minimal "
@@ -710,6 +781,9 @@ def table(results: dict) -> str:
         lines += ["| preset | variant | A | B | B / A |", "|---|---|---|---|---|"]
         for name, pairs in variants.items():
             for pair, timed in pairs.items():
+                if "skipped" in timed:
+                    lines.append(f"| {name} | {pair} | skipped: {timed['skipped']} | | |")
+                    continue
                 a, b = [k for k in timed if k not in ("ratio", "compared")]
                 key = timed["compared"]
                 what = "optimizer ms" if key == "optim_ms" else "step ms"
