@@ -448,6 +448,23 @@ def test_u_shaped_efficiency_warns_and_auto_picks_the_efficient_baseline(tmp_pat
     assert not any("reaches a lower loss than the baseline" in w for w in auto["warnings"])
 
 
+def test_an_inefficient_baseline_biases_per_run_bcrit_high(tmp_path):
+    """The baseline batch 16 pays a penalty (0.02 or 0.05 nats/token at batch 16): it credits
+    batch 64 with too many baseline tokens, r = E/E_eff falls, and B_crit = (B - b r)/(r - 1),
+    which falls as r rises, comes out above the planted 200 sequences, the more so the larger
+    the penalty."""
+    b_crit = {}
+    for penalty in (0.0, 0.02, 0.05):
+        synthetic_sweep(tmp_path / str(penalty), SyntheticTruth(small_batch_penalty=penalty),
+                        batch_sizes=(64,))
+        (row,) = analyse_dir(tmp_path / str(penalty))["fits"]["per_run"]
+        assert row["batch_size"] == 64 and row["baseline_batch"] == 16
+        b_crit[penalty] = row["b_crit"]
+    assert rel_err(b_crit[0.0]) < 0.05
+    assert TRUE_B_CRIT < b_crit[0.02] < b_crit[0.05]
+    assert b_crit[0.02] > 1.3 * TRUE_B_CRIT
+
+
 def test_batches_below_the_baseline_are_listed_never_zero(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64, 256), all_budgets=True)
     result = analyse_dir(tmp_path, baseline_batch=64)

@@ -411,9 +411,11 @@ def more_efficient_than_baseline(cells: list[Cell], baseline_batch: int) -> list
     than their combined uncertainty (1.96 sigma; any margin when it is unknown).
 
     McCandlish's model has the loss at equal tokens rising with the batch; a larger batch
-    that beats the baseline means the baseline is less token-efficient (a U-shaped E(B):
-    too small a batch for its lr, or a noisy optimizer), and per-run B_crit against it is
-    biased low.
+    that beats the baseline means the baseline is less token-efficient than the model assumes
+    (a U-shaped E(B): too small a batch for its lr, or a noisy optimizer). Its curve then
+    credits every run with more baseline tokens E_eff, so r = E / E_eff is too small, and
+    since B_crit = (B - b r) / (r - 1) falls as r rises (dB_crit/dr = (b - B) / (r - 1)^2 < 0
+    for B > b), per-run B_crit against it is biased high.
     """
     base = {c.budget: c for c in cells if c.batch_size == baseline_batch}
     better = []
@@ -497,7 +499,7 @@ def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str],
         warnings.append(f"{name}: batch {c.batch_size} reaches a lower loss than the baseline "
                         f"{b} at {c.budget:,} tokens ({c.loss:.4f} < {base.loss:.4f} nats/token): "
                         "the baseline is less token-efficient, so per-run B_crit against it is "
-                        "biased low; try --baseline-batch auto")
+                        "biased high; try --baseline-batch auto")
     below = sorted({c.batch_size for c in cells if c.batch_size < b})
     if below:
         warnings.append(f"{name}: batch sizes {below} are below the baseline {b}: listed, with "

@@ -3,7 +3,7 @@
 docs/science.md (section 3, "What may and may not be fitted together"): the tokens-equivalent
 B_crit of each (batch, budget) cell and the Pareto frontier's E_min / S_min measure the same
 B_crit, so at each Pareto target loss they should agree. A ratio far from 1 says one of them
-is off: a baseline that is not the most token-efficient batch (per-run biased low), a Pareto
+is off: a baseline that is not the most token-efficient batch (per-run biased high), a Pareto
 fit on batch sizes all far below or above B_crit, or a loss curve bent by the schedule.
 
 How the per-run B_crit at a target loss L* is read: for each batch size, the two per-run rows
