@@ -465,6 +465,34 @@ def test_an_inefficient_baseline_biases_per_run_bcrit_high(tmp_path):
     assert b_crit[0.02] > 1.3 * TRUE_B_CRIT
 
 
+def test_a_cell_of_too_few_steps_for_its_warmup_is_flagged_and_left_out_of_the_fits(tmp_path):
+    """Warmup 12 steps: batch 1024 at 2^21 tokens trains 32 steps (< 3 x 12), every other
+    cell 64 or more. That cell's per-run row stays as a diagnostic, flagged and named, but
+    neither Kaplan's law nor a Pareto fit uses it."""
+    synthetic_sweep(tmp_path, batch_sizes=(64, 256, 1024), all_budgets=True, warmup_steps=12)
+    result = analyse_dir(tmp_path)
+    few = [c for g in result["groups"] for c in g["cells"] if c.few_steps]
+    assert [(c.batch_size, c.budget, c.steps, c.warmup_steps) for c in few] == [
+        (1024, 2**21, 32, 12)]
+    rows = {(r["batch_size"], r["budget"]): r for r in result["fits"]["per_run"]}
+    flagged = rows[(1024, 2**21)]
+    assert flagged["few_steps"] and not flagged["in_kaplan"] and flagged["b_crit"]
+    assert "measures the warmup" in flagged["note"]
+    assert sum(r["few_steps"] for r in rows.values()) == 1
+    assert all(r["in_kaplan"] for k, r in rows.items() if k != (1024, 2**21))
+    assert not any(p["method"] == "per_run" and p["run_dir"] == flagged["run_dir"]
+                   for p in result["fits"]["kaplan_points"])
+    assert any("batch 1024 at 2,097,152 tokens trained 32 steps, fewer than 3 x its 12 warmup"
+               in w for w in result["warnings"])
+    curves = pareto.batch_curves(result["groups"][0]["cells"])
+    assert list(curves[1024].tokens) == [2**22, 2**23, 2**24]  # its 2^21 cell left out
+    assert list(curves[256].tokens) == [2**21, 2**22, 2**23, 2**24]
+    assert result["fits"]["pareto"] and all(
+        p["target_loss"] <= curves[1024].loss_range[1] for p in result["fits"]["pareto"]
+        if 1024 in p["batch_sizes"])
+    assert not bcrit.too_few_steps(22, None)  # a run that did not record its warmup
+
+
 def test_batches_below_the_baseline_are_listed_never_zero(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64, 256), all_budgets=True)
     result = analyse_dir(tmp_path, baseline_batch=64)

@@ -52,6 +52,11 @@ GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer
 UNKNOWN_OPTIMIZER = "unknown"  # a table without an optimizer column
 MIN_BASELINE_BUDGETS = 3
 BUDGET_TOLERANCE = 0.01  # runs whose tokens are this close (relative) share one budget
+# A run of fewer optimizer steps than this many times its lr warmup measures the warmup, not
+# the batch (cpu sweep of 2026-12-01: batch 128 at 1/8 of the budget trained 22 steps, 10 of
+# them warmup): its cell is flagged `few_steps` (`too_few_steps`) and kept out of the per-run
+# Kaplan points and the Pareto fits
+MIN_STEPS_PER_WARMUP = 3
 Z95 = 1.959963984540054
 
 
@@ -184,10 +189,25 @@ class Cell:
     budget: int = 0  # the nominal token budget (tokens of runs within 1% are one budget)
     sigma_source: str | None = None  # "seeds", "seed scatter", "lr refinement" or None
     trunk: str = ""  # the run whose training run_dir is: run_dir itself, or a branch's parent
+    steps: int = 0  # optimizer steps of run_dir
+    warmup_steps: int | None = None  # lr warmup steps of run_dir; None: not recorded
+    few_steps: bool = False  # steps < MIN_STEPS_PER_WARMUP x warmup_steps (`too_few_steps`)
 
     @property
     def loss_per_byte(self) -> float:
         return self.loss / self.bytes_per_token
+
+
+def too_few_steps(steps: int, warmup_steps: int | None) -> bool:
+    """Whether a run of `steps` optimizer steps with `warmup_steps` of lr warmup is too short
+    to measure its batch: steps < MIN_STEPS_PER_WARMUP x warmup_steps.
+
+    Most of such a run's updates are taken at a fraction of the peak lr, so its final loss says
+    how fast the warmup went, not what the batch size costs; a larger batch at a small budget
+    hits this first. A run that did not record its warmup (older folders, tables) is never
+    flagged.
+    """
+    return warmup_steps is not None and steps < MIN_STEPS_PER_WARMUP * warmup_steps
 
 
 def trunks(runs: list[dict]) -> dict[str, str]:
@@ -235,6 +255,10 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
                   scatter: float | None = None) -> list[Cell]:
     """Collapse a group's runs into cells (batch size x nominal budget), each at its best lr.
 
+    A cell whose run trained too few steps for its warmup is flagged (`few_steps`,
+    `too_few_steps`); it stays a cell, to be listed, but neither Kaplan's law (through its
+    per-run row's `in_kaplan`) nor a Pareto fit (`pareto.batch_curves`) uses it.
+
     Seeds at the same lr are averaged. The loss uncertainty of a cell is, in order: the
     standard error over its own seeds at the best grid lr ("seeds"), the group's pooled seed
     scatter `scatter` (one run's standard deviation) over sqrt(seeds) ("seed scatter"), or,
@@ -267,13 +291,15 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
         edge_diverged = (edge == "high" and any(lr > lrs[-1] for lr in tried)) or (
             edge == "low" and any(lr < lrs[0] for lr in tried))
         best_run = by_lr[lrs[i]][0]
+        steps, warmup = int(best_run["steps"]), best_run.get("warmup_steps")
         cells.append(Cell(batch_size=int(batch), tokens=int(best_run["tokens"]), lr=lr_star,
                           loss=loss_star, loss_sigma=sigma,
                           bytes_per_token=float(best_run["bytes_per_token"]),
                           run_dir=best_run["run_dir"], edge=edge, edge_diverged=edge_diverged,
                           lrs=lrs, losses=means, n_seeds=len(seeds), curve=best_run["curve"],
                           budget=int(budget), sigma_source=source,
-                          trunk=trunk[best_run["run_dir"]]))
+                          trunk=trunk[best_run["run_dir"]], steps=steps, warmup_steps=warmup,
+                          few_steps=too_few_steps(steps, warmup)))
     return cells
 
 
@@ -305,7 +331,8 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
     the model allows (r >= B/b). An unbounded end of an interval is None; a B_crit whose
     interval is unbounded above (r within the noise of 1) is kept in the row but not in
     Kaplan's law (`in_kaplan`): its value is the noise's, and with no upper end it has no
-    weight to give it.
+    weight to give it. Nor is a cell of too few steps for its warmup (`few_steps`): its loss
+    measures the warmup, so its B_crit is a diagnostic only.
     """
     sigma = math.hypot(cell.loss_sigma, baseline_sigma)  # NaN when either is unknown
     e_eff, extrapolated = baseline.tokens_for(cell.loss)
@@ -339,6 +366,10 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
     unbounded = b_crit is not None and math.isfinite(sigma) and bc(r_lo) is None
     if unbounded:  # r's lower end <= 1: the loss cannot tell B_crit from infinity
         note = "interval unbounded above: left out of Kaplan's law"
+    if cell.few_steps:
+        few = (f"{cell.steps} steps < {MIN_STEPS_PER_WARMUP} x {cell.warmup_steps} warmup: "
+               "measures the warmup; left out of Kaplan's law")
+        note = f"{note}; {few}" if note else few
     row = {
         "run_dir": cell.run_dir, "trunk": cell.trunk, "batch_size": B, "tokens": cell.tokens,
         "budget": cell.budget,
@@ -352,7 +383,8 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
         "b_crit_naive": bcrit_naive(B, r) if math.isfinite(r) and r > 1 and not below else None,
         "interval": interval_label(cell.sigma_source, baseline_source),
         "extrapolated": bool(extrapolated), "below_baseline": below,
-        "baseline_batch": b, "note": note, "in_kaplan": b_crit is not None and not unbounded,
+        "baseline_batch": b, "note": note, "few_steps": cell.few_steps,
+        "in_kaplan": b_crit is not None and not unbounded and not cell.few_steps,
     }
     for k in ("b_crit", "b_crit_low", "b_crit_high", "b_crit_naive"):
         row[f"{k}_tokens"] = None if row[k] is None else row[k] * seq_len
@@ -465,8 +497,15 @@ def noise_points(runs: list[dict]) -> list[dict]:
 
 
 def cell_warnings(name: str, cells: list[Cell]) -> list[str]:
-    """Edge optima and untuned cells of one group."""
+    """Edge optima, untuned cells and cells of too few steps (`too_few_steps`) of one group."""
     warnings = []
+    for c in cells:
+        if c.few_steps:
+            warnings.append(
+                f"{name}: batch {c.batch_size} at {c.tokens:,} tokens trained {c.steps} steps, "
+                f"fewer than {MIN_STEPS_PER_WARMUP} x its {c.warmup_steps} warmup steps: its "
+                "loss measures the warmup, not the batch; left out of the per-run Kaplan points "
+                "and the Pareto fits")
     for c in cells:
         if c.edge in ("low", "high"):
             why = "the next lr diverged" if c.edge_diverged else "widen the lr grid"

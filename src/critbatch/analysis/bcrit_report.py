@@ -44,6 +44,7 @@ PER_RUN_COLUMNS = (
     "val_loss_per_byte", "val_loss_sigma", "effective_tokens", "r", "b_crit", "b_crit_low",
     "b_crit_high", "b_crit_naive", "b_crit_tokens", "b_crit_low_tokens", "b_crit_high_tokens",
     "extrapolated", "baseline_batch", "note", "budget", "below_baseline", "interval",
+    "few_steps", "in_kaplan",
 )
 # The sweeps analysed by default, each one folder runs/<sweep>/<scale>: the batch sweep (its
 # runs, their cooldown branches and the batch_seeds stage) and the widths sweep (with
@@ -357,7 +358,10 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "cell of its own budget). E_eff: baseline tokens that reach the run's loss (PCHIP "
               "in log tokens over the baseline's cells at all its budgets; extrapolated with "
               "L = L_inf + A E^-alpha where marked). r = E/E_eff; B_crit = (B - b r)/(r - 1); "
-              "the naive B/(r - 1) ignores the baseline's own batch.", "",
+              "the naive B/(r - 1) ignores the baseline's own batch. A cell whose run trained "
+              f"fewer than {bcrit.MIN_STEPS_PER_WARMUP} x its warmup steps measures the "
+              "warmup, not the batch: its note says so and it is left out of Kaplan's law and "
+              "the Pareto fits.", "",
               by_optimizer(fits["per_run"], per_run_table,
                            "No per-run B_crit (see the warnings)."),
               "", "## B_noise measured", "",

@@ -9,8 +9,9 @@ fit on batch sizes all far below or above B_crit, or a loss curve bent by the sc
 How the per-run B_crit at a target loss L* is read: for each batch size, the two per-run rows
 of adjacent budgets whose losses bracket L* (a run's loss falls with its budget), with
 log B_crit interpolated linearly in the loss between them; batch sizes whose rows do not
-bracket L*, or where one of the two has no B_crit (r <= 1, below the baseline) or one whose
-interval is unbounded above (`in_kaplan` false: r within the noise of 1), are left out.
+bracket L*, or where one of the two has no B_crit (r <= 1, below the baseline) or is out of
+Kaplan's law (`in_kaplan` false: an interval unbounded above, r within the noise of 1, or a
+run of too few steps for its warmup), are left out.
 The batch sizes' values are then combined as a weighted mean of log B_crit, each weighted by
 1/sigma^2 of its interpolated log interval (equal weights when any is unknown). The rows share
 one baseline curve, so their errors are correlated: the spread across batch sizes is reported

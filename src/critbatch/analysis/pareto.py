@@ -62,10 +62,12 @@ def pareto_row(batch_sizes, steps, seq_len: int, optimizer: str, target_loss: fl
 
 def batch_curves(cells: list) -> dict[int, LossCurve]:
     """Per batch size with two budgets or more, its final loss versus tokens at the best lr
-    (`bcrit.Cell`s; interpolation only)."""
+    (`bcrit.Cell`s; interpolation only). Cells of too few steps for their warmup
+    (`few_steps`) are left out: their loss measures the warmup, not the batch."""
     by_batch: dict[int, list] = defaultdict(list)
     for c in cells:
-        by_batch[c.batch_size].append(c)
+        if not c.few_steps:
+            by_batch[c.batch_size].append(c)
     curves = {b: LossCurve([c.tokens for c in cs], [c.loss for c in cs], extrapolate=False)
               for b, cs in sorted(by_batch.items()) if len(cs) >= 2}
     return {b: c for b, c in curves.items() if c.pchip is not None}

@@ -46,8 +46,12 @@ def synthetic_summary(truth: SyntheticTruth, *, batch_size: int, tokens: int, lr
                       loss_offset: float = 0.0, status: str = "completed",
                       sweep: str = "synthetic",
                       curve_fractions=(0.125, 0.25, 0.5, 1.0),
-                      noise_law: NoiseLaw | None = None, unresolved_evals: int = 0) -> dict:
+                      noise_law: NoiseLaw | None = None, unresolved_evals: int = 0,
+                      warmup_steps: int = 10) -> dict:
     """A complete summary.json (every SUMMARY_KEYS key) for one synthetic run.
+
+    `warmup_steps` is recorded only (the planted loss ignores it): the analysis flags a run of
+    fewer than `bcrit.MIN_STEPS_PER_WARMUP` times as many steps. 10, the cpu sweeps' warmup.
 
     Eval points at `curve_fractions` of the steps; with `noise_law`, each carries `b_noise`
     (sequences) from the law at its loss, except the first `unresolved_evals` (at most
@@ -73,7 +77,7 @@ def synthetic_summary(truth: SyntheticTruth, *, batch_size: int, tokens: int, lr
         "seq_len": truth.seq_len, "vocab_size": 2048, "params": 250_000,
         "params_nonembedding": 100_000, "batch_size": batch_size,
         "micro_batch_size": batch_size, "steps": steps, "tokens": steps * batch_size *
-        truth.seq_len, "warmup_steps": 20, "schedule": "cosine",
+        truth.seq_len, "warmup_steps": warmup_steps, "schedule": "cosine",
         "bytes_per_token": truth.bytes_per_token,
         "val_loss": float("nan") if diverged else final,
         "val_loss_per_byte": float("nan") if diverged else final / truth.bytes_per_token,
@@ -89,7 +93,8 @@ def synthetic_sweep(root: str | Path, truth: SyntheticTruth | None = None, *,
                     budgets_tokens=(2**21, 2**22, 2**23, 2**24), all_budgets: bool = False,
                     lr_multipliers=(0.5, 1.0, 2.0), optimizers=("adamw",), widths=(64,),
                     seeds=(0,), seed_loss_offsets=None, lr_grid_shift: float = 0.3,
-                    diverged_high_lr: bool = False, sweep: str = "synthetic") -> SyntheticTruth:
+                    diverged_high_lr: bool = False, sweep: str = "synthetic",
+                    warmup_steps: int = 10) -> SyntheticTruth:
     """Write run directories generated from the McCandlish model; return the truth.
 
     The baseline batch runs at every budget, each other batch size at the largest (or at
@@ -97,7 +102,8 @@ def synthetic_sweep(root: str | Path, truth: SyntheticTruth | None = None, *,
     learning rates `best_lr(B) * 2^-lr_grid_shift * lr_multipliers` (so the optimum falls
     between grid points), each with loss `final_loss(B, E) + c (ln lr - ln lr*)^2`, plus
     `seed_loss_offsets[i]` for seed i. `diverged_high_lr` adds, per cell, a run at 4x the
-    largest lr that diverged. Directory layout: root/<sweep>/<opt>_w<width>/b<B>_t<E>_lr<i>_s<seed>.
+    largest lr that diverged; every run records `warmup_steps`. Directory layout:
+    root/<sweep>/<opt>_w<width>/b<B>_t<E>_lr<i>_s<seed>.
     """
     truth = truth or SyntheticTruth()
     root = Path(root)
@@ -117,7 +123,7 @@ def synthetic_sweep(root: str | Path, truth: SyntheticTruth | None = None, *,
                         summary = synthetic_summary(
                             truth, batch_size=batch, tokens=tokens, lr=lr, optimizer=opt,
                             width=width, seed=seed, loss_offset=offset, status=status,
-                            sweep=sweep)
+                            sweep=sweep, warmup_steps=warmup_steps)
                         name = f"b{batch}_t{tokens}_lr{i}_s{seed}"
                         run_dir = root / sweep / f"{opt}_w{width}" / name
                         run_dir.mkdir(parents=True, exist_ok=True)
