@@ -1,0 +1,365 @@
+"""One model of every run of an optimizer: loss over batch, tokens and width, fitted at once.
+
+docs/science.md, section 8. A cell is one (width, batch B, tokens E) at its best lr, with its
+loss L (nats/token) and that loss's noise sigma (the group's measured seed scatter). The model:
+
+    E = E_min(L; N) * (1 + B / B_crit(L))          McCandlish et al. 2018
+    L = L_N + A_N * (E_min / E_REF)^(-alpha_N)     one example curve per width N
+    B_crit(L) = B_star * L^(-gamma)                Kaplan et al. 2020: gamma = 1/alpha_B
+
+B in sequences, E and E_min in tokens, B_star in sequences (x seq_len for tokens). The
+B_crit law is shared by all widths (`per_width=False`, Kaplan: it depends on the loss
+alone) or one per width (`per_width=True`), and the two are compared by a chi-square
+difference test (`loss_alone_test`).
+
+The fit is weighted least squares on the losses themselves: a cell's residual is the loss
+the model predicts at its (N, B, E) minus the measured one, over sigma. The prediction is
+the root in L of ln E_model(L) = ln E, reached by Newton steps started at the measured loss
+(three during the fit, where the model is near the data; to convergence with a bisection
+fall-back in `JointFit.predict_loss`). Nothing is extrapolated cell by cell: a large batch
+at a small budget constrains B_crit at its own loss.
+
+Intervals: a parametric bootstrap (`bootstrap_joint`) redraws every cell's loss around the
+fitted model with its noise, a trunk and its cooldown branches sharing one draw (same data
+order) plus their own, and refits; the noise is scaled up by sqrt(chi2/dof) when the model
+misfits. `planted_world` generates cells from known parameters, for tests and coverage
+checks. numpy/scipy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+E_REF = 1e6  # tokens: E_min is measured in units of this inside the curve (conditioning)
+SHARED_FRACTION = 0.5  # of a cell's loss variance drawn once per trunk (branches share data)
+NEWTON_STEPS_FIT = 3
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class JointData:
+    """The cells of one optimizer: arrays of one length, one entry per cell."""
+
+    width: np.ndarray  # int: index into `widths` (which example curve the cell follows)
+    batch: np.ndarray  # sequences per optimizer step
+    tokens: np.ndarray  # training tokens seen
+    loss: np.ndarray  # nats/token, at the cell's best lr
+    sigma: np.ndarray  # nats/token: standard deviation of that loss (seed noise)
+    unit: np.ndarray  # int: the trunk (a run and its cooldown branches share one)
+    widths: tuple = ()  # a label per width index (its width or parameter count)
+
+    @staticmethod
+    def build(width, batch, tokens, loss, sigma, unit, widths=None) -> JointData:
+        width = np.asarray(width)
+        labels = tuple(widths) if widths is not None else tuple(sorted(set(width.tolist())))
+        index = {w: i for i, w in enumerate(labels)}
+        units = {u: i for i, u in enumerate(dict.fromkeys(np.asarray(unit).tolist()))}
+        return JointData(
+            width=np.array([index[w] for w in width.tolist()], dtype=int),
+            batch=np.asarray(batch, float), tokens=np.asarray(tokens, float),
+            loss=np.asarray(loss, float), sigma=np.asarray(sigma, float),
+            unit=np.array([units[u] for u in np.asarray(unit).tolist()], dtype=int),
+            widths=labels)
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    def subset(self, keep: np.ndarray) -> JointData:
+        return JointData(self.width[keep], self.batch[keep], self.tokens[keep], self.loss[keep],
+                         self.sigma[keep], self.unit[keep], self.widths)
+
+    def with_loss(self, loss: np.ndarray) -> JointData:
+        return JointData(self.width, self.batch, self.tokens, np.asarray(loss, float),
+                         self.sigma, self.unit, self.widths)
+
+
+@dataclass
+class JointFit:
+    """The fitted parameters, per width where they are per width (arrays of n_widths)."""
+
+    l_inf: np.ndarray  # nats/token
+    a: np.ndarray  # nats/token at E_min = E_REF, above l_inf
+    alpha: np.ndarray  # the example curve's exponent
+    b_star: np.ndarray  # sequences at L = 1 nat/token; one entry, or one per width
+    gamma: np.ndarray  # 1/alpha_B; one entry, or one per width
+    chi2: float = math.nan
+    dof: int = 0
+    n_cells: int = 0
+    success: bool = False
+    widths: tuple = ()
+    message: str = ""
+    residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (pred - L) / sigma
+
+    @property
+    def per_width(self) -> bool:
+        return len(self.gamma) > 1
+
+    @property
+    def exponent(self) -> float:
+        """gamma of the shared law (the first width's for a per-width fit)."""
+        return float(self.gamma[0])
+
+    @property
+    def chi2_per_dof(self) -> float:
+        return self.chi2 / self.dof if self.dof > 0 else math.nan
+
+    def law(self, width) -> tuple[np.ndarray, np.ndarray]:
+        """(B_star, gamma) for each width index in `width`."""
+        pick = np.asarray(width) if self.per_width else np.zeros_like(np.asarray(width))
+        return self.b_star[pick], self.gamma[pick]
+
+    def b_crit(self, loss, width=0) -> np.ndarray:
+        """B_crit(L) in sequences."""
+        b_star, gamma = self.law(np.broadcast_to(width, np.shape(loss)))
+        return b_star * np.asarray(loss, float) ** -gamma
+
+    def e_min(self, loss, width) -> np.ndarray:
+        """E_min(L; N) in tokens (NaN at or below the width's l_inf)."""
+        w = np.asarray(width)
+        gap = np.asarray(loss, float) - self.l_inf[w]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(gap > 0, E_REF * (self.a[w] / gap) ** (1 / self.alpha[w]), np.nan)
+
+    def log_tokens(self, loss, width, batch) -> tuple[np.ndarray, np.ndarray]:
+        """ln E_model(L) and its derivative d ln E / dL (< 0 where the model is sane)."""
+        return log_tokens_model(self.as_vector(), len(self.l_inf), np.asarray(loss, float),
+                                np.asarray(width), np.asarray(batch, float), self.per_width)
+
+    def as_vector(self) -> np.ndarray:
+        return np.concatenate([self.l_inf, np.log(self.a), np.log(self.alpha),
+                               np.log(self.b_star), self.gamma])
+
+    def predict_loss(self, width, batch, tokens) -> np.ndarray:
+        """The loss reached at (width index, batch, tokens): the root in L of
+        ln E_model(L) = ln tokens on the model's falling branch (from l_inf up to where
+        ln E stops falling), by bisection; NaN where that branch never needs so few tokens."""
+        width, batch, tokens = (np.atleast_1d(x) for x in np.broadcast_arrays(
+            np.asarray(width), np.asarray(batch, float), np.asarray(tokens, float)))
+        target = np.log(tokens)
+        lo = self.l_inf[width] + 1e-9
+        # the falling branch of ln E(L) runs from l_inf up to its minimum on a log grid of gaps
+        gaps = self.a[width] * np.geomspace(1e-4, 50.0, 96)[:, None]
+        grid = self.log_tokens(self.l_inf[width] + gaps, width, batch)[0]
+        hi = self.l_inf[width] + gaps[np.argmin(grid, axis=0), np.arange(len(target))]
+        ok = grid.min(axis=0) < target
+        for _ in range(80):
+            mid = 0.5 * (lo + hi)
+            above = self.log_tokens(mid, width, batch)[0] > target  # too many tokens: L up
+            lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+        return np.where(ok, 0.5 * (lo + hi), np.nan)
+
+
+def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
+                     batch: np.ndarray, per_width: bool) -> tuple[np.ndarray, np.ndarray]:
+    """ln E(L) = ln E_min(L; N) + ln(1 + B / B_crit(L)) and d ln E / dL, from the parameter
+    vector [l_inf (W), ln a (W), ln alpha (W), ln B_star (1 or W), gamma (1 or W)]."""
+    w = n_widths
+    l_inf, a, alpha = theta[:w][width], np.exp(theta[w:2 * w][width]), np.exp(
+        theta[2 * w:3 * w][width])
+    law = width if per_width else np.zeros_like(width)
+    n_law = w if per_width else 1
+    log_b_star = theta[3 * w:3 * w + n_law][law]
+    gamma = theta[3 * w + n_law:3 * w + 2 * n_law][law]
+    gap = np.maximum(loss - l_inf, 1e-12)
+    log_e_min = math.log(E_REF) + (np.log(a) - np.log(gap)) / alpha
+    u = batch * np.exp(gamma * np.log(loss) - log_b_star)  # B / B_crit(L)
+    log_e = log_e_min + np.log1p(u)
+    slope = -1 / (alpha * gap) + u / (1 + u) * gamma / loss
+    return log_e, slope
+
+
+def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool,
+              steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
+    """(predicted loss - measured loss) / sigma for every cell: Newton steps on
+    ln E_model(L) = ln E from the measured loss."""
+    target = np.log(data.tokens)
+    loss = data.loss.copy()
+    floor = theta[:n_widths][data.width] + 1e-9
+    for _ in range(steps):
+        log_e, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch, per_width)
+        slope = np.minimum(slope, -1e-6)  # a non-monotone model is pushed back, not followed
+        loss = np.maximum(loss - (log_e - target) / slope, floor)
+    return (loss - data.loss) / data.sigma
+
+
+def initial_guess(data: JointData, per_width: bool, gamma: float) -> np.ndarray:
+    """Start: l_inf at 80% of each width's lowest loss, a from its highest, alpha 0.5, and
+    B_crit at the cells' middle loss equal to the geometric mean batch."""
+    n = len(data.widths)
+    l_inf, log_a = np.zeros(n), np.zeros(n)
+    for i in range(n):
+        mine = data.loss[data.width == i]
+        l_inf[i] = 0.8 * mine.min()
+        log_a[i] = math.log(max(np.median(mine) - l_inf[i], 1e-3))
+    mid_loss = float(np.median(data.loss))
+    log_b_star = math.log(float(np.exp(np.mean(np.log(data.batch))))) + gamma * math.log(mid_loss)
+    n_law = n if per_width else 1
+    return np.concatenate([l_inf, log_a, np.full(n, math.log(0.5)), np.full(n_law, log_b_star),
+                           np.full(n_law, gamma)])
+
+
+def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None = None,
+              gammas=(1.0, 4.0, 8.0)) -> JointFit:
+    """Weighted least squares of the joint model on `data` (see the module docstring).
+
+    Started from `start` (a parameter vector, e.g. the full fit for a bootstrap refit) or
+    from `initial_guess` at each of `gammas`, keeping the lowest chi-square. l_inf stays
+    within [0, each width's lowest loss), alpha within [0.02, 5], gamma within [-20, 30].
+    """
+    from scipy.optimize import least_squares
+
+    n = len(data.widths)
+    n_law = n if per_width else 1
+    lowest = np.array([data.loss[data.width == i].min() for i in range(n)])
+    lower = np.concatenate([np.zeros(n), np.full(n, -20.0), np.full(n, math.log(0.02)),
+                            np.full(n_law, -50.0), np.full(n_law, -20.0)])
+    upper = np.concatenate([lowest - 1e-6, np.full(n, 20.0), np.full(n, math.log(5.0)),
+                            np.full(n_law, 80.0), np.full(n_law, 30.0)])
+    starts = [start] if start is not None else [initial_guess(data, per_width, g)
+                                                 for g in gammas]
+    best = None
+    for x0 in starts:
+        x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+        with np.errstate(all="ignore"):
+            res = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac",
+                                args=(data, n, per_width), max_nfev=400 * len(x0))
+        if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
+            best = res
+    theta = best.x
+    chi = residuals(theta, data, n, per_width, steps=8)
+    return JointFit(
+        l_inf=theta[:n].copy(), a=np.exp(theta[n:2 * n]), alpha=np.exp(theta[2 * n:3 * n]),
+        b_star=np.exp(theta[3 * n:3 * n + n_law]), gamma=theta[3 * n + n_law:].copy(),
+        chi2=float(np.sum(chi**2)), dof=len(data) - len(theta), n_cells=len(data),
+        success=bool(best.success), widths=data.widths, message=str(best.message),
+        residuals=chi)
+
+
+def noise_scale(fit: JointFit) -> float:
+    """How much to widen the stated loss noise: sqrt(chi2/dof) when the model misfits it,
+    else 1 (a model that fits better than the noise does not narrow the intervals)."""
+    return max(1.0, math.sqrt(fit.chi2_per_dof)) if fit.dof > 0 else 1.0
+
+
+def draw_losses(rng: np.random.Generator, data: JointData, center: np.ndarray,
+                scale: float = 1.0, shared: float = SHARED_FRACTION) -> np.ndarray:
+    """`center` plus each cell's noise: a draw per trunk (`shared` of the variance, the
+    same for a run and its branches) and one per cell (the rest)."""
+    per_unit = rng.standard_normal(int(data.unit.max()) + 1)[data.unit]
+    own = rng.standard_normal(len(data))
+    z = math.sqrt(shared) * per_unit + math.sqrt(1 - shared) * own
+    return center + scale * data.sigma * z
+
+
+@dataclass
+class Bootstrap:
+    """The parametric bootstrap of one fit: percentile intervals of gamma and B_star."""
+
+    exponent_low: float | None
+    exponent_high: float | None
+    b_star_low: float | None  # sequences
+    b_star_high: float | None
+    resamples: int  # refits that converged
+    noise_scale: float
+    exponents: np.ndarray
+    interval: str
+
+
+def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: int = 0,
+                    confidence: float = CONFIDENCE,
+                    shared: float = SHARED_FRACTION) -> Bootstrap:
+    """Redraw every cell's loss around the fitted model's prediction (`draw_losses`, noise
+    scaled by `noise_scale`), refit from the fit's parameters, and take the central
+    `confidence` percentiles of gamma and B_star (the shared law, or the first width's)."""
+    rng = np.random.default_rng(seed)
+    center = fit.predict_loss(data.width, data.batch, data.tokens)
+    center = np.where(np.isfinite(center), center, data.loss)
+    scale = noise_scale(fit)
+    gammas, log_b = [], []
+    for _ in range(resamples):
+        again = fit_joint(data.with_loss(draw_losses(rng, data, center, scale, shared)),
+                          fit.per_width, start=fit.as_vector())
+        if again.success and np.isfinite(again.chi2):
+            gammas.append(again.exponent)
+            log_b.append(math.log(again.b_star[0]))
+    label = (f"{confidence:.0%} parametric bootstrap: every cell's loss redrawn with its seed "
+             f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}, a trunk and its "
+             f"branches sharing {shared:.0%} of the variance, refitted {len(gammas)} times")
+    if len(gammas) < max(10, resamples // 2):
+        return Bootstrap(None, None, None, None, len(gammas), scale, np.array(gammas),
+                         f"none: {len(gammas)} of {resamples} refits converged")
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(gammas, [tail, 100 - tail])
+    b_lo, b_hi = np.exp(np.percentile(log_b, [tail, 100 - tail]))
+    return Bootstrap(float(lo), float(hi), float(b_lo), float(b_hi), len(gammas), scale,
+                     np.array(gammas), label)
+
+
+def loss_alone_test(shared: JointFit, per_width: JointFit) -> dict:
+    """Does B_crit depend on the loss alone? The chi-square difference between the shared
+    law and one law per width, over the extra parameters (2 per extra width), with the
+    noise scaled by the per-width fit's chi2/dof when that exceeds 1. p < 0.05 rejects it."""
+    from scipy.stats import chi2 as chi2_dist
+
+    extra = 2 * (len(shared.widths) - 1)
+    scale2 = noise_scale(per_width) ** 2
+    delta = max(0.0, shared.chi2 - per_width.chi2) / scale2
+    p = float(chi2_dist.sf(delta, extra)) if extra > 0 else math.nan
+    return {"delta_chi2": delta, "extra_parameters": extra, "p_value": p,
+            "noise_scale": math.sqrt(scale2),
+            "holds": None if not math.isfinite(p) else bool(p >= 0.05),
+            "per_width_exponents": [float(g) for g in per_width.gamma],
+            "per_width_b_star": [float(b) for b in per_width.b_star]}
+
+
+@dataclass(frozen=True)
+class PlantedWorld:
+    """Known parameters to generate cells from: a curve per width, one B_crit law."""
+
+    l_inf: tuple = (1.0, 0.8, 0.6)  # nats/token, per width
+    a: tuple = (3.3, 3.3, 3.3)  # nats/token above l_inf at E_min = E_REF
+    alpha: tuple = (0.16, 0.16, 0.16)  # alpha x gamma <= 1: S_min(L) falls at every loss
+    b_star: float = 3.2e5  # sequences at L = 1: B_crit 40 at 6.5 nats/token, 330 at 4.2
+    gamma: float = 4.8
+
+    def fit(self) -> JointFit:
+        n = len(self.l_inf)
+        return JointFit(np.array(self.l_inf, float), np.array(self.a, float),
+                        np.array(self.alpha, float), np.array([self.b_star]),
+                        np.array([self.gamma]), widths=tuple(range(n)))
+
+
+def planted_world(world: PlantedWorld, batches=(8, 16, 32, 64, 128), budget: float = 1.5e6,
+                  fractions=(0.125, 0.25, 0.5, 1.0), baseline_seeds: int = 2,
+                  sigma: float = 0.0125, shared: float = SHARED_FRACTION,
+                  rng: np.random.Generator | None = None) -> JointData:
+    """The branched sweep's cells drawn from `world`: per width and batch a trunk at `budget`
+    tokens with branches at `fractions` of it, the smallest batch at `baseline_seeds` seeds
+    (averaged per cell, as the analysis does), and each run's loss noisy by `sigma`
+    (nats/token, shared `shared` of its variance with its branches; 0 or no `rng`: exact)."""
+    truth = world.fit()
+    rows = []  # (width, batch, tokens, unit)
+    unit = 0
+    for w in range(len(world.l_inf)):
+        for b in batches:
+            for _ in range(baseline_seeds if b == batches[0] else 1):
+                rows += [(w, b, budget * f, unit) for f in fractions]
+                unit += 1
+    width, batch, tokens, units = (np.array(col) for col in zip(*rows, strict=True))
+    exact = truth.predict_loss(width, batch, tokens)
+    runs = JointData.build(width, batch, tokens, exact, np.full(len(exact), max(sigma, 1e-4)),
+                           units, widths=tuple(range(len(world.l_inf))))
+    noisy = exact if rng is None or sigma == 0 else draw_losses(rng, runs, exact, 1.0, shared)
+    # average the seeds of a cell: its loss noise shrinks by sqrt(seeds)
+    cells: dict[tuple, list[int]] = {}
+    for i, key in enumerate(zip(width.tolist(), batch.tolist(), tokens.tolist(), strict=True)):
+        cells.setdefault(key, []).append(i)
+    order = list(cells.values())
+    return JointData.build(
+        [width[i[0]] for i in order], [batch[i[0]] for i in order],
+        [tokens[i[0]] for i in order], [float(np.mean(noisy[i])) for i in order],
+        [max(sigma, 1e-4) / math.sqrt(len(i)) for i in order],
+        [units[i[0]] for i in order], widths=tuple(range(len(world.l_inf))))

@@ -1,0 +1,80 @@
+"""The joint model (science.joint) against worlds planted from it: exact recovery without
+noise, the loss-alone test in both directions, and the bootstrap interval's coverage."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from critbatch.science.joint import (
+    JointData,
+    PlantedWorld,
+    bootstrap_joint,
+    fit_joint,
+    loss_alone_test,
+    planted_world,
+)
+
+# Two optimizers as the issue planted them: Kaplan's 4.8 and a flatter 3.5, each with
+# B_crit = 40 sequences at 6.5 nats/token (the cpu sweep's high-loss cells)
+WORLDS = {"adamw": PlantedWorld(gamma=4.8, b_star=40 * 6.5**4.8),
+          "muon": PlantedWorld(gamma=3.5, b_star=40 * 6.5**3.5, l_inf=(0.9, 0.7, 0.5))}
+
+
+@pytest.mark.parametrize("optimizer", sorted(WORLDS))
+def test_noiseless_world_gives_the_planted_exponent(optimizer):
+    world = WORLDS[optimizer]
+    fit = fit_joint(planted_world(world))
+    assert fit.success
+    assert abs(fit.exponent - world.gamma) < 0.3
+    assert fit.b_star[0] == pytest.approx(world.b_star, rel=0.05)
+    assert fit.chi2_per_dof < 1e-6
+
+
+def test_predicted_loss_inverts_the_model():
+    truth = WORLDS["adamw"].fit()
+    width, batch = np.array([0, 1, 2, 0]), np.array([8.0, 32.0, 128.0, 64.0])
+    loss = np.array([5.1, 4.6, 5.9, 4.4])
+    tokens = np.exp(truth.log_tokens(loss, width, batch)[0])
+    assert truth.predict_loss(width, batch, tokens) == pytest.approx(loss, abs=1e-9)
+    # B_crit is the batch that costs twice E_min
+    b = truth.b_crit(np.array([5.0]))
+    assert np.exp(truth.log_tokens(np.array([5.0]), np.array([0]), b)[0]) == pytest.approx(
+        2 * truth.e_min(np.array([5.0]), np.array([0])))
+
+
+def test_loss_alone_holds_for_a_shared_law_and_fails_for_one_per_width():
+    rng = np.random.default_rng(3)
+    data = planted_world(WORLDS["adamw"], rng=rng)
+    shared = loss_alone_test(fit_joint(data), fit_joint(data, per_width=True))
+    assert shared["holds"] and shared["extra_parameters"] == 4
+
+    # the widest model's cells from a world whose B_crit is 4x larger at the same loss
+    other = planted_world(PlantedWorld(gamma=4.8, b_star=4 * 40 * 6.5**4.8), rng=rng)
+    mixed = np.where(data.width == 2, other.loss, data.loss)
+    split = data.with_loss(mixed)
+    test = loss_alone_test(fit_joint(split), fit_joint(split, per_width=True))
+    assert test["holds"] is False and test["p_value"] < 1e-3
+
+
+def test_build_indexes_widths_and_trunks():
+    data = JointData.build([64, 32, 64], [8, 8, 16], [1e5, 1e5, 1e5], [5.0, 5.2, 5.1],
+                           [0.01] * 3, ["runA", "runB", "runA"])
+    assert data.widths == (32, 64)
+    assert data.width.tolist() == [1, 0, 1] and data.unit.tolist() == [0, 1, 0]
+
+
+@pytest.mark.slow
+def test_bootstrap_interval_covers_the_planted_exponent():
+    """40 planted worlds (3 widths, branched, baseline at 2 seeds, seed noise 0.0125
+    nats/token with half its variance shared by a run and its branches, as at cpu scale):
+    the nominal 95% interval covers the planted exponent in at least 90% of them."""
+    covered, worlds = 0, 40
+    for i in range(worlds):
+        world = WORLDS["adamw" if i % 2 == 0 else "muon"]
+        data = planted_world(world, rng=np.random.default_rng(1000 + i))
+        fit = fit_joint(data)
+        boot = bootstrap_joint(data, fit, resamples=100, seed=i)
+        assert boot.exponent_low is not None
+        covered += boot.exponent_low <= world.gamma <= boot.exponent_high
+    assert covered >= 0.9 * worlds, covered
