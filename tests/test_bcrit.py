@@ -89,7 +89,53 @@ def test_extrapolated_point_is_flagged(batch_sweep):
     flags = {r["batch_size"]: r["extrapolated"] for r in result["fits"]["per_run"]}
     # batch 2048: E_eff = E / 10.4 lies below the baseline's smallest budget (E / 8)
     assert flags == {64: False, 128: False, 256: False, 512: False, 1024: False, 2048: True}
+    rows = {r["batch_size"]: r for r in result["fits"]["per_run"]}
+    assert "widened by the spread of two extrapolations" in rows[2048]["interval"]
+    assert rows[2048]["b_crit_low"] <= rows[2048]["b_crit_log_linear"] <= rows[2048]["b_crit_high"]
+    assert all(rows[b]["b_crit_log_linear"] is None for b in (64, 128, 256, 512, 1024))
     assert any("2048" in w and "extrapolated" in w for w in result["fits"]["warnings"])
+
+
+def test_an_extrapolated_bcrit_carries_the_spread_of_two_extrapolation_forms():
+    """Batch 64 at 2^25 tokens is worth about 2.7e7 baseline tokens, beyond the baseline's
+    largest budget (2^24). The power law (the planted form) gives back B_crit = 200; a
+    straight line in ln E through the last three budgets does not bend, credits the loss with
+    fewer tokens and gives less. The interval spans both forms' seed intervals."""
+    from dataclasses import replace
+
+    from critbatch.analysis.kaplan import Z95
+
+    truth = SyntheticTruth()
+    budgets = [2**21, 2**22, 2**23, 2**24]
+    curve = fits.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
+    cell = bcrit.Cell(batch_size=64, tokens=2**25, lr=1e-3, bytes_per_token=3.0,
+                      loss=truth.final_loss(64, 2**25), loss_sigma=0.002, run_dir="r",
+                      edge=None, edge_diverged=False, sigma_source="seed scatter")
+    row = bcrit.per_run_bcrit(cell, curve, 16, 0.002, 64, "seeds")
+    power, log_linear = row["b_crit"], row["b_crit_log_linear"]
+    assert row["extrapolated"] and rel_err(power) < 0.01
+    assert log_linear < 0.9 * power  # the two forms disagree
+    assert row["b_crit_log_linear_tokens"] == pytest.approx(log_linear * 64)
+    sigma = math.hypot(0.002, 0.002)
+    seed_low, seed_high = (  # the power law's seed interval alone
+        laws.bcrit_corrected(64, 16, 2**25 / curve.tokens_for(cell.loss + z * sigma)[0])
+        for z in (Z95, -Z95))
+    low, high = row["b_crit_low"], row["b_crit_high"]
+    assert low <= min(power, log_linear) and high >= max(power, log_linear)
+    assert low < seed_low < seed_high <= high
+    assert row["interval"] == ("95%, from the seed-to-seed scatter of the final loss, widened "
+                               "by the spread of two extrapolations (power law, log-linear)")
+    assert row["in_kaplan"]
+    # inside the baseline's budgets both forms are one interpolant: a seed interval only
+    inside = bcrit.per_run_bcrit(replace(cell, tokens=2**23, loss=truth.final_loss(64, 2**23)),
+                                 curve, 16, 0.002, 64, "seeds")
+    assert not inside["extrapolated"] and inside["b_crit_log_linear"] is None
+    assert inside["interval"] == "95%, from the seed-to-seed scatter of the final loss"
+    # the log-linear form is exact on a curve that is straight in ln E
+    line = fits.LossCurve(budgets, [5.0 - 0.3 * math.log(t / 1e6) for t in budgets])
+    for tokens in (2**19, 2**26):
+        e, extrapolated = line.tokens_for_log_linear(5.0 - 0.3 * math.log(tokens / 1e6))
+        assert extrapolated and e == pytest.approx(tokens, rel=1e-9)
 
 
 def test_lr_scaling_exponent_recovered(batch_sweep):

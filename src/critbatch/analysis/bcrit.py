@@ -308,14 +308,20 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
 # B_crit per run (tokens-equivalent analysis)
 
 
-def interval_label(*sources: str | None) -> str | None:
-    """What a per-run B_crit interval is, from the sources of the loss uncertainties in it."""
+EXTRAPOLATION_FORMS = "two extrapolations (power law, log-linear)"
+
+
+def interval_label(*sources: str | None, widened: bool = False) -> str | None:
+    """What a per-run B_crit interval is, from the sources of the loss uncertainties in it;
+    `widened`: it also spans the spread of the two extrapolation forms (`per_run_bcrit`)."""
     if any(src is None for src in sources):
         return None
     if "lr refinement" in sources:
-        return ("+-1.96 x the lr refinement's size (one seed: not a confidence interval; "
-                "train a second seed of the baseline for one)")
-    return "95%, from the seed-to-seed scatter of the final loss"
+        label = ("+-1.96 x the lr refinement's size (one seed: not a confidence interval; "
+                 "train a second seed of the baseline for one)")
+    else:
+        label = "95%, from the seed-to-seed scatter of the final loss"
+    return f"{label}, widened by the spread of {EXTRAPOLATION_FORMS}" if widened else label
 
 
 def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline_sigma: float,
@@ -333,37 +339,70 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
     Kaplan's law (`in_kaplan`): its value is the noise's, and with no upper end it has no
     weight to give it. Nor is a cell of too few steps for its warmup (`few_steps`): its loss
     measures the warmup, so its B_crit is a diagnostic only.
+
+    Beyond the baseline's budgets (`extrapolated`: E_eff outside them; or an end of the
+    interval outside them) the answer depends on the curve's form, which the seeds know
+    nothing of. So E_eff is also read off a second form, L = a + b ln E through the end point
+    (`LossCurve.tokens_for_log_linear`), and the interval spans the union of both forms'
+    seed intervals and both B_crit (`b_crit` stays the power law's; `b_crit_log_linear` is the
+    other, None where E_eff is interpolated). Without a loss uncertainty there is no interval
+    to widen, and none is given: the spread of the forms alone would pass for a narrow one.
     """
     sigma = math.hypot(cell.loss_sigma, baseline_sigma)  # NaN when either is unknown
-    e_eff, extrapolated = baseline.tokens_for(cell.loss)
-    e_hi = e_lo = float("nan")
-    if math.isfinite(sigma):
-        e_hi, _ = baseline.tokens_for(cell.loss - Z95 * sigma)  # lower loss: more tokens worth
-        e_lo, _ = baseline.tokens_for(cell.loss + Z95 * sigma)
-    r = cell.tokens / e_eff if e_eff > 0 else float("nan")
-    r_hi = cell.tokens / e_lo if e_lo > 0 else float("nan")
-    r_lo = cell.tokens / e_hi if e_hi > 0 else float("nan")
     b, B = baseline_batch, cell.batch_size
     below = cell.batch_size <= baseline_batch
+    # the losses whose E_eff is read: L, then L - 1.96 sigma (lower loss: more tokens worth,
+    # the low end of r) and L + 1.96 sigma (the high end of r) when sigma is known
+    losses = [cell.loss] + ([cell.loss - Z95 * sigma, cell.loss + Z95 * sigma]
+                            if math.isfinite(sigma) else [])
+    forms = {"power law": baseline.tokens_for, "log-linear": baseline.tokens_for_log_linear}
+    ratios, outside = {}, []
+    for form, tokens_for in forms.items():
+        ratios[form] = []
+        for loss in losses:
+            e, ext = tokens_for(loss)
+            ratios[form].append(cell.tokens / e if e > 0 else float("nan"))
+            outside.append(ext)
+    e_eff, extrapolated = baseline.tokens_for(cell.loss)
+    r = ratios["power law"][0]
+    r_ll = ratios["log-linear"][0]
+
+    def raw(r_value: float) -> float:  # B_crit on the extended line: inf for r <= 1
+        if below or not math.isfinite(r_value):
+            return float("nan")
+        return math.inf if r_value <= 1 else bcrit_corrected(B, b, r_value)
 
     def bc(r_value: float) -> float | None:
-        if below or not math.isfinite(r_value) or r_value <= 1:
-            return None
-        value = bcrit_corrected(B, b, r_value)
-        return value if value > 0 else None
+        value = raw(r_value)
+        return value if 0 < value < math.inf else None
 
+    def end(values: list[float], pick) -> float | None:  # one end of the union; None: unbounded
+        if not values or any(math.isnan(v) for v in values):
+            return None
+        value = pick(values)
+        return value if 0 < value < math.inf else None
+
+    widened = (math.isfinite(sigma) and any(outside) and math.isfinite(r)
+               and math.isfinite(r_ll))
+    used = list(forms) if widened else ["power law"]
+    lows = [raw(ratios[f][2]) for f in used if math.isfinite(sigma)]  # B_crit falls as r rises
+    highs = [raw(ratios[f][1]) for f in used if math.isfinite(sigma)]
+    if widened:
+        lows += [raw(r), raw(r_ll)]
+        highs += [raw(r), raw(r_ll)]
     b_crit = bc(r)
+    b_crit_low = end(lows, min)
+    b_crit_high = end(highs, max) if b_crit is not None else None
     note = None
     if below:
         note = f"below the baseline batch {b}: no B_crit against it"
     elif not math.isfinite(r):
         note = "outside the baseline's range and no extrapolation possible"
     elif r <= 1:
-        low = bc(r_hi)
-        note = "no measurable cost" + (f" (B_crit > {low:.3g})" if low else "")
+        note = "no measurable cost" + (f" (B_crit > {b_crit_low:.3g})" if b_crit_low else "")
     elif b_crit is None:
         note = f"r = {r:.3g} >= B/b: worse than the model allows (too few steps?)"
-    unbounded = b_crit is not None and math.isfinite(sigma) and bc(r_lo) is None
+    unbounded = b_crit is not None and bool(highs) and b_crit_high is None
     if unbounded:  # r's lower end <= 1: the loss cannot tell B_crit from infinity
         note = "interval unbounded above: left out of Kaplan's law"
     if cell.few_steps:
@@ -378,15 +417,16 @@ def per_run_bcrit(cell: Cell, baseline: LossCurve, baseline_batch: int, baseline
         "effective_tokens": e_eff if math.isfinite(e_eff) else None,
         "r": r if math.isfinite(r) else None,
         "b_crit": b_crit,
-        "b_crit_low": bc(r_hi),
-        "b_crit_high": bc(r_lo) if b_crit is not None else None,
+        "b_crit_low": b_crit_low,
+        "b_crit_high": b_crit_high,
         "b_crit_naive": bcrit_naive(B, r) if math.isfinite(r) and r > 1 and not below else None,
-        "interval": interval_label(cell.sigma_source, baseline_source),
+        "b_crit_log_linear": bc(r_ll) if extrapolated else None,
+        "interval": interval_label(cell.sigma_source, baseline_source, widened=widened),
         "extrapolated": bool(extrapolated), "below_baseline": below,
         "baseline_batch": b, "note": note, "few_steps": cell.few_steps,
         "in_kaplan": b_crit is not None and not unbounded and not cell.few_steps,
     }
-    for k in ("b_crit", "b_crit_low", "b_crit_high", "b_crit_naive"):
+    for k in ("b_crit", "b_crit_low", "b_crit_high", "b_crit_naive", "b_crit_log_linear"):
         row[f"{k}_tokens"] = None if row[k] is None else row[k] * seq_len
     return row
 
@@ -552,8 +592,13 @@ def baseline_rows(g: dict, cells: list[Cell], b: int, warnings: list[str],
         row.update(optimizer=optimizer, group=name)
         g["per_run"].append(row)
         if row["extrapolated"] and not row["below_baseline"]:
+            forms = ", ".join(f"{form} {value:.3g}" for form, value in (
+                ("power law", row["b_crit"]), ("log-linear", row["b_crit_log_linear"]))
+                if value is not None)
             warnings.append(f"{name}: batch {c.batch_size} at {c.tokens:,} tokens: effective "
-                            "tokens extrapolated beyond the baseline's budgets (power law)")
+                            "tokens extrapolated beyond the baseline's budgets"
+                            + (f" (B_crit {forms} sequences; the interval spans both forms)"
+                               if forms else ""))
 
 
 def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batch,

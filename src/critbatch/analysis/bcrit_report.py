@@ -43,8 +43,8 @@ PER_RUN_COLUMNS = (
     "run_dir", "group", "optimizer", "batch_size", "tokens", "lr", "lr_edge", "val_loss",
     "val_loss_per_byte", "val_loss_sigma", "effective_tokens", "r", "b_crit", "b_crit_low",
     "b_crit_high", "b_crit_naive", "b_crit_tokens", "b_crit_low_tokens", "b_crit_high_tokens",
-    "extrapolated", "baseline_batch", "note", "budget", "below_baseline", "interval",
-    "few_steps", "in_kaplan",
+    "b_crit_log_linear", "extrapolated", "baseline_batch", "note", "budget", "below_baseline",
+    "interval", "few_steps", "in_kaplan",
 )
 # The sweeps analysed by default, each one folder runs/<sweep>/<scale>: the batch sweep (its
 # runs, their cooldown branches and the batch_seeds stage) and the widths sweep (with
@@ -179,6 +179,15 @@ def by_optimizer(rows: list[dict], table, empty: str) -> str:
                        for opt in optimizers)
 
 
+def extrapolated_cell(row: dict) -> str:
+    """A per-run row's `extrapolated` table cell: blank, or yes with the log-linear form's
+    B_crit beside the power law's (in the B_crit column)."""
+    if not row["extrapolated"]:
+        return ""
+    other = row.get("b_crit_log_linear")
+    return "yes" + (f" (log-linear: {fmt(other, '.3g')})" if other is not None else "")
+
+
 def per_run_table(per_run: list[dict]) -> str:
     """Every (batch, budget) cell beside the baseline batch against the baseline curve."""
     rows = []
@@ -189,7 +198,7 @@ def per_run_table(per_run: list[dict]) -> str:
                      fmt(ratio, ".3f"), fmt(r["r"], ".3f"),
                      fmt_interval(r["b_crit"], r["b_crit_low"], r["b_crit_high"]),
                      fmt(r["b_crit_tokens"], ".3g"), fmt(r["b_crit_naive"], ".3g"),
-                     "yes" if r["extrapolated"] else "", r["note"] or ""])
+                     extrapolated_cell(r), r["note"] or ""])
     if not rows:
         return "No per-run B_crit (see the warnings)."
     sources = sorted({r["interval"] for r in per_run if r.get("interval")})
@@ -357,7 +366,11 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "Every (batch, budget) cell beside the baseline batch's (a cooldown branch is a "
               "cell of its own budget). E_eff: baseline tokens that reach the run's loss (PCHIP "
               "in log tokens over the baseline's cells at all its budgets; extrapolated with "
-              "L = L_inf + A E^-alpha where marked). r = E/E_eff; B_crit = (B - b r)/(r - 1); "
+              "L = L_inf + A E^-alpha where marked, and there also with L = a + b ln E through "
+              "the baseline's end point, slope from its three end points: the B_crit of that "
+              "second form is shown beside the mark, and the interval spans both forms' "
+              "intervals, so an extrapolated B_crit never carries a seed-only interval). "
+              "r = E/E_eff; B_crit = (B - b r)/(r - 1); "
               "the naive B/(r - 1) ignores the baseline's own batch. A cell whose run trained "
               f"fewer than {bcrit.MIN_STEPS_PER_WARMUP} x its warmup steps measures the "
               "warmup, not the batch: its note says so and it is left out of Kaplan's law and "

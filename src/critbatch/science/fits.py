@@ -9,6 +9,7 @@ from warnings import catch_warnings, simplefilter
 import numpy as np
 
 CONFIDENCE = 0.95  # every interval in the report is a central 95% interval
+LOG_LINEAR_END_POINTS = 3  # points nearest an end that set the log-linear extrapolation's slope
 
 
 def refine_best_lr(lrs: list[float], losses: list[float]) -> tuple[float, float, str | None]:
@@ -83,6 +84,13 @@ class LossCurve:
     the end point), and every value found there is flagged as extrapolated. Points whose loss
     is not below every smaller budget's are dropped (a monotone inverse needs a decreasing
     curve) and listed in `dropped`.
+
+    A second form for the same extrapolation, to say how much it depends on the form
+    (`tokens_for_log_linear`): L = a + b ln E, whose slope b is fitted to the
+    LOG_LINEAR_END_POINTS points nearest the end it continues and which passes through that
+    end point. It is straight in ln E, so on a curve that bends up in ln E (convex, as the
+    power law is) it lies below the power law beyond either end and credits a loss there with
+    fewer tokens.
     """
 
     def __init__(self, tokens, losses, extrapolate: bool = True):
@@ -114,6 +122,30 @@ class LossCurve:
         l_inf, _, alpha = self.power_law
         end = 0 if x < self.x[0] else -1
         return l_inf + (self.losses[end] - l_inf) * (tokens / self.tokens[end]) ** -alpha, True
+
+    def log_linear_slope(self, end: int) -> float | None:
+        """b (nats/token per e-fold of tokens) of L = a + b ln E, least squares over the
+        LOG_LINEAR_END_POINTS points nearest `end` (0: the smallest budget, -1: the largest);
+        None with fewer than two points or a slope that is not negative."""
+        n = min(LOG_LINEAR_END_POINTS, len(self.x))
+        if n < 2:
+            return None
+        pick = slice(0, n) if end == 0 else slice(len(self.x) - n, None)
+        slope = float(np.polyfit(self.x[pick], self.losses[pick], 1)[0])
+        return slope if slope < 0 else None
+
+    def tokens_for_log_linear(self, loss: float) -> tuple[float, bool]:
+        """(E such that L(E) = loss, extrapolated?) like `tokens_for`, but outside the measured
+        range along L = L_end + b ln(E / E_end) (`log_linear_slope` of that end): E = E_end
+        exp((loss - L_end) / b). Inside the range both forms are the same PCHIP inverse."""
+        lo, hi = self.loss_range
+        if self.pchip is not None and lo <= loss <= hi:
+            return self.tokens_for(loss)
+        end = -1 if loss < lo else 0
+        slope = self.log_linear_slope(end)
+        if slope is None:
+            return float("nan"), True
+        return float(self.tokens[end] * math.exp((loss - self.losses[end]) / slope)), True
 
     def tokens_for(self, loss: float) -> tuple[float, bool]:
         """(E such that L(E) = loss, in tokens; extrapolated?). inf beyond the asymptote."""
