@@ -55,16 +55,17 @@ def test_the_branched_design_is_written_as_run_folders(branched):
     read_summary(branches[0]["run_dir"])  # a branch is an ordinary, valid summary
 
 
-def test_pareto_targets_use_every_batch_size_that_reaches_them(branched):
+def test_pareto_targets_share_the_batch_sizes_whose_curves_all_reach_them(branched):
     _, truth, _, result = branched
     for opt in OPTIMIZERS:
         rows = rows_of(result["fits"]["pareto"], opt)
-        assert len(rows) >= 5
+        assert len(rows) == pareto.PARETO_TARGETS
         for p in rows:
-            assert len(p["batch_sizes"]) >= 4 and p["min_batch_sizes"] == 4, p
+            assert p["batch_sizes"] == [BASELINE, *BATCHES], p  # one set for every target
+            assert p["min_batch_sizes"] == len(BATCHES) + 1
             assert abs(p["b_crit"] / truth.b_crit - 1) < 0.02, p  # planted 200 sequences
             assert p["interval"].startswith("95%") and not p["degenerate"]
-        assert any(len(p["batch_sizes"]) == len(BATCHES) + 1 for p in rows)
+    assert not any("Pareto" in w for w in result["warnings"])
 
 
 def test_every_cell_has_a_per_run_bcrit_against_the_four_budget_baseline(branched):
@@ -171,11 +172,16 @@ def test_old_folders_analyse_as_before_without_an_online_series(tmp_path):
     assert len(result["fits"]["consistency"]) == pareto.PARETO_TARGETS
 
 
-def test_covered_segments_and_spread_targets():
-    ranges = [(0.0, 2.0), (1.0, 3.0), (1.5, 4.0)]
-    assert pareto.covered_segments(ranges, 3) == [(1.5, 2.0)]
-    assert pareto.covered_segments(ranges, 2) == [(1.0, 3.0)]
-    assert pareto.covered_segments([(0.0, 1.0), (2.0, 3.0)], 2) == []
+def test_batch_set_and_spread_targets():
+    # most batch sizes first: all three share 1.5-2.0, wider pairs lose
+    assert pareto.batch_set({8: (0.0, 2.0), 16: (1.0, 3.0), 32: (1.5, 4.0)}) == (
+        [8, 16, 32], (1.5, 2.0))
+    # then the widest common range: {16, 32} share 1.0-3.5, {8, 16} only 1.0-2.0
+    assert pareto.batch_set({8: (0.0, 2.0), 16: (1.0, 3.5), 32: (0.5, 4.0)}) == (
+        [8, 16, 32], (1.0, 2.0))
+    assert pareto.batch_set({8: (0.0, 2.0), 16: (1.0, 3.5), 32: (3.0, 4.0)}) == (
+        [8, 16], (1.0, 2.0))
+    assert pareto.batch_set({8: (0.0, 1.0), 16: (2.0, 3.0)}) is None
     spread = pareto.spread_targets([(0.0, 1.0), (2.0, 3.0)], 4)
     assert spread == pytest.approx([0.25, 0.75, 2.25, 2.75])
 
@@ -186,27 +192,42 @@ def cell(batch: int, tokens: int, loss: float) -> bcrit.Cell:
                       edge_diverged=False)
 
 
-def test_pareto_targets_reach_beyond_the_losses_every_batch_size_shares():
-    """Five batch sizes; batch 256's curve stops at 3.0, the others reach 2.6: the targets
-    span where four or more reach (down to 2.6), not only where all five do (3.0-3.4)."""
+def test_pareto_targets_of_a_group_all_use_one_batch_set():
+    """Five batch sizes; batch 256's curve stops at 3.0, the others reach 2.6. A target below
+    3.0 would rest on four batch sizes and one above on five, and B_crit(L) would jump where
+    the set changes: every target uses all five, over the losses they all reach (3.0-3.4)."""
     cells = [c for b in (16, 32, 64, 128) for c in (cell(b, 2**20, 3.4), cell(b, 2**23, 2.6))]
     cells += [cell(256, 2**21, 3.4), cell(256, 2**23, 3.0)]
     rows, warn = pareto.pareto_frontiers(cells, 64, "adamw", "add {batch} ({more})")
     assert warn is None and len(rows) == pareto.PARETO_TARGETS
-    assert all(r["min_batch_sizes"] == 4 and len(r["batch_sizes"]) >= 4 for r in rows)
-    assert any(len(r["batch_sizes"]) == 4 for r in rows)
-    assert any(len(r["batch_sizes"]) == 5 for r in rows)
-    assert min(r["target_loss"] for r in rows) < 3.0
+    assert all(r["batch_sizes"] == [16, 32, 64, 128, 256] and r["min_batch_sizes"] == 5
+               for r in rows)
+    assert all(3.0 < r["target_loss"] < 3.4 for r in rows)
+
+
+def test_a_batch_size_outside_the_shared_losses_is_left_out_of_every_target_and_named():
+    """Batch 256's curve (3.3-3.6) overlaps the others' (2.6-3.4) by 0.1 nats/token, batch
+    512's (3.5-3.8) not at all; four batch sizes reach 2.6-3.4, all five only 3.3-3.4. The set
+    of five wins (most batch sizes first), and 512 is named as left out."""
+    cells = [c for b in (16, 32, 64, 128) for c in (cell(b, 2**20, 3.4), cell(b, 2**23, 2.6))]
+    cells += [cell(256, 2**21, 3.6), cell(256, 2**23, 3.3)]
+    cells += [cell(512, 2**21, 3.8), cell(512, 2**23, 3.5)]
+    rows, warn = pareto.pareto_frontiers(cells, 64, "adamw", "add {batch} ({more})")
+    assert all(r["batch_sizes"] == [16, 32, 64, 128, 256] for r in rows)
+    assert all(3.3 < r["target_loss"] < 3.4 for r in rows)
+    assert "[512] left out" in warn and "3.3000-3.4000 nats/token" in warn
 
 
 def test_pareto_falls_back_to_two_batch_sizes_with_a_warning():
     """Batch 64's losses (2.6-3.0) overlap batch 16's (2.8-3.4) but not batch 256's (3.1-3.6):
-    nowhere do three reach, so each target rests on two batch sizes."""
+    nowhere do three reach, so each target rests on two batch sizes, the pair that shares
+    the most losses (16 and 256: 0.3 nats/token against 0.2)."""
     cells = [cell(16, 2**20, 3.4), cell(16, 2**22, 2.8), cell(64, 2**21, 3.0),
              cell(64, 2**23, 2.6), cell(256, 2**21, 3.6), cell(256, 2**22, 3.1)]
     rows, warn = pareto.pareto_frontiers(cells, 64, "adamw", "add {batch} ({more})")
     assert len(rows) == pareto.PARETO_TARGETS
-    assert all(len(r["batch_sizes"]) == 2 and r["min_batch_sizes"] == 2 for r in rows)
+    assert all(r["batch_sizes"] == [16, 256] and r["min_batch_sizes"] == 2 for r in rows)
+    assert "[64] left out" in warn
     assert all(r["b_crit_low"] is None and r["interval"].startswith("none") for r in rows)
     assert "two batch sizes: exact fit" in warn
 

@@ -9,7 +9,8 @@ Three measurements of B_crit (formulas in `docs/science.md`, sections 1, 3-5):
    B_crit = (B - b r) / (r - 1).
 2. **Pareto frontier** (`analysis.pareto`). For a target loss, each batch size needs E(B)
    tokens and S(B) = E(B) / (B seq_len) steps; S = S_min + E_min / B, so
-   B_crit(L*) = E_min / S_min. Each target uses every batch size whose curve reaches it.
+   B_crit(L*) = E_min / S_min. All targets of a group use one set of batch sizes, the most
+   whose curves all reach a common range of losses, with the targets spread over it.
 3. **Kaplan's law** (Kaplan et al. 2020, section 5.1; `analysis.kaplan`):
    B_crit(L) = B* / L^(1/alpha_B) over the estimates above, and apart from them over the
    measured gradient noise scale B_noise (noise.json, and the online tracker's series along

@@ -381,12 +381,15 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               noise_table([p for p in result["noise"] if "loss" in p]),
               "", "## Pareto frontier", "",
               "Per target loss: steps S(B) = E(B)/(B seq_len) each batch size needs, E(B) read "
-              "off its loss-versus-tokens curve at the best lr (its cells at every budget, "
-              "interpolated, never extrapolated); every batch size whose curve reaches the "
-              "target is used, and the targets span the losses four batch sizes or more reach "
-              "(three where no four do, two where no three do: an exact fit, no interval; a "
-              "fit on three has one degree of freedom). Weighted least-squares fit "
-              "of S = S_min + E_min/B (weights 1/S: relative errors); B_crit = E_min/S_min.",
+              "off its loss-versus-tokens curve at the best lr (its cells at every budget but "
+              "those of too few steps for their warmup, interpolated, never extrapolated). "
+              "All targets of a group use one set of batch sizes: the most whose curves all "
+              "reach a common range of losses (then the widest range), with the targets "
+              "spread over that range, so B_crit(L) does not jump where a set would change "
+              "(a set of two is an exact fit, no interval; a fit on three has one degree of "
+              "freedom; batch sizes left out are named in the warnings). Weighted "
+              "least-squares fit of S = S_min + E_min/B (weights 1/S: relative errors); "
+              "B_crit = E_min/S_min.",
               "", by_optimizer(fits["pareto"], pareto_table,
                                "No Pareto frontier (see the warnings)."),
               "", "## Per-run against Pareto B_crit", "",

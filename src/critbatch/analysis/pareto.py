@@ -5,15 +5,18 @@ optimizer steps; McCandlish et al. 2018 give S = S_min + E_min / B, so a straigh
 S against 1/B gives S_min, E_min and B_crit(L*) = E_min / S_min (`science.laws.fit_pareto`).
 
 E(B) is read off each batch size's final loss versus tokens at the best lr (its cells at every
-budget, a `LossCurve` without extrapolation): a batch size enters the fit at L* only when its
-curve reaches L* within its budgets. Targets are not confined to the loss range that every
-batch size shares: they span the range where at least `PARETO_MIN_BATCHES` batch sizes reach
-(four: a fit of two parameters on three points has one degree of freedom, and its 95% interval,
-Student's t of 12.7, spanned more than a factor 100 in 9 of the 11 three-point fits of the cpu
-sweeps of 2026-12-01; three where nowhere do four reach, two where nowhere do three: an exact
-fit without an interval), each fit with the batch sizes that reach its target. With cooldown
-branches every batch size has four budgets, so the frontier spans most of the losses the sweep
-saw.
+budget but those of too few steps for their warmup, a `LossCurve` without extrapolation): a
+batch size can enter the fit at L* only when its curve reaches L* within its budgets.
+
+All targets of one group (one model and optimizer) are fitted from ONE set of batch sizes
+(`batch_set`): the largest set whose curves all reach a common range of losses, the widest
+such range among sets of that size; the PARETO_TARGETS targets spread over that range. Letting
+each target take every batch size that reaches it instead made neighbouring targets rest on
+different sets, and B_crit(L) jump where the set changed (cpu sweep of 2026-12-01, width 48:
+batches 8-64 at 5.464 nats/token, 16-128 at 5.694). The most batch sizes come first because
+the fit has two parameters: on three points its 95% interval (Student's t of 12.7) spanned
+more than a factor 100 in 9 of the 11 three-point fits of those sweeps, and two points are an
+exact fit without an interval.
 
 Units: batch sizes and E_min in sequences unless a name ends in `_tokens`; S_min in optimizer
 steps; losses in nats/token.
@@ -29,7 +32,6 @@ from critbatch.science.fits import LossCurve
 from critbatch.science.laws import fit_pareto, pareto_degeneracy
 
 PARETO_TARGETS = 5  # target losses per Pareto frontier
-PARETO_MIN_BATCHES = 4  # batch sizes that must reach a target (fewer where none reach)
 PARETO_MAX_INTERVAL_FACTOR = 100.0  # a Pareto B_crit interval wider than this is degenerate
 
 
@@ -73,19 +75,28 @@ def batch_curves(cells: list) -> dict[int, LossCurve]:
     return {b: c for b, c in curves.items() if c.pchip is not None}
 
 
-def covered_segments(ranges: list[tuple[float, float]], k: int) -> list[tuple[float, float]]:
-    """The loss segments (low, high), ascending and merged, that `k` or more of the closed
-    `ranges` (low, high) cover; segments of zero length are left out."""
-    edges = sorted({x for r in ranges for x in r})
-    segments: list[tuple[float, float]] = []
+def batch_set(ranges: dict[int, tuple[float, float]]
+              ) -> tuple[list[int], tuple[float, float]] | None:
+    """The batch sizes whose loss ranges (low, high) all cover one common range of positive
+    length, and that range: the most batch sizes, then the widest range (then the lowest
+    losses). None when no two ranges overlap.
+
+    A set with a common range covers one of the elementary segments between consecutive
+    range ends, and every range covering that segment shares the set's property, so the
+    largest sets are the covers of those segments: checking each segment's cover is enough.
+    """
+    edges = sorted({x for r in ranges.values() for x in r})
+    best = None
     for a, b in zip(edges, edges[1:], strict=False):
-        if sum(lo <= a and b <= hi for lo, hi in ranges) < k:
+        members = [batch for batch, (lo, hi) in ranges.items() if lo <= a and b <= hi]
+        if len(members) < 2:
             continue
-        if segments and segments[-1][1] == a:
-            segments[-1] = (segments[-1][0], b)
-        else:
-            segments.append((a, b))
-    return segments
+        low = max(ranges[m][0] for m in members)
+        high = min(ranges[m][1] for m in members)
+        key = (len(members), high - low)
+        if best is None or key > best[0]:
+            best = (key, sorted(members), (low, high))
+    return None if best is None else (best[1], best[2])
 
 
 def spread_targets(segments: list[tuple[float, float]], n: int) -> list[float]:
@@ -107,11 +118,12 @@ def pareto_frontiers(cells: list, seq_len: int, optimizer: str,
                      fix_hint: str) -> tuple[list[dict], str | None]:
     """Pareto fits at PARETO_TARGETS target losses of one group's `cells` (`bcrit.Cell`).
 
-    The targets span the losses that PARETO_MIN_BATCHES batch sizes or more reach (fewer,
-    down to two, where nowhere do that many: `spread_targets` of `covered_segments`); each
-    fit uses every batch size whose curve (`batch_curves`) reaches its target, listed in the
-    row's `batch_sizes`, and records the rule in `min_batch_sizes`. `fix_hint`: what fills a
-    gap (`FixHints.pareto`, formatted with `batch` and `more`). Returns (rows, warning).
+    Every fit uses the same batch sizes (`batch_set` of the curves of `batch_curves`), listed
+    in each row's `batch_sizes` (and counted in `min_batch_sizes`, the name of the rule this
+    replaced), at targets spread over the losses they all reach (`spread_targets`). The
+    warning names batch sizes with a curve that the set leaves out, and a set of two (an exact
+    fit). `fix_hint`: what fills a gap (`FixHints.pareto`, formatted with `batch` and `more`).
+    Returns (rows, warning).
     """
     curves = batch_curves(cells)
     batches = sorted({c.batch_size for c in cells})
@@ -119,21 +131,24 @@ def pareto_frontiers(cells: list, seq_len: int, optimizer: str,
         return [], (f"Pareto frontier needs two batch sizes with several budgets each "
                     f"({len(curves)} here); " + fix_hint.format(batch=max(batches), more=2))
     ranges = {b: c.loss_range for b, c in curves.items()}
-    for need in range(PARETO_MIN_BATCHES, 1, -1):
-        segments = covered_segments(list(ranges.values()), need)
-        if segments:
-            break
-    if not segments:
+    chosen = batch_set(ranges)
+    if chosen is None:
         return [], ("Pareto frontier: the batch sizes' loss ranges do not overlap; "
                     + fix_hint.format(batch=max(curves), more=1))
+    members, (low, high) = chosen
+    reach = np.array(members)
     rows = []
-    for target in spread_targets(segments, PARETO_TARGETS):
-        reach = np.array([b for b, (lo, hi) in ranges.items() if lo <= target <= hi])
-        tokens = np.array([curves[b].tokens_for(target)[0] for b in reach])
+    for target in spread_targets([(low, high)], PARETO_TARGETS):
+        tokens = np.array([curves[b].tokens_for(target)[0] for b in members])
         row = pareto_row(reach, tokens / (reach * seq_len), seq_len, optimizer, target, tokens)
-        rows.append({**row, "min_batch_sizes": need})
-    warn = None
-    if need == 2:
-        warn = (f"Pareto frontier for {optimizer} rests on two batch sizes: exact fit, no "
-                "confidence interval; " + fix_hint.format(batch=max(curves), more=2))
-    return rows, warn
+        rows.append({**row, "min_batch_sizes": len(members)})
+    warns = []
+    left = [b for b in curves if b not in members]
+    if left:
+        warns.append(f"Pareto frontier for {optimizer} fits batch sizes {members} at every "
+                     f"target ({low:.4f}-{high:.4f} nats/token, the losses they all reach); "
+                     f"{left} left out: their curves do not reach all of those losses")
+    if len(members) == 2:
+        warns.append(f"Pareto frontier for {optimizer} rests on two batch sizes: exact fit, no "
+                     "confidence interval; " + fix_hint.format(batch=max(curves), more=2))
+    return rows, "; ".join(warns) or None
