@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from critbatch import files
-from critbatch.analysis import bcrit, pareto, synthetic
+from critbatch.analysis import bcrit, kaplan, pareto, synthetic
 from critbatch.analysis import results as runs
 from critbatch.analysis.bcrit import analyse
 from critbatch.analysis.results import (
@@ -447,6 +447,37 @@ def test_constant_bcrit_gives_exponent_zero_per_method_and_noise_apart(tmp_path)
     low, high = rows[("adamw", "per_run")]["exponent_low"], rows[("adamw", "per_run")][
         "exponent_high"]
     assert low <= 0.3 and high >= -0.3
+
+
+def test_three_pareto_frontiers_give_a_range_and_combined_counts_a_group_once(tmp_path):
+    """Three widths: three Pareto frontiers, fewer than six independent units, so the Pareto
+    exponent's interval is the range of the three frontiers' own fits, not a bootstrap
+    percentile; `combined` counts each width once (its runs and its frontier share cells)."""
+    synthetic_sweep(tmp_path, batch_sizes=(64, 256, 1024), all_budgets=True,
+                    widths=(64, 128, 192))
+    result = analyse_dir(tmp_path)
+    rows = {r["method"]: r for r in result["fits"]["kaplan"]}
+    assert list(rows["pareto"]) == list(kaplan.ROW_KEYS) + ["weighted", "kaplan_b_star_tokens",
+                                                             "kaplan_exponent"]
+    pareto_row = rows["pareto"]
+    assert pareto_row["n_units"] == 3
+    assert pareto_row["interval"] == ("range of 3 per-unit estimates over 3 Pareto frontiers "
+                                      "(fewer than 6 independent units: no percentile interval)")
+    points = [p for p in result["fits"]["kaplan_points"] if p["method"] == "pareto"]
+    own = [laws.fit_kaplan([p["loss"] for p in points if p["group"] == g],
+                           [p["b_crit_tokens"] for p in points if p["group"] == g],
+                           [p["log_sigma"] for p in points if p["group"] == g])["exponent"]
+           for g in sorted({p["group"] for p in points})]
+    assert pareto_row["exponent_low"] == pytest.approx(min(own))
+    assert pareto_row["exponent_high"] == pytest.approx(max(own))
+    combined = rows["combined"]
+    assert combined["n_units"] == 3 and combined["n_points"] == (
+        rows["per_run"]["n_points"] + pareto_row["n_points"])
+    assert combined["interval"].startswith("range of 3 per-unit estimates over 3 groups")
+    assert rows["per_run"]["n_units"] == 3 * 12  # runs: 3 batch sizes x 4 budgets per width
+    assert rows["per_run"]["interval"] == "95% percentile bootstrap over 36 runs"
+    # the combined row's units did not leak into the points of the other methods
+    assert {p["unit"] for p in points} == {f"pareto:{g['name']}" for g in result["groups"]}
 
 
 def test_lr_scaling_joins_budgets_that_differ_by_step_rounding(tmp_path):

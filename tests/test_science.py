@@ -3,9 +3,12 @@ degeneracy and nominal budgets."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from critbatch.science import laws
 from critbatch.science.fits import fit_log_linear, nominal_budgets
 from critbatch.science.laws import bootstrap_kaplan, fit_kaplan, fit_pareto, pareto_degeneracy
 
@@ -65,9 +68,37 @@ def test_bootstrap_interval_covers_the_planted_exponent_in_most_worlds():
     assert covered >= 16  # nominal 95%: 19 of 20 expected; 16 allows for a few-unit bootstrap
 
 
-def test_bootstrap_needs_three_units():
-    boot = bootstrap_kaplan([3.0, 4.0, 5.0, 6.0], [1e5, 5e4, 2e4, 1e4], ["a", "a", "b", "b"])
-    assert boot["exponent_low"] is None and boot["resamples"] == 0
+def test_with_fewer_than_six_units_the_interval_is_the_range_of_per_unit_estimates():
+    """Unit a halves B_crit from loss 3 to 4 (1/alpha_B = ln 2 / ln(4/3) = 2.41), unit b from
+    5 to 6 (ln 2 / ln 1.2 = 3.80); unit c has one loss only and gives no estimate."""
+    losses, b_tokens = [3.0, 4.0, 5.0, 6.0, 4.5], [1e5, 5e4, 2e4, 1e4, 3e4]
+    units = ["a", "a", "b", "b", "c"]
+    boot = bootstrap_kaplan(losses, b_tokens, units, unit_name="runs")
+    assert laws.MIN_BOOTSTRAP_UNITS == 6 and boot["n_units"] == 3 and boot["resamples"] == 0
+    assert boot["exponent_low"] == pytest.approx(math.log(2) / math.log(4 / 3))
+    assert boot["exponent_high"] == pytest.approx(math.log(2) / math.log(1.2))
+    a_star, b_star = 1e5 * 3.0 ** boot["exponent_low"], 2e4 * 5.0 ** boot["exponent_high"]
+    assert boot["b_star_tokens_low"] == pytest.approx(min(a_star, b_star))
+    assert boot["b_star_tokens_high"] == pytest.approx(max(a_star, b_star))
+    assert boot["interval"] == ("range of 2 per-unit estimates over 3 runs (fewer than 6 "
+                                "independent units: no percentile interval)")
+    # one estimate is no range, and units of one loss each give none
+    one = bootstrap_kaplan(losses[:2] + [5.0], b_tokens[:2] + [2e4], ["a", "a", "b"])
+    assert one["exponent_low"] is None and "one per-unit estimate over 2 runs" in one["interval"]
+    none = bootstrap_kaplan(losses, b_tokens, ["a", "b", "c", "d", "e"])
+    assert none["exponent_low"] is None and none["interval"].startswith(
+        "none: no unit of the 5 runs has points at two losses")
+
+
+def test_a_bootstrap_over_few_single_point_units_says_it_undercovers():
+    losses, b_tokens, units = kaplan_world(4.8, 2e8, n_runs=4, scatter=0.3, seed=0)
+    single = [f"{u}#{i}" for i, u in enumerate(units)][:4]
+    boot = bootstrap_kaplan(losses[:4], b_tokens[:4], single, resamples=200, min_units=3)
+    assert boot["exponent_low"] is not None and boot["resamples"] > 100
+    assert boot["interval"].endswith("(fewer than 6 units: it covers less than 95%)")
+    losses, b_tokens, units = kaplan_world(4.8, 2e8, n_runs=6, scatter=0.3, seed=0)
+    six = bootstrap_kaplan(losses, b_tokens, units, resamples=200)
+    assert six["interval"] == "95% percentile bootstrap over 6 runs"
 
 
 def test_pareto_degeneracy_names_what_is_wrong():

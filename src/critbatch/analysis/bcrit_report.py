@@ -30,7 +30,7 @@ from critbatch.analysis.results import load_runs, load_wandb_runs
 from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_table
 from critbatch.errors import ResultsError
 from critbatch.files import write_text_atomic
-from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
+from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT, MIN_BOOTSTRAP_UNITS
 
 PLOTS = {
     "loss_vs_tokens": "Final loss versus tokens per batch size, with the baseline interpolant",
@@ -410,11 +410,16 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "", "## Kaplan's law B_crit(L) = B* / L^(1/alpha_B)", "",
               "Fitted per optimizer and per method, in log-log (L in nats/token, B in tokens), "
               "each point weighted by its own uncertainty. Per-run and Pareto B_crit measure "
-              "the same quantity and are also fitted together (combined); B_noise is a "
-              "different quantity (B_simple) with rows of its own, never pooled: noise "
+              "the same quantity and are also fitted together (combined, where a group's "
+              "runs and its Pareto frontier, read off the same cells, are one unit); B_noise "
+              "is a different quantity (B_simple) with rows of its own, never pooled: noise "
               "(the noise program's noise.json) and online_noise (the online tracker along "
               "the baseline's runs). Degenerate Pareto fits are left out (see the Pareto "
-              "table). Each interval column says its level and what was resampled. Kaplan et "
+              "table). Each interval column says its level and what was resampled: a 95% "
+              "percentile bootstrap over independent units (runs, Pareto frontiers, groups or "
+              "blocks of eval points), or with fewer than "
+              f"{MIN_BOOTSTRAP_UNITS} units, where such a bootstrap covers less than it "
+              "claims, the range of the estimates fitted to each unit alone. Kaplan et "
               "al. (2020): B* = 2e8 tokens, 1/alpha_B = 4.8 (GPT-2 tokenizer on WebText2: "
               "compare the exponent and the order of magnitude).", "",
               *kaplan_tables(fits["kaplan"], fits["kaplan_points"]),

@@ -11,19 +11,25 @@ Kaplan et al. 2020 (section 5.1): B_crit(L) = B* / L^(1/alpha_B), with B* ~ 2e8 
   at that eval's validation loss (`analysis.online_noise`): B_noise(L) along training.
 
 Per-run and Pareto measure the same quantity, so they are also fitted together
-(`combined`). B_noise is B_simple, a different quantity (equal to B_crit only for SGD on a
-well-conditioned Hessian): both noise methods get their own rows, beside the others and
-apart from each other. Optimizers have their own laws: every row is one optimizer.
+(`combined`). Their points are not independent of each other: a group's per-run B_crit and its
+Pareto frontier are read off the same cells, so in `combined` a whole group is one unit. B_noise
+is B_simple, a different quantity (equal to B_crit only for SGD on a well-conditioned Hessian):
+both noise methods get their own rows, beside the others and apart from each other. Optimizers
+have their own laws: every row is one optimizer.
 
 Each point carries its uncertainty in log B_crit (from its interval) and the fit weighs
 points by it. The exponent's interval is a percentile bootstrap over the independent units
 the points come from: runs for per-run and noise points (a per-run point of a cooldown
 branch belongs to the run it forked from: its `trunk`), Pareto frontiers (one per model)
-for Pareto points, and for the online series blocks of consecutive eval points
-(ONLINE_NOISE_BLOCKS per run: the EMA ties neighbouring evals together, so single evals are
-not independent). Pareto fits that are degenerate (`science.laws.pareto_degeneracy`) are
+for Pareto points, groups for `combined`, and for the online series blocks of consecutive
+eval points (ONLINE_NOISE_BLOCKS per run: the EMA ties neighbouring evals together, so single
+evals are not independent). With fewer than `science.laws.MIN_BOOTSTRAP_UNITS` units (three
+Pareto frontiers, say) a percentile bootstrap undercovers, and the interval is the range of
+the estimates fitted to each unit alone instead (`science.laws.bootstrap_kaplan`), labelled
+as such. Pareto fits that are degenerate (`science.laws.pareto_degeneracy`) are
 left out and named, and so are per-run B_crit whose interval is unbounded above (`in_kaplan`
-false: r within the noise of 1).
+false: r within the noise of 1) or whose run trained too few steps for its warmup
+(`few_steps`).
 """
 
 from __future__ import annotations
@@ -121,14 +127,16 @@ def fill_sigmas(sigmas: list[float | None]) -> list[float] | None:
 
 def fit_row(optimizer: str, method: str, points: list[dict], seed: int = 0) -> dict:
     """Kaplan's law over `points` (one optimizer, one method): the weighted fit, and the
-    bootstrap interval of the exponent over the points' units."""
+    interval of the exponent over the points' units (`bootstrap_kaplan`: a percentile
+    bootstrap, or the range of per-unit estimates with few units)."""
     losses = [p["loss"] for p in points]
     b_tokens = [p["b_crit_tokens"] for p in points]
     sigmas = fill_sigmas([p["log_sigma"] for p in points])
     fit = fit_kaplan(losses, b_tokens, sigmas)
     units = [p["unit"] for p in points]
     kinds = {"per_run": "runs", "noise": "runs", "pareto": "Pareto frontiers",
-             "combined": "runs and Pareto frontiers",
+             "combined": "groups (a group's per-run points and its Pareto frontier come from "
+                         "the same cells: one unit)",
              "online_noise": f"blocks of consecutive eval points (up to {ONLINE_NOISE_BLOCKS} "
                              "per run)"}
     boot = bootstrap_kaplan(losses, b_tokens, units, sigmas, resamples=BOOTSTRAP_RESAMPLES,
@@ -139,8 +147,7 @@ def fit_row(optimizer: str, method: str, points: list[dict], seed: int = 0) -> d
            "b_star_tokens_low": boot["b_star_tokens_low"],
            "b_star_tokens_high": boot["b_star_tokens_high"], "n_points": len(points),
            "n_units": boot["n_units"],
-           "interval": boot["interval"] if boot["exponent_low"] is not None else
-           f"none: {boot['n_units']} independent {kinds[method]} (a bootstrap needs 3)",
+           "interval": boot["interval"],
            "weighted": sigmas is not None,
            "kaplan_b_star_tokens": KAPLAN_B_STAR_TOKENS, "kaplan_exponent": KAPLAN_EXPONENT}
     return row
@@ -154,8 +161,9 @@ def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[
         mine = [p for p in points if p["optimizer"] == optimizer]
         by_method = {m: [p for p in mine if p["method"] == m] for m in METHODS
                      if m != "combined"}
-        if by_method["per_run"] and by_method["pareto"]:
-            by_method["combined"] = by_method["per_run"] + by_method["pareto"]
+        if by_method["per_run"] and by_method["pareto"]:  # copies: a group is one unit here
+            by_method["combined"] = [{**p, "unit": p["group"]}
+                                     for p in by_method["per_run"] + by_method["pareto"]]
         for method in METHODS:
             pts = by_method.get(method, [])
             if not pts:

@@ -495,18 +495,17 @@ def kaplan_rows(rows: list[dict], warnings: list[str]) -> list[dict]:
         b_tokens = [r["b_crit_tokens"] for r in pts]
         fit = fit_kaplan(losses, b_tokens)
         units = [f"{r['run_dir']}@{r['tokens']}" for r in pts]
+        # a checkpoint is one point, so there are no per-unit estimates to take the range
+        # of: a bootstrap from 3 checkpoints on, whose label says when it undercovers
         boot = bootstrap_kaplan(losses, b_tokens, units, resamples=BOOTSTRAP_RESAMPLES,
-                                unit_name="checkpoints")
+                                unit_name="checkpoints", min_units=3)
         row.update({k: fit[k] for k in ("b_star_tokens", "exponent")})
         row.update({k: boot[k] for k in ("exponent_low", "exponent_high", "b_star_tokens_low",
                                          "b_star_tokens_high", "n_units")})
         for key in ("exponent", "exponent_low", "exponent_high"):  # a flat B_crit fits 0 exactly
             if row[key] is not None and abs(row[key]) < ROUNDING:  # (not -8e-15)
                 row[key] = 0.0
-        row["interval"] = (
-            boot["interval"] if boot["exponent_low"] is not None else
-            f"none: {boot['n_units']} checkpoints (a bootstrap needs 3)" if boot["n_units"] < 3
-            else "none: too few bootstrap draws spread in loss")
+        row["interval"] = boot["interval"]
         out.append(row)
     return out
 

@@ -28,6 +28,7 @@ from critbatch.science.fits import CONFIDENCE, fit_log_linear
 
 KAPLAN_B_STAR_TOKENS = 2e8  # Kaplan et al. 2020, GPT-2 tokenizer on WebText2
 KAPLAN_EXPONENT = 4.8  # 1/alpha_B, alpha_B ~ 0.21
+MIN_BOOTSTRAP_UNITS = 6  # fewer independent units: a range of per-unit estimates, no bootstrap
 
 
 def bcrit_corrected(batch_size: float, baseline_batch: float, r: float) -> float:
@@ -122,18 +123,46 @@ def fit_kaplan(losses, b_crit_tokens, log_sigma=None) -> dict:
     return out
 
 
+def per_unit_kaplan(losses, b_crit_tokens, units, log_sigma=None) -> list[tuple[float, float]]:
+    """(exponent 1/alpha_B, log B*) of Kaplan's law fitted (`fit_kaplan`'s weighted least
+    squares) to each unit's own points, for the units whose points lie at two losses or more;
+    in the order of the sorted unit names."""
+    losses, b_tokens = np.asarray(losses, float), np.asarray(b_crit_tokens, float)
+    sigma = None if log_sigma is None else np.asarray(log_sigma, float)
+    out = []
+    for name in sorted(set(units), key=str):
+        pick = np.flatnonzero(np.array([u == name for u in units]))
+        if np.ptp(np.log(losses[pick])) < 1e-12:
+            continue
+        fit = fit_log_linear(np.log(losses[pick]), np.log(b_tokens[pick]),
+                             None if sigma is None else sigma[pick])
+        out.append((-fit["slope"], fit["intercept"]))
+    return out
+
+
 def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: int = 2000,
                      confidence: float = CONFIDENCE, seed: int = 0,
-                     unit_name: str = "runs") -> dict:
-    """Percentile bootstrap interval of Kaplan's exponent and B*, resampling whole units.
+                     unit_name: str = "runs", min_units: int = MIN_BOOTSTRAP_UNITS) -> dict:
+    """Interval of Kaplan's exponent and B* from the independent units the points come from:
+    a percentile bootstrap over units, or with fewer than `min_units` (MIN_BOOTSTRAP_UNITS) the
+    range of the per-unit estimates.
 
     `units` names the independent source of each point (a run, or a seed): points of one
     unit are drawn together, so several points read off one run count once (`unit_name`
-    says what a unit is, for the label). Each of
-    `resamples` draws takes as many units as there are, with replacement, and refits
-    (`fit_kaplan`, same weights); draws whose losses do not spread are skipped. Returns the
-    central `confidence` interval of the exponent and of B* (tokens), the draws used and a
-    label saying what the interval is. With fewer than three units there is no interval.
+    says what a unit is, for the label). Each of `resamples` draws takes as many units as
+    there are, with replacement, and refits (`fit_kaplan`, same weights); draws whose losses
+    do not spread are skipped. Returns the central `confidence` interval of the exponent and
+    of B* (tokens), the draws used and a label saying what the interval is.
+
+    A percentile bootstrap over few units undercovers: over 3 units (3 Pareto frontiers) it
+    covers only 85-91% where it claims 95%, for a resample can repeat one unit only so many
+    ways. So with fewer than `min_units` units the interval is instead the range (min, max)
+    of Kaplan's law fitted to each unit alone (`per_unit_kaplan`: the units with points at two
+    losses or more), labelled as such: a spread, not a percentile interval. With fewer than
+    two per-unit estimates there is none, and the label says why. A caller whose units are
+    single points (which give no per-unit estimate) may lower `min_units` (to 3 at least); a
+    bootstrap over fewer than MIN_BOOTSTRAP_UNITS units then says in its label that it
+    undercovers.
     """
     losses, b_tokens = np.asarray(losses, float), np.asarray(b_crit_tokens, float)
     sigma = None if log_sigma is None else np.asarray(log_sigma, float)
@@ -142,7 +171,23 @@ def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: in
     out = {"exponent_low": None, "exponent_high": None, "b_star_tokens_low": None,
            "b_star_tokens_high": None, "resamples": 0, "n_units": len(names),
            "interval": f"{confidence:.0%} percentile bootstrap over {len(names)} {unit_name}"}
-    if len(names) < 3:
+    if len(names) < max(3, min_units):
+        estimates = per_unit_kaplan(losses, b_tokens, units, sigma)
+        few = f"fewer than {max(3, min_units)} independent units: no percentile interval"
+        if not estimates:
+            out["interval"] = (f"none: no unit of the {len(names)} {unit_name} has points at "
+                               f"two losses, so there is no per-unit estimate ({few})")
+            return out
+        if len(estimates) == 1:
+            out["interval"] = (f"none: one per-unit estimate over {len(names)} {unit_name}, "
+                               f"and a range needs two ({few})")
+            return out
+        exponents, log_b_stars = zip(*estimates, strict=True)
+        out.update(exponent_low=float(min(exponents)), exponent_high=float(max(exponents)),
+                   b_star_tokens_low=exp_or_none(min(log_b_stars)),
+                   b_star_tokens_high=exp_or_none(max(log_b_stars)),
+                   interval=f"range of {len(estimates)} per-unit estimates over {len(names)} "
+                            f"{unit_name} ({few})")
         return out
     rng = np.random.default_rng(seed)
     exponents, log_b_stars = [], []
@@ -155,7 +200,12 @@ def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: in
         exponents.append(-fit["slope"])
         log_b_stars.append(fit["intercept"])
     if len(exponents) < resamples // 2:
+        out["interval"] = (f"none: fewer than half of {resamples} bootstrap draws over "
+                           f"{len(names)} {unit_name} spread in loss")
         return out
+    if len(names) < MIN_BOOTSTRAP_UNITS:
+        out["interval"] += (f" (fewer than {MIN_BOOTSTRAP_UNITS} units: it covers less than "
+                            f"{confidence:.0%})")
     tail = 100 * (1 - confidence) / 2
     lo, hi = np.percentile(exponents, [tail, 100 - tail])
     b_lo, b_hi = np.percentile(log_b_stars, [tail, 100 - tail])
