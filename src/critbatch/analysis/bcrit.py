@@ -168,8 +168,6 @@ def split_runs(runs: list[dict]) -> tuple[dict[tuple, list[dict]], list[dict], l
 # Best learning rate per cell
 
 
-
-
 @dataclass
 class Cell:
     """One (batch size, token budget) of a group at its best learning rate."""
@@ -302,7 +300,6 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
                           trunk=trunk[best_run["run_dir"]], steps=steps, warmup_steps=warmup,
                           few_steps=too_few_steps(steps, warmup)))
     return cells
-
 
 
 # ---------------------------------------------------------------------------------------------
