@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from critbatch import files
+from critbatch import files, sweep
 from critbatch.analysis import results as runs
 from critbatch.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
 from critbatch.training.config import CONF_DIR, register_configs, total_steps
@@ -356,3 +356,14 @@ def test_a_hydra_launcher_takes_the_stages_as_multiruns(tmp_path, cache_dir):
     mains = sorted(p.parent.name for p in tmp_path.glob("runs/batch/smoke/*/summary.json"))
     assert len(mains) == 3  # batch 4 and 8, and batch 4 at seed 1
     assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 9
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_scale_without_cuda_is_one_line_before_anything_trains(capsys):
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(["batch", "--scale", "gpu"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.device=cpu" in err[0]
+    sweep.check_cuda("gpu", ["train.device=cpu"])  # asked for: no error
+    sweep.check_cuda("gpu", ["hydra/launcher=submitit_slurm"])  # trains elsewhere

@@ -145,3 +145,15 @@ def test_smoke_run_through_the_cli(tmp_path, cache_dir):
     assert (run_dir / ".hydra" / "overrides.yaml").exists()
     assert (run_dir / "checkpoint.pt").exists()
     assert "val_loss:" in proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_gpu_scale_without_cuda_stops_unless_the_cpu_is_asked_for():
+    from critbatch.errors import ConfigError
+    from critbatch.training.cli import check_overrides
+    from critbatch.training.step import resolve_device
+
+    with pytest.raises(ConfigError, match="train.device=cpu"):
+        resolve_device(check_overrides(["scale=gpu"]))
+    device, _, _ = resolve_device(check_overrides(["scale=gpu", "train.device=cpu"]))
+    assert device.type == "cpu"

@@ -139,6 +139,19 @@ def resolve_scale(scale: str) -> str:
     return chosen
 
 
+def check_cuda(scale: str, overrides: list[str]) -> None:
+    """SCALE=gpu trains here only with CUDA here, or when asked to with train.device=cpu; a
+    Hydra launcher (hydra/launcher=...) trains elsewhere, so it is not checked."""
+    if scale != "gpu" or any(o.startswith(("train.device=", "hydra/launcher=")) for o in overrides):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("SCALE=gpu needs CUDA and none is available here; use SCALE=cpu for "
+                          "this machine, ARGS=train.device=cpu to force the gpu scale onto the "
+                          "CPU, or a launcher (ARGS=hydra/launcher=...) to train elsewhere")
+
+
 @contextlib.contextmanager
 def sweep_composer() -> Iterator[Callable[[str, list[str]], DictConfig]]:
     """`compose(stage, overrides)` of sweeps/<stage>.yaml with conf/ on the search path (as
@@ -658,6 +671,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.scale not in ("auto", "smoke", "cpu", "gpu"):
             raise ConfigError(f"SCALE={args.scale} is not one of auto, smoke, cpu, gpu")
         scale = resolve_scale(args.scale)
+        check_cuda(scale, args.overrides)
         failed = run_experiment(args.experiment, scale, parse_jobs(args.jobs, scale), optimizers,
                                 args.overrides)
     raise SystemExit(1 if failed else 0)

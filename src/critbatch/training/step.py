@@ -26,8 +26,14 @@ from critbatch.training.optim import build_optimizers, set_lr
 
 
 def resolve_device(cfg: Config) -> tuple[torch.device, torch.dtype, bool]:
-    """(device, autocast dtype, compile) from the `auto` settings."""
+    """(device, autocast dtype, compile) from the `auto` settings. The gpu scale on a machine
+    without CUDA is an error (it would train for hours on the CPU) unless train.device=cpu
+    asks for it."""
     name = cfg.train.device
+    if name == "auto" and cfg.scale == "gpu" and not torch.cuda.is_available():
+        raise ConfigError("scale=gpu needs CUDA and none is available here; use scale=cpu "
+                          "(SCALE=cpu) for this machine, or train.device=cpu to force the gpu "
+                          "scale onto the CPU")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
