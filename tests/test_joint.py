@@ -10,6 +10,7 @@ from critbatch.science.joint import (
     JointData,
     PlantedWorld,
     bootstrap_joint,
+    extra_term_test,
     fit_joint,
     loss_alone_test,
     planted_world,
@@ -55,6 +56,26 @@ def test_loss_alone_holds_for_a_shared_law_and_fails_for_one_per_width():
     split = data.with_loss(mixed)
     test = loss_alone_test(fit_joint(split), fit_joint(split, per_width=True))
     assert test["holds"] is False and test["p_value"] < 1e-3
+
+
+def test_small_batch_term_is_kept_only_where_the_data_demand_it():
+    """A world whose batch 8 costs (1 + 4/8) more tokens (B_s = 4 sequences) keeps the term
+    and recovers B_s and the exponent; the plain world does not keep it."""
+    rng = np.random.default_rng(7)
+    plain = planted_world(WORLDS["adamw"], rng=rng)
+    test = extra_term_test(fit_joint(plain), fit_joint(plain, small_batch=True))
+    assert test["kept"] is False
+
+    truth = WORLDS["adamw"].fit()
+    truth.small_batch, truth.b_small = True, 4.0
+    data = planted_world(WORLDS["adamw"])
+    lossy = truth.predict_loss(data.width, data.batch, data.tokens)
+    noisy = data.with_loss(lossy + 0.0125 * rng.standard_normal(len(lossy)))
+    richer = fit_joint(noisy, small_batch=True)
+    test = extra_term_test(fit_joint(noisy), richer)
+    assert test["kept"] and test["chi2_per_dof_with"] < test["chi2_per_dof_without"]
+    assert richer.b_small == pytest.approx(4.0, rel=0.5)
+    assert abs(richer.exponent - 4.8) < 0.5
 
 
 def test_build_indexes_widths_and_trunks():

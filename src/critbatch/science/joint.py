@@ -3,14 +3,18 @@
 docs/science.md, section 8. A cell is one (width, batch B, tokens E) at its best lr, with its
 loss L (nats/token) and that loss's noise sigma (the group's measured seed scatter). The model:
 
-    E = E_min(L; N) * (1 + B / B_crit(L))          McCandlish et al. 2018
+    E = E_min(L; N) * (1 + B / B_crit(L)) [* (1 + B_s / B)]   McCandlish et al. 2018
     L = L_N + A_N * (E_min / E_REF)^(-alpha_N)     one example curve per width N
     B_crit(L) = B_star * L^(-gamma)                Kaplan et al. 2020: gamma = 1/alpha_B
 
 B in sequences, E and E_min in tokens, B_star in sequences (x seq_len for tokens). The
 B_crit law is shared by all widths (`per_width=False`, Kaplan: it depends on the loss
 alone) or one per width (`per_width=True`), and the two are compared by a chi-square
-difference test (`loss_alone_test`).
+difference test (`loss_alone_test`). The bracketed factor (`small_batch=True`, one more
+parameter B_s in sequences) makes the smallest batches less token-efficient than the model
+without it allows, as small batches at a given lr rule often are (the cpu sweep: batch 16
+beat batch 8 at 1.5M tokens for both optimizers); `extra_term_test` says whether the data
+demand it.
 
 The fit is weighted least squares on the losses themselves: a cell's residual is the loss
 the model predicts at its (N, B, E) minus the measured one, over sigma. The prediction is
@@ -92,6 +96,8 @@ class JointFit:
     widths: tuple = ()
     message: str = ""
     residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (pred - L) / sigma
+    b_small: float = 0.0  # B_s, sequences: the small-batch term's scale (0: no such term)
+    small_batch: bool = False  # the model has the (1 + B_s / B) factor
 
     @property
     def per_width(self) -> bool:
@@ -126,11 +132,13 @@ class JointFit:
     def log_tokens(self, loss, width, batch) -> tuple[np.ndarray, np.ndarray]:
         """ln E_model(L) and its derivative d ln E / dL (< 0 where the model is sane)."""
         return log_tokens_model(self.as_vector(), len(self.l_inf), np.asarray(loss, float),
-                                np.asarray(width), np.asarray(batch, float), self.per_width)
+                                np.asarray(width), np.asarray(batch, float), self.per_width,
+                                self.small_batch)
 
     def as_vector(self) -> np.ndarray:
+        extra = [math.log(self.b_small)] if self.small_batch else []
         return np.concatenate([self.l_inf, np.log(self.a), np.log(self.alpha),
-                               np.log(self.b_star), self.gamma])
+                               np.log(self.b_star), self.gamma, extra])
 
     def predict_loss(self, width, batch, tokens) -> np.ndarray:
         """The loss reached at (width index, batch, tokens): the root in L of
@@ -153,9 +161,11 @@ class JointFit:
 
 
 def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
-                     batch: np.ndarray, per_width: bool) -> tuple[np.ndarray, np.ndarray]:
-    """ln E(L) = ln E_min(L; N) + ln(1 + B / B_crit(L)) and d ln E / dL, from the parameter
-    vector [l_inf (W), ln a (W), ln alpha (W), ln B_star (1 or W), gamma (1 or W)]."""
+                     batch: np.ndarray, per_width: bool,
+                     small_batch: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """ln E(L) = ln E_min(L; N) + ln(1 + B / B_crit(L)) [+ ln(1 + B_s / B)] and d ln E / dL,
+    from the parameter vector [l_inf (W), ln a (W), ln alpha (W), ln B_star (1 or W),
+    gamma (1 or W), (ln B_s)]."""
     w = n_widths
     l_inf, a, alpha = theta[:w][width], np.exp(theta[w:2 * w][width]), np.exp(
         theta[2 * w:3 * w][width])
@@ -167,25 +177,29 @@ def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: 
     log_e_min = math.log(E_REF) + (np.log(a) - np.log(gap)) / alpha
     u = batch * np.exp(gamma * np.log(loss) - log_b_star)  # B / B_crit(L)
     log_e = log_e_min + np.log1p(u)
+    if small_batch:
+        log_e = log_e + np.log1p(np.exp(theta[-1]) / batch)
     slope = -1 / (alpha * gap) + u / (1 + u) * gamma / loss
     return log_e, slope
 
 
 def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool,
-              steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
+              small_batch: bool = False, steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
     """(predicted loss - measured loss) / sigma for every cell: Newton steps on
     ln E_model(L) = ln E from the measured loss."""
     target = np.log(data.tokens)
     loss = data.loss.copy()
     floor = theta[:n_widths][data.width] + 1e-9
     for _ in range(steps):
-        log_e, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch, per_width)
+        log_e, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch, per_width,
+                                        small_batch)
         slope = np.minimum(slope, -1e-6)  # a non-monotone model is pushed back, not followed
         loss = np.maximum(loss - (log_e - target) / slope, floor)
     return (loss - data.loss) / data.sigma
 
 
-def initial_guess(data: JointData, per_width: bool, gamma: float) -> np.ndarray:
+def initial_guess(data: JointData, per_width: bool, gamma: float,
+                  small_batch: bool = False) -> np.ndarray:
     """Start: l_inf at 80% of each width's lowest loss, a from its highest, alpha 0.5, and
     B_crit at the cells' middle loss equal to the geometric mean batch."""
     n = len(data.widths)
@@ -197,45 +211,52 @@ def initial_guess(data: JointData, per_width: bool, gamma: float) -> np.ndarray:
     mid_loss = float(np.median(data.loss))
     log_b_star = math.log(float(np.exp(np.mean(np.log(data.batch))))) + gamma * math.log(mid_loss)
     n_law = n if per_width else 1
+    extra = [math.log(0.5 * float(data.batch.min()))] if small_batch else []
     return np.concatenate([l_inf, log_a, np.full(n, math.log(0.5)), np.full(n_law, log_b_star),
-                           np.full(n_law, gamma)])
+                           np.full(n_law, gamma), extra])
 
 
 def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None = None,
-              gammas=(1.0, 4.0, 8.0)) -> JointFit:
+              gammas=(1.0, 4.0, 8.0), small_batch: bool = False) -> JointFit:
     """Weighted least squares of the joint model on `data` (see the module docstring).
 
     Started from `start` (a parameter vector, e.g. the full fit for a bootstrap refit) or
     from `initial_guess` at each of `gammas`, keeping the lowest chi-square. l_inf stays
-    within [0, each width's lowest loss), alpha within [0.02, 5], gamma within [-20, 30].
+    within [0, each width's lowest loss), alpha within [0.02, 5], gamma within [-20, 30],
+    B_s (with `small_batch`) within [1e-4, 1e4] sequences.
     """
     from scipy.optimize import least_squares
 
     n = len(data.widths)
     n_law = n if per_width else 1
     lowest = np.array([data.loss[data.width == i].min() for i in range(n)])
+    extra = 1 if small_batch else 0
     lower = np.concatenate([np.zeros(n), np.full(n, -20.0), np.full(n, math.log(0.02)),
-                            np.full(n_law, -50.0), np.full(n_law, -20.0)])
+                            np.full(n_law, -50.0), np.full(n_law, -20.0),
+                            np.full(extra, math.log(1e-4))])
     upper = np.concatenate([lowest - 1e-6, np.full(n, 20.0), np.full(n, math.log(5.0)),
-                            np.full(n_law, 80.0), np.full(n_law, 30.0)])
-    starts = [start] if start is not None else [initial_guess(data, per_width, g)
+                            np.full(n_law, 80.0), np.full(n_law, 30.0),
+                            np.full(extra, math.log(1e4))])
+    starts = [start] if start is not None else [initial_guess(data, per_width, g, small_batch)
                                                  for g in gammas]
     best = None
     for x0 in starts:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
         with np.errstate(all="ignore"):
             res = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac",
-                                args=(data, n, per_width), max_nfev=400 * len(x0))
+                                args=(data, n, per_width, small_batch), max_nfev=400 * len(x0))
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
     theta = best.x
-    chi = residuals(theta, data, n, per_width, steps=8)
+    chi = residuals(theta, data, n, per_width, small_batch, steps=8)
     return JointFit(
         l_inf=theta[:n].copy(), a=np.exp(theta[n:2 * n]), alpha=np.exp(theta[2 * n:3 * n]),
-        b_star=np.exp(theta[3 * n:3 * n + n_law]), gamma=theta[3 * n + n_law:].copy(),
+        b_star=np.exp(theta[3 * n:3 * n + n_law]),
+        gamma=theta[3 * n + n_law:3 * n + 2 * n_law].copy(),
         chi2=float(np.sum(chi**2)), dof=len(data) - len(theta), n_cells=len(data),
         success=bool(best.success), widths=data.widths, message=str(best.message),
-        residuals=chi)
+        residuals=chi, small_batch=small_batch,
+        b_small=float(np.exp(theta[-1])) if small_batch else 0.0)
 
 
 def noise_scale(fit: JointFit) -> float:
@@ -281,7 +302,7 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     gammas, log_b = [], []
     for _ in range(resamples):
         again = fit_joint(data.with_loss(draw_losses(rng, data, center, scale, shared)),
-                          fit.per_width, start=fit.as_vector())
+                          fit.per_width, start=fit.as_vector(), small_batch=fit.small_batch)
         if again.success and np.isfinite(again.chi2):
             gammas.append(again.exponent)
             log_b.append(math.log(again.b_star[0]))
@@ -296,6 +317,20 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     b_lo, b_hi = np.exp(np.percentile(log_b, [tail, 100 - tail]))
     return Bootstrap(float(lo), float(hi), float(b_lo), float(b_hi), len(gammas), scale,
                      np.array(gammas), label)
+
+
+def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
+    """Do the data demand the small-batch term? The chi-square drop from `plain` to `richer`
+    (one more parameter), the noise scaled by the richer fit's chi2/dof when that exceeds 1;
+    p < 0.05 keeps the term."""
+    from scipy.stats import chi2 as chi2_dist
+
+    scale2 = noise_scale(richer) ** 2
+    delta = max(0.0, plain.chi2 - richer.chi2) / scale2
+    p = float(chi2_dist.sf(delta, 1))
+    return {"delta_chi2": delta, "p_value": p, "noise_scale": math.sqrt(scale2),
+            "kept": bool(p < 0.05), "chi2_per_dof_without": plain.chi2_per_dof,
+            "chi2_per_dof_with": richer.chi2_per_dof, "b_small": richer.b_small}
 
 
 def loss_alone_test(shared: JointFit, per_width: JointFit) -> dict:
