@@ -206,7 +206,7 @@ def test_kaplan_points_are_marked_by_method_and_fitted_apart(batch_sweep, tmp_pa
         "b_noise_online"]
     assert methods["pareto"] == pareto.PARETO_TARGETS and methods["per_run"] > 0
     rows = {(r["optimizer"], r["method"]): r for r in fits["kaplan"]}
-    assert set(rows) == {("adamw", m) for m in ("per_run", "pareto", "combined", "noise")}
+    assert set(rows) == {("adamw", m) for m in ("per_run", "pareto", "combined", "noise", "joint")}
     assert rows[("adamw", "noise")]["n_points"] == 2
     assert rows[("adamw", "combined")]["n_points"] == methods["per_run"] + methods["pareto"]
     noise_point = next(p for p in points if p.get("kind") == "b_noise")

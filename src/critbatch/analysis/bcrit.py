@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.analysis.consistency import consistency_rows
+from critbatch.analysis.joint import joint_fits
 from critbatch.analysis.kaplan import collect_points, kaplan_fits
 from critbatch.analysis.online_noise import online_noise_rows
 from critbatch.analysis.pareto import pareto_frontiers, pareto_row
@@ -749,12 +750,12 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
     Pareto rows, online B_noise series, consistency rows, lr scaling), the public `fits`
     (per_run, pareto, kaplan: one row per optimizer and method, kaplan_points, lr_scaling,
     warnings, online_noise: the online B_noise(L) series, consistency: per-run against Pareto
-    B_crit at each target loss), `left_out`, `noise`, `n_runs` and `warnings` (the list in
-    `fits`). `baseline_batch`: a batch size, "auto" or None (see
-    `choose_baseline`). `targets`: steps-to-target rows (`target_frontiers`), fitted as
-    Pareto frontiers beside the runs'. Never raises on thin data: what cannot be computed is
-    named in the warnings together with what fills it, in the words of `hints` (sweeps to run,
-    or rows to add to a table).
+    B_crit at each target loss, joint: `analysis.joint`'s model per optimizer, whose rows also
+    join kaplan), `left_out`, `noise`, `n_runs` and `warnings` (the list in `fits`).
+    `baseline_batch`: a batch size, "auto" or None (see `choose_baseline`). `targets`: steps to a
+    target (`target_frontiers`), fitted as Pareto frontiers beside the runs'. Never raises
+    on thin data: what cannot be computed is named in the warnings together with what fills it,
+    in the words of `hints` (sweeps to run, or rows to add to a table).
     """
     warnings = list(warnings or [])
     groups, dropped, split_warnings = split_runs(runs)
@@ -789,9 +790,10 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
                             [p for p in noise if p["kind"] == "b_noise" and "loss" in p], online)
     points = one_corpus(groups, points, warnings)
     kaplan = kaplan_fits(points, warnings, hints.losses)
+    joint, joint_rows = joint_fits(out_groups, warnings)  # every cell at once: analysis.joint
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
             "warnings": warnings,
-            "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan,
+            "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan + joint_rows,
                      "kaplan_points": points, "lr_scaling": lr_scaling, "warnings": warnings,
-                     "online_noise": online,
+                     "online_noise": online, "joint": joint,
                      "consistency": [row for g in out_groups for row in g["consistency"]]}}

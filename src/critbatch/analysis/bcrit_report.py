@@ -4,14 +4,17 @@
 `critbatch.analysis.tables`), analyses them (`critbatch.analysis.bcrit`)
 and writes, through `render.run_study`:
 
-- `report.md`   the question, the groups, the tables (in the form of science.md section 3)
-                and every warning;
+- `report.md`   the measured law per optimizer first (the joint model's verdict), the
+                question, the groups, the tables (in the form of science.md sections 3
+                and 8) and every warning;
 - `*.png`       loss vs tokens, lr sensitivity, effective tokens, S-E Pareto frontiers,
-                B_crit vs loss;
+                B_crit vs loss, the joint model;
 - `fits.json`   the machine-readable fits (public keys: per_run, pareto, kaplan (one row per
                 optimizer and method), kaplan_points, lr_scaling, warnings, online_noise (the
                 online B_noise(L) series), consistency (per-run against Pareto B_crit at each
-                target loss); B_crit in sequences with `_tokens` twins);
+                target loss), joint (`analysis.joint`: per optimizer the model of every
+                cell, its interval, the loss-alone test and the held-out predictions);
+                B_crit in sequences with `_tokens` twins);
 - `bcrit.csv`   the per-run table;
 - a W&B run (job_type "analysis", in the group most of the analysed runs were logged in).
 """
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit, plotting, render
+from critbatch.analysis import bcrit, joint_report, plotting, render
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import load_runs, load_wandb_runs
 from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_table
@@ -38,6 +41,7 @@ PLOTS = {
     "effective_tokens": "Effective (baseline-equivalent) tokens versus tokens seen",
     "pareto": "Steps versus tokens to reach each target loss, with fitted hyperbolas",
     "bcrit_vs_loss": "B_crit vs loss: estimates, fits, Kaplan's law, B_noise, online B_noise",
+    "joint_fit": joint_report.PLOT_CAPTION,
 }
 PER_RUN_COLUMNS = (
     "run_dir", "group", "optimizer", "batch_size", "tokens", "lr", "lr_edge", "val_loss",
@@ -76,7 +80,7 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], str]:
 
 
 FITS_KEYS = ("per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling", "warnings",
-             "online_noise", "consistency")
+             "online_noise", "consistency", "joint")
 ONLINE_TABLE_ROWS = 10  # eval points per run shown in report.md (fits.json has all)
 
 
@@ -348,7 +352,9 @@ def lr_scaling_table(lr_scaling: dict) -> str:
 def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                     elapsed_s: float) -> str:
     fits = result["fits"]
-    lines = ["# Critical batch size report", "", QUESTION, "",
+    lines = ["# Critical batch size report", "",
+             "The measured B_crit(L) law per optimizer (the joint model below):", "",
+             *joint_report.headline(fits["joint"]), "", QUESTION, "",
              render.inputs_line(result, inputs, elapsed_s), "",
              "## Groups", "",
              "Runs are compared only within a group (same data, vocabulary, seq_len, width, "
@@ -407,7 +413,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "seed. Fitted as its own Kaplan method (online_noise), apart from the B_crit "
               "estimates and from the measurements of noise.json.", "",
               online_noise_table(fits["online_noise"]),
-              "", "## Kaplan's law B_crit(L) = B* / L^(1/alpha_B)", "",
+              "", *joint_report.joint_section(fits["joint"]),
+              "## Kaplan's law B_crit(L) = B* / L^(1/alpha_B)", "",
               "Fitted per optimizer and per method, in log-log (L in nats/token, B in tokens), "
               "each point weighted by its own uncertainty. Per-run and Pareto B_crit measure "
               "the same quantity and are also fitted together (combined, where a group's "
@@ -542,7 +549,7 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
 
 
 METHOD_STYLES = {"per_run": ("o", "-"), "pareto": ("s", "--"), "noise": ("^", ":"),
-                 "online_noise": ("x", "-.")}
+                 "online_noise": ("x", "-."), "joint": ("", (0, (8, 2)))}
 
 
 def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None:
@@ -565,7 +572,7 @@ def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None
         for r in rows:
             if r["method"] in METHOD_STYLES and r["b_star_tokens"]:
                 ax.plot(grid, r["b_star_tokens"] / grid ** r["exponent"],
-                        METHOD_STYLES[r["method"]][1], color=colors[r["optimizer"]], lw=1,
+                        ls=METHOD_STYLES[r["method"]][1], color=colors[r["optimizer"]], lw=1,
                         label=f"{r['optimizer']} {r['method'].replace('_', ' ')} fit: "
                               f"B*/L^{r['exponent']:.2f}")
         ax.plot(grid, KAPLAN_B_STAR_TOKENS / grid ** KAPLAN_EXPONENT, "k-", lw=1.5,
@@ -588,6 +595,7 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
     plot_pareto(groups, out / "pareto.png")
     plot_bcrit_vs_loss(result["fits"]["kaplan"], result["fits"]["kaplan_points"],
                        out / "bcrit_vs_loss.png")
+    joint_report.plot_joint(result["fits"]["joint"], out / "joint_fit.png")
     return {name: f"{name}.png" for name in PLOTS}
 
 
@@ -631,6 +639,7 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"  {r['group']}: B={r['batch_size']} tokens={r['tokens']:,} "
                      f"loss={r['val_loss']:.4f} r={fmt(r['r'], '.3f')} B_crit={interval} seq"
                      + (" (extrapolated)" if r["extrapolated"] else ""))
+    lines += [joint_report.summary_line(doc) for doc in fits["joint"].values()]
     for k in fits["kaplan"]:
         lines.append(f"  Kaplan {k['optimizer']} {k['method']}: B* = "
                      f"{fmt(k['b_star_tokens'], '.3g')} tokens, 1/alpha_B = "

@@ -136,7 +136,7 @@ class JointFit:
                                 self.small_batch)
 
     def as_vector(self) -> np.ndarray:
-        extra = [math.log(self.b_small)] if self.small_batch else []
+        extra = [self.b_small] if self.small_batch else []
         return np.concatenate([self.l_inf, np.log(self.a), np.log(self.alpha),
                                np.log(self.b_star), self.gamma, extra])
 
@@ -165,7 +165,7 @@ def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: 
                      small_batch: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """ln E(L) = ln E_min(L; N) + ln(1 + B / B_crit(L)) [+ ln(1 + B_s / B)] and d ln E / dL,
     from the parameter vector [l_inf (W), ln a (W), ln alpha (W), ln B_star (1 or W),
-    gamma (1 or W), (ln B_s)]."""
+    gamma (1 or W), (B_s)]."""
     w = n_widths
     l_inf, a, alpha = theta[:w][width], np.exp(theta[w:2 * w][width]), np.exp(
         theta[2 * w:3 * w][width])
@@ -178,7 +178,7 @@ def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: 
     u = batch * np.exp(gamma * np.log(loss) - log_b_star)  # B / B_crit(L)
     log_e = log_e_min + np.log1p(u)
     if small_batch:
-        log_e = log_e + np.log1p(np.exp(theta[-1]) / batch)
+        log_e = log_e + np.log1p(theta[-1] / batch)
     slope = -1 / (alpha * gap) + u / (1 + u) * gamma / loss
     return log_e, slope
 
@@ -211,7 +211,7 @@ def initial_guess(data: JointData, per_width: bool, gamma: float,
     mid_loss = float(np.median(data.loss))
     log_b_star = math.log(float(np.exp(np.mean(np.log(data.batch))))) + gamma * math.log(mid_loss)
     n_law = n if per_width else 1
-    extra = [math.log(0.5 * float(data.batch.min()))] if small_batch else []
+    extra = [0.5 * float(data.batch.min())] if small_batch else []
     return np.concatenate([l_inf, log_a, np.full(n, math.log(0.5)), np.full(n_law, log_b_star),
                            np.full(n_law, gamma), extra])
 
@@ -223,7 +223,7 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
     Started from `start` (a parameter vector, e.g. the full fit for a bootstrap refit) or
     from `initial_guess` at each of `gammas`, keeping the lowest chi-square. l_inf stays
     within [0, each width's lowest loss), alpha within [0.02, 5], gamma within [-20, 30],
-    B_s (with `small_batch`) within [1e-4, 1e4] sequences.
+    B_s (with `small_batch`) within [0, 1e4] sequences.
     """
     from scipy.optimize import least_squares
 
@@ -233,18 +233,25 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
     extra = 1 if small_batch else 0
     lower = np.concatenate([np.zeros(n), np.full(n, -20.0), np.full(n, math.log(0.02)),
                             np.full(n_law, -50.0), np.full(n_law, -20.0),
-                            np.full(extra, math.log(1e-4))])
+                            np.zeros(extra)])
     upper = np.concatenate([lowest - 1e-6, np.full(n, 20.0), np.full(n, math.log(5.0)),
                             np.full(n_law, 80.0), np.full(n_law, 30.0),
-                            np.full(extra, math.log(1e4))])
+                            np.full(extra, 1e4)])
     starts = [start] if start is not None else [initial_guess(data, per_width, g, small_batch)
                                                  for g in gammas]
+    # a width's curve (and its own law) moves only its own cells: a sparse Jacobian, so the
+    # finite differences perturb every width's parameters at once
+    own = (data.width[:, None] == np.arange(n)[None, :]).astype(float)  # (cells, W)
+    sparsity = np.hstack([own, own, own, own if per_width else np.ones((len(data), 1)),
+                          own if per_width else np.ones((len(data), 1)),
+                          np.ones((len(data), extra))])
     best = None
     for x0 in starts:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
         with np.errstate(all="ignore"):
             res = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac",
-                                args=(data, n, per_width, small_batch), max_nfev=400 * len(x0))
+                                jac_sparsity=sparsity, args=(data, n, per_width, small_batch),
+                                max_nfev=400 * len(x0))
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
     theta = best.x
@@ -256,7 +263,7 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
         chi2=float(np.sum(chi**2)), dof=len(data) - len(theta), n_cells=len(data),
         success=bool(best.success), widths=data.widths, message=str(best.message),
         residuals=chi, small_batch=small_batch,
-        b_small=float(np.exp(theta[-1])) if small_batch else 0.0)
+        b_small=float(theta[-1]) if small_batch else 0.0)
 
 
 def noise_scale(fit: JointFit) -> float:

@@ -1,0 +1,145 @@
+"""The joint model's words, tables and plot in the B_crit report (`analysis.joint` computes).
+
+The report opens with the measured law per optimizer, or "unresolved" with the reason; then
+a section with the fit, the loss-alone test across widths, each width's example curve and
+the held-out predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from critbatch.analysis import plotting
+from critbatch.analysis.joint import HELD_OUT_SIGMAS
+from critbatch.analysis.render import fmt, fmt_interval, md_table
+from critbatch.science.joint import JointFit
+
+RESOLVED_WIDTH = 3.0  # an exponent interval wider than this does not pin the law
+PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 seed sigma) "
+                "against tokens, per batch size, with the model's curve; held-out cells hollow")
+
+
+def verdict(doc: dict) -> str:
+    """One sentence: the law with its interval, or why it is unresolved."""
+    low, high = doc["exponent_low"], doc["exponent_high"]
+    law = (f"B_crit(L) = {doc['b_star_tokens']:.3g} tokens / L^{doc['exponent']:.2f}, "
+           f"1/alpha_B {fmt_interval(doc['exponent'], low, high, '.2f')}")
+    if low is None or high is None:
+        return f"**{doc['optimizer']}: unresolved** ({law}; {doc['interval']})."
+    span = f"ln L spans {doc['log_loss_span']:.2f}"
+    if high - low > RESOLVED_WIDTH:
+        return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
+                f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({span}: too short "
+                f"a lever arm; fit {law}).")
+    return f"**{doc['optimizer']}**: {law} (95% parametric bootstrap; {span})."
+
+
+def headline(documents: dict) -> list[str]:
+    """The report's first lines: one verdict per optimizer."""
+    if not documents:
+        return ["No joint model (see the warnings)."]
+    return [verdict(doc) for doc in documents.values()]
+
+
+def held_out_summary(doc: dict) -> str:
+    return "; ".join(f"{h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} cells within "
+                     f"{HELD_OUT_SIGMAS:g} sigma" for h in doc["held_out"]) or "none possible"
+
+
+def joint_section(documents: dict) -> list[str]:
+    """The section: fit table, loss-alone test, curves, held-out cells."""
+    lines = ["## The joint model", "",
+             "Every cell of an optimizer (all widths, batches, budgets; best lr, seeds "
+             "averaged) fitted at once: E = E_min(L; N) (1 + B / B_crit(L)), one example curve "
+             "L = L_N + A_N (E_min / 1e6 tokens)^-alpha_N per width N, one "
+             "B_crit(L) = B* / L^(1/alpha_B) for all widths. Weighted least squares on the "
+             "losses (weights: the group's seed scatter). Cells of fewer than 3x the warmup "
+             "steps are left out. Interval: 95% parametric bootstrap (every loss redrawn "
+             "around the model with its seed noise, a run and its cooldown branches sharing "
+             "half the variance, widened by sqrt(chi2/dof) when the model misfits). The "
+             "loss-alone test compares the shared law against one law per width "
+             "(chi-square difference; p < 0.05 rejects \"B_crit depends on the loss alone\"). "
+             "Held out: the model refitted without the largest budget (and, with several "
+             "widths, without the widest model's batches above its smallest), then asked to "
+             "predict those cells; residuals in seed sigmas.", ""]
+    if not documents:
+        return lines + ["No joint model (see the warnings).", ""]
+    rows = []
+    for doc in documents.values():
+        test = doc["loss_alone"]
+        rows.append([
+            doc["optimizer"], fmt_interval(doc["exponent"], doc["exponent_low"],
+                                           doc["exponent_high"], ".2f"),
+            fmt_interval(doc["b_star_tokens"], doc["b_star_tokens_low"],
+                         doc["b_star_tokens_high"]),
+            f"{doc['chi2_per_dof']:.2f} ({doc['dof']} dof)",
+            f"{doc['n_cells']} ({doc['n_units']})", ", ".join(doc["widths"]),
+            f"{doc['log_loss_span']:.3f}",
+            "-" if test is None else ("holds" if test["holds"] else "rejected")
+            + f" (p = {test['p_value']:.3g})",
+            held_out_summary(doc)])
+    lines += [md_table(["optimizer", "1/alpha_B [95%]", "B* (tokens) [95%]", "chi2/dof",
+                        "cells (runs)", "widths", "ln L span", "loss alone",
+                        "held out"], rows), ""]
+    curves = [[doc["optimizer"], c["width"], f"{c['l_inf']:.3f}", f"{c['a']:.3f}",
+               f"{c['alpha']:.3f}"] for doc in documents.values() for c in doc["curves"]]
+    lines += ["Example curves (L = L_N + A (E_min / 1e6 tokens)^-alpha; nats/token):", "",
+              md_table(["optimizer", "width", "L_N", "A", "alpha"], curves), ""]
+    held = [[doc["optimizer"], h["held_out"], r["width"], str(r["batch_size"]),
+             f"{r['tokens']:,}", f"{r['val_loss']:.4f}", fmt(r["predicted_loss"], ".4f"),
+             fmt(r["residual_sigmas"], "+.2f")]
+            for doc in documents.values() for h in doc["held_out"] for r in h["rows"]]
+    if held:
+        lines += ["Held-out cells: measured against predicted loss (nats/token), residual in "
+                  "seed sigmas (measured - predicted):", "",
+                  md_table(["optimizer", "held out", "width", "batch", "tokens", "measured",
+                            "predicted", "residual (sigma)"], held), ""]
+    return lines
+
+
+def plot_joint(documents: dict, path: Path) -> None:
+    """Per optimizer a panel: cells of its first width (points) and the model's curves."""
+    plt = plotting.pyplot()
+    fig, axes = plotting.panel_grid(max(1, len(documents)), PLOT_CAPTION)
+    if not documents:
+        plotting.empty_axes(axes[0], "no joint model")
+    for ax, doc in zip(axes, documents.values(), strict=False):
+        width = doc["widths"][-1]
+        fit = JointFit(**{k: np.array([c[k] for c in doc["curves"]]) for k in
+                          ("l_inf", "a", "alpha")},
+                       b_star=np.array([doc["b_star_tokens"] / doc["seq_len"]]),
+                       gamma=np.array([doc["exponent"]]), widths=tuple(doc["widths"]))
+        w = doc["widths"].index(width)
+        cells = [c for c in doc["cells"] if c["width"] == width]
+        held = {(r["batch_size"], r["tokens"]) for h in doc["held_out"] for r in h["rows"]
+                if r["width"] == width}
+        batches = sorted({c["batch_size"] for c in cells})
+        colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(batches))))
+        tokens = [c["tokens"] for c in cells]
+        grid = np.geomspace(min(tokens) / 1.5, max(tokens) * 1.5, 60)
+        for color, b in zip(colors, batches, strict=False):
+            mine = [c for c in cells if c["batch_size"] == b]
+            for c in mine:
+                hollow = (b, c["tokens"]) in held
+                ax.errorbar(c["tokens"], c["val_loss"], yerr=c["loss_sigma"], fmt="o",
+                            color=color, mfc="none" if hollow else color, ms=5)
+            model = fit.predict_loss(np.full(len(grid), w), np.full(len(grid), float(b)), grid)
+            ax.plot(grid, model, "-", color=color, lw=1, label=f"B={b}")
+        plotting.log_axes(ax, x=True)
+        plotting.label_axes(ax, "tokens", "loss (nats/token)",
+                            f"{doc['optimizer']}, {width}: 1/alpha_B = {doc['exponent']:.2f}")
+    plotting.save_figure(fig, path)
+
+
+def summary_line(doc: dict) -> str:
+    """The printed line of one optimizer's joint fit."""
+    test = doc["loss_alone"]
+    return (f"  joint {doc['optimizer']}: 1/alpha_B = "
+            f"{fmt_interval(doc['exponent'], doc['exponent_low'], doc['exponent_high'], '.2f')}"
+            f", B* = {doc['b_star_tokens']:.3g} tokens, chi2/dof = {doc['chi2_per_dof']:.2f}"
+            + ("" if test is None or not math.isfinite(test["p_value"]) else
+               f", loss alone p = {test['p_value']:.3g}")
+            + f"; held out: {held_out_summary(doc)}")

@@ -1,0 +1,76 @@
+"""The joint model in the B_crit study (analysis.joint, analysis.joint_report): from run
+folders of a planted branched sweep to fits.json's `joint` and its Kaplan rows, the
+held-out predictions and the report's opening lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from critbatch.analysis import bcrit
+from critbatch.analysis.bcrit_report import run_analysis
+from critbatch.analysis.joint_report import RESOLVED_WIDTH, verdict
+from critbatch.analysis.results import load_runs
+from critbatch.analysis.synthetic import synthetic_branched_sweep
+from critbatch.science.synthetic import SyntheticTruth
+
+OPTIMIZERS = ("adamw", "muon")
+TRUTH = SyntheticTruth(b_crit=200.0, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("joint")
+    synthetic_branched_sweep(root, TRUTH, optimizers=OPTIMIZERS)
+    return root, bcrit.analyse(load_runs([root], progress=False)["runs"])
+
+
+def test_joint_rows_recover_the_planted_bcrit(sweep):
+    """The synthetic world's B_crit is 200 sequences at every loss: exponent 0, and
+    B* = 200 x seq_len tokens."""
+    _, result = sweep
+    rows = {r["optimizer"]: r for r in result["fits"]["kaplan"] if r["method"] == "joint"}
+    assert set(rows) == set(OPTIMIZERS)
+    for row in rows.values():
+        assert abs(row["exponent"]) < 0.3
+        assert row["b_star_tokens"] == pytest.approx(200 * TRUTH.seq_len, rel=0.05)
+        assert row["exponent_low"] <= row["exponent"] <= row["exponent_high"]
+        assert row["interval"].startswith("95% parametric bootstrap")
+        assert set(bcrit_row_keys()) <= set(row)
+
+
+def bcrit_row_keys():
+    from critbatch.analysis.kaplan import ROW_KEYS
+    return ROW_KEYS
+
+
+def test_held_out_budget_is_predicted(sweep):
+    _, result = sweep
+    for doc in result["fits"]["joint"].values():
+        (held,) = doc["held_out"]
+        assert held["held_out"] == "the largest budget" and held["n_cells"] == 5
+        assert held["within_2_sigma"] == held["n_cells"]
+        assert doc["chi2_per_dof"] < 1
+        assert doc["loss_alone"] is None  # one width: nothing to test
+
+
+def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
+    root, _ = sweep
+    out = tmp_path / "report"
+    run_analysis([str(root)], out=str(out), wandb_mode="disabled")
+    fits = json.loads((out / "fits.json").read_text())
+    assert set(fits["joint"]) == set(OPTIMIZERS)
+    report = (out / "report.md").read_text().splitlines()
+    opening = "\n".join(report[:12])
+    assert "**adamw" in opening and "**muon" in opening
+    assert "## The joint model" in report
+    assert (out / "joint_fit.png").exists()
+
+
+def test_verdict_says_unresolved_for_a_wide_interval():
+    doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 1.2, "exponent_low": -1.8,
+           "exponent_high": 3.8, "log_loss_span": 0.17, "interval": "95% ..."}
+    assert "unresolved" in verdict(doc) and f"wider than {RESOLVED_WIDTH:g}" in verdict(doc)
+    doc.update(exponent_low=0.5, exponent_high=2.0)
+    assert "unresolved" not in verdict(doc)
