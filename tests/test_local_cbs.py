@@ -1,6 +1,7 @@
 """The local critical batch decision against known answers: a world with a planted local
 B_crit, the false-alarm rate between identical branches, exact bounds, bad input and the
-paper's EMA rule."""
+paper's EMA rule; the equal-variance test before pooling checkpoints, and the excess in
+effective tokens against a planted local B_crit."""
 
 from __future__ import annotations
 
@@ -12,14 +13,19 @@ import pytest
 from critbatch.science.local_cbs import (
     BranchNoise,
     ema,
+    equal_variance_test,
     estimate_branch_noise,
+    excesses_over_first,
     local_critical_batch,
     local_critical_batch_ema,
     local_critical_batches_by_seed,
     paired_excess,
+    pool_consistent,
     pool_seed_scatter,
+    replicated_ladders,
     seed_excesses,
     seed_paired_excess,
+    tokens_equivalent,
 )
 
 T_95_DOF1 = math.tan(0.45 * math.pi)  # Student's t with 1 dof is Cauchy: tan(pi (p - 1/2))
@@ -400,6 +406,214 @@ def test_replicated_walk_on_hand_computed_ladders():
      "same seeds and validation sequences"),
 ])
 def test_bad_ladders_are_one_line_value_errors(call, message):
+    with pytest.raises(ValueError) as info:
+        call()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Equal variances before pooling over checkpoints
+
+
+def spread(centre: float, sd: float) -> np.ndarray:
+    """Three per-seed excesses of sample sd exactly `sd` about `centre`."""
+    return centre + sd * np.array([-1.0, 0.0, 1.0])
+
+
+def test_bartlett_by_hand():
+    """Two groups of two, variances 2 and 0.02: s_p^2 = 1.01 with N - g = 2,
+    T = (2 ln 1.01 - ln 2 - ln 0.02) / C, C = 1 + (1 + 1 - 1/2) / 3 = 1.5; chi-square, 1 dof."""
+    from scipy.stats import chi2
+
+    result = equal_variance_test([[0.0, 2.0], [0.0, 0.2]])
+    statistic = (2 * math.log(1.01) - math.log(2) - math.log(0.02)) / 1.5
+    assert result.statistic == pytest.approx(statistic, rel=1e-12)
+    assert result.p_value == pytest.approx(chi2.sf(statistic, 1), rel=1e-9)
+    assert result.groups == 2
+    assert equal_variance_test([[1.0, 1.0], [2.0, 3.0]]).p_value == 0.0  # zero among varying
+    assert equal_variance_test([[1.0, 1.0], [2.0, 2.0]]).p_value == 1.0  # all zero: equal
+
+
+def test_equal_variances_are_pooled_over_every_checkpoint():
+    """Six checkpoints whose seed excesses scatter by exactly the same sd: T = 0, p = 1, one
+    pool of 12 dof for all, as `pool_seed_scatter` gives."""
+    groups = [spread(0.001 * c, 0.002) for c in range(6)]
+    pool = pool_consistent(groups)
+    assert pool.test.p_value == pytest.approx(1.0) and pool.alone == ()
+    assert pool.pooled == tuple(range(6)) and pool.kept == pool.test
+    assert pool.main == pool_seed_scatter(groups) and pool.main.dof == 12
+    assert all(s == pool.main for s in pool.scatters)
+
+
+def test_an_odd_checkpoint_is_left_out_of_the_pool_and_bound_on_its_own():
+    """Five checkpoints at sd 0.002 and one at sd 0.06 (a variance 900x): Bartlett rejects;
+    the odd one is left out (not a quiet one, though the pooled variance leans towards it),
+    the rest pass and are pooled, and the odd one's bound uses its own scatter (2 dof)."""
+    groups = [spread(0.0, 0.002) for _ in range(5)]
+    groups.insert(2, spread(0.0, 0.06))
+    pool = pool_consistent(groups)
+    assert pool.test.p_value < 0.05 and pool.kept.p_value >= 0.05
+    assert pool.alone == (2,) and pool.pooled == (0, 1, 3, 4, 5)
+    assert pool.scatters[2].var == pytest.approx(0.06**2) and pool.scatters[2].dof == 2
+    assert pool.main.var == pytest.approx(0.002**2) and pool.main.dof == 10
+    two = pool_consistent([spread(0.0, 0.002), spread(0.0, 0.06), None])
+    assert two.pooled == () and two.alone == (0, 1) and two.main is None
+    assert two.scatters[2] is None
+
+
+def test_pooling_only_consistent_checkpoints_keeps_the_false_alarm_rate_near_nominal():
+    """500 base runs, 6 checkpoints x 3 seeds, k = 1 and k = 2 trained identically; at the
+    first checkpoint the branches scatter 30x more than at the others (sd 0.12 against 0.004
+    nats/token). Pooled regardless, that checkpoint's bound borrows the quiet ones' scatter
+    and calls k = 2 worse (lower bound above 0) in about a quarter of the runs; pooled only
+    where Bartlett allows, near the nominal 5%. With equal variances something is left out
+    about as often as the test's level says (5%)."""
+    rng = np.random.default_rng(30)
+    trials, naive, gated, left_out = 500, 0, 0, 0
+    for _ in range(trials):
+        for ratio in (30, 1):
+            world = [[mu + rng.normal(0, 0.004 * (ratio if c == 0 else 1), (3, 1))
+                      + rng.normal(0, 0.02, (3, 64)) for _ in (1, 2)]
+                     for c, mu in enumerate(rng.normal(3.5, 0.5, (6, 64)))]
+            diffs = [seed_excesses(two, one)[0] for one, two in world]
+            pool = pool_consistent(diffs)
+            if ratio == 1:
+                left_out += bool(pool.alone)
+                continue
+            one, two = world[0]
+            naive += seed_paired_excess(two, one, pool_seed_scatter(diffs)).lower > 0
+            gated += seed_paired_excess(two, one, pool.scatters[0]).lower > 0
+    margin = 3 * math.sqrt(0.05 * 0.95 / trials)
+    print(f"false alarms at the noisy checkpoint: pooled regardless {naive / trials:.1%}, "
+          f"pooled where consistent {gated / trials:.1%}; equal variances left something "
+          f"out in {left_out / trials:.1%}")
+    assert naive / trials > 0.15
+    assert gated / trials <= 0.05 + margin
+    assert left_out / trials <= 0.05 + margin
+
+
+def test_replicated_ladders_report_their_pools_and_split_them_when_needed():
+    """Constant shifts per seed: k = 2's excesses over k = 1 scatter by sd 0.001 at five
+    checkpoints and 0.05 at the sixth. The decision's pool and the pool over k = 1 (the same
+    comparison here) leave the sixth out; its bound is its own (2 dof), the others' pooled."""
+    x = np.linspace(3.0, 4.0, 8)
+    world = []
+    for c in range(6):
+        base = np.stack([x, x + 0.2, x - 0.1])
+        world.append([base, base + spread(0.0, 0.05 if c == 5 else 0.001)[:, None]])
+    result = replicated_ladders(16, (1, 2), world)
+    for pool in (result.pools[2], result.pools_over_first[2]):
+        assert pool.alone == (5,) and pool.pooled == (0, 1, 2, 3, 4)
+    assert result.decisions[5].comparisons[0].dof == 2
+    assert result.decisions[0].comparisons[0].dof == 10
+    assert result.over_first[5][0].se == pytest.approx(0.05 / math.sqrt(3), rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------
+# The excess in effective tokens
+
+
+FORK, WINDOW = 2**20, 2**18  # tokens
+
+
+def power_loss(tokens):
+    """A k = 1 branch's loss over the window (nats/token): convex in log tokens."""
+    return 3.0 + 2.0 * (np.asarray(tokens, dtype=float) / 1e6) ** -0.4
+
+
+def planted_excess(k: int, b_crit: float, loss=power_loss) -> float:
+    """The excess over k = 1 after the window of a branch at k x BASE when the local B_crit is
+    `b_crit` (sequences): r = (1 + k B / B_crit) / (1 + B / B_crit), so the branch reaches the
+    k = 1 branch's loss after W / r tokens."""
+    r = (1 + k * BASE / b_crit) / (1 + BASE / b_crit)
+    return float(loss(FORK + WINDOW / r) - loss(FORK + WINDOW))
+
+
+def test_tokens_equivalent_recovers_a_planted_local_bcrit():
+    """The k = 1 curve at 9 points over the window; planted B_crit 48, 128 and 512 sequences
+    at k = 2 ... 16: the per-run formula gives it back within 0.5% (PCHIP between points)."""
+    tokens = np.geomspace(FORK, FORK + WINDOW, 9)
+    for planted in (48.0, 128.0, 512.0):
+        for k in (2, 4, 8, 16):
+            result = tokens_equivalent(BASE, k, FORK, WINDOW, tokens, power_loss(tokens),
+                                       planted_excess(k, planted))
+            r = (1 + k * BASE / planted) / (1 + BASE / planted)
+            assert result.ratio == pytest.approx(r, rel=2e-3), (planted, k)
+            assert result.b_crit == pytest.approx(planted, rel=5e-3), (planted, k)
+            assert result.effective_tokens == pytest.approx(WINDOW / r, rel=2e-3)
+            assert result.note is None
+
+
+def test_tokens_equivalent_is_exact_on_a_curve_straight_in_log_tokens():
+    """L = 4 - 0.1 ln t, known at the fork and the end only: the chord is the curve, and a
+    planted B_crit of 100 sequences at k = 4 comes back to rounding, with the interval from
+    bounds of the excess +-0.002 holding it and ordered (B_crit falls as the excess rises)."""
+    def line(t):
+        return 4.0 - 0.1 * np.log(np.asarray(t, dtype=float))
+
+    excess = planted_excess(4, 100.0, line)
+    result = tokens_equivalent(BASE, 4, FORK, WINDOW, [FORK, FORK + WINDOW],
+                               line([FORK, FORK + WINDOW]), excess,
+                               bounds=(excess - 0.002, excess + 0.002))
+    assert result.b_crit == pytest.approx(100.0, rel=1e-9)
+    assert result.b_crit_low < 100.0 < result.b_crit_high
+    high = tokens_equivalent(BASE, 4, FORK, WINDOW, [FORK, FORK + WINDOW],
+                             line([FORK, FORK + WINDOW]), excess - 0.002)
+    assert result.b_crit_high == pytest.approx(high.b_crit, rel=1e-12)
+
+
+def test_no_measurable_cost_gives_only_a_lower_bound():
+    """excess 0: r = 1, no B_crit; excess -0.01 (better than k = 1): below the curve, no r
+    either. With an upper bound of +0.005 the lower end is that excess's B_crit; with an
+    upper bound <= 0 there is none."""
+    tokens = np.geomspace(FORK, FORK + WINDOW, 5)
+    curve = (BASE, 8, FORK, WINDOW, tokens, power_loss(tokens))
+    zero = tokens_equivalent(*curve, 0.0, bounds=(-0.003, 0.005))
+    assert zero.ratio == 1.0 and zero.b_crit is None and zero.b_crit_high is None
+    assert zero.b_crit_low == pytest.approx(tokens_equivalent(*curve, 0.005).b_crit)
+    assert zero.note.startswith("no measurable cost (r <= 1); B_crit > ")
+    better = tokens_equivalent(*curve, -0.01, bounds=(-0.02, -0.001))
+    assert better.ratio is None and better.effective_tokens is None
+    assert better.b_crit is None and better.b_crit_low is None and better.b_crit_high is None
+
+
+def test_a_loss_outside_the_k1_curve_is_not_extrapolated():
+    """The k = 1 branch fell by L(fork) - L(end) over the window; a branch whose excess is
+    more than that ended above the loss at the fork: no r, no B_crit (B_crit may be 0: the
+    interval's lower end). A branch no better than k = 1 after as many steps (r = 1.5 k)
+    gives none either. A k = 1 curve whose end is not its lowest point gives nothing."""
+    tokens = np.geomspace(FORK, FORK + WINDOW, 5)
+    curve = (BASE, 4, FORK, WINDOW, tokens, power_loss(tokens))
+    drop = float(power_loss(FORK) - power_loss(FORK + WINDOW))
+    above = tokens_equivalent(*curve, drop + 0.01, bounds=(planted_excess(4, 100.0),
+                                                           drop + 0.03))
+    assert above.ratio is None and above.b_crit is None and above.b_crit_low == 0.0
+    assert above.b_crit_high == pytest.approx(100.0, rel=1e-2)
+    assert "above the k = 1 curve" in above.note
+    slow = float(power_loss(FORK + WINDOW / 6) - power_loss(FORK + WINDOW))
+    worse = tokens_equivalent(*curve, slow)
+    assert worse.ratio == pytest.approx(6.0, rel=1e-2) and worse.b_crit is None
+    assert "r = 6" in worse.note and ">= k" in worse.note
+    bent = power_loss(tokens)
+    bent[-1] = bent[-2] + 0.001
+    flat = tokens_equivalent(BASE, 4, FORK, WINDOW, tokens, bent, 0.01)
+    assert flat.ratio is None and flat.b_crit is None and "does not fall" in flat.note
+
+
+def test_excesses_over_first_pair_every_branch_with_k1():
+    x = np.linspace(3.0, 4.0, 20)
+    over = excesses_over_first([x, x + 0.004, x + 0.02], BranchNoise(sd=0.002, dof=math.inf))
+    assert [c.excess for c in over] == pytest.approx([0.004, 0.02], abs=1e-12)
+    assert over[1].upper == pytest.approx(0.02 + Z_95 * 0.002 * math.sqrt(2), rel=1e-9)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: tokens_equivalent(BASE, 1, FORK, WINDOW, [FORK, FORK + WINDOW], [3.0, 2.9], 0.01),
+     "give k >= 2"),
+    (lambda: equal_variance_test([[1.0, 2.0]]), "two groups or more"),
+    (lambda: pool_consistent([[0.1], None]), "replicate_ladder"),
+])
+def test_bad_conversion_and_pooling_input_is_a_one_line_value_error(call, message):
     with pytest.raises(ValueError) as info:
         call()
     assert message in str(info.value) and "\n" not in str(info.value)

@@ -39,6 +39,14 @@ their difference (again conservative). Comparing against the best of several sma
 branches picks the reference with the luckiest offset, which biases the excess upwards
 (conservative too).
 
+Pooling the seed scatter over checkpoints (`pool_consistent`) assumes one variance for all of
+them; Bartlett's test checks it first, and checkpoints that fail it are bound on their own.
+
+The rule marks where a larger batch first loses measurably, not where it costs twice the
+tokens, so it is not the per-run B_crit's currency. `tokens_equivalent` converts a branch's
+excess over k = 1 into the tokens the k = 1 branch needed for the same loss, and the per-run
+formula (docs/science.md, section 3) into a local B_crit comparable with the run-averaged ones.
+
 Units: losses in nats/token (a sequence's mean token loss), batch sizes in sequences.
 numpy/scipy only.
 """
@@ -394,10 +402,147 @@ def seed_paired_excess(candidate: ArrayLike, reference: ArrayLike, scatter: Seed
                         confidence=confidence, sequences=int(np.asarray(candidate).shape[1]))
 
 
-def local_critical_batches_by_seed(base_batch_size: int, multipliers: Sequence[int],
-                                   checkpoints: Sequence[Sequence[ArrayLike]],
-                                   tolerance: float = TOLERANCE,
-                                   confidence: float = CONFIDENCE) -> list[LocalCriticalBatch]:
+# ---------------------------------------------------------------------------------------------
+# Equal variances before pooling over checkpoints
+
+EQUAL_VARIANCE_LEVEL = 0.05  # Bartlett's test: p below it rejects one variance for all
+
+
+@dataclass(frozen=True)
+class VarianceTest:
+    """Bartlett's test of equal variances across groups (`equal_variance_test`)."""
+
+    statistic: float  # Bartlett's T: chi-square with groups - 1 dof if the variances are equal
+    p_value: float
+    groups: int  # groups tested (two values or more each)
+
+
+@dataclass(frozen=True)
+class ScatterPool:
+    """How one comparison's per-seed excesses were pooled over checkpoints (`pool_consistent`).
+
+    `scatters[c]` is the scatter checkpoint c's bound uses: the pool's for the checkpoints in
+    `pooled` (and for those of one seed, which add nothing), its own for those in `alone`;
+    None where checkpoint c has no such comparison."""
+
+    scatters: tuple[SeedScatter | None, ...]
+    pooled: tuple[int, ...]  # checkpoints pooled together: their variances pass the test
+    alone: tuple[int, ...]  # checkpoints left out of the pool, each bound on its own scatter
+    test: VarianceTest | None  # over every checkpoint of two seeds or more; None: < 2 of them
+    kept: VarianceTest | None  # over `pooled` at the end (= `test` when nothing was left out)
+    level: float  # the test's level
+
+    @property
+    def main(self) -> SeedScatter | None:
+        """The pooled scatter (None when every checkpoint stands alone)."""
+        return next((self.scatters[i] for i in self.pooled), None)
+
+
+def equal_variance_test(groups: Sequence[ArrayLike]) -> VarianceTest:
+    """Bartlett's test (Bartlett 1937; `scipy.stats.bartlett`) that normal groups share one
+    variance.
+
+    With g groups of n_i values, variances s_i^2, N = sum n_i and the pooled variance s_p^2,
+
+        T = [(N - g) ln s_p^2 - sum (n_i - 1) ln s_i^2] / C,
+        C = 1 + (sum 1/(n_i - 1) - 1/(N - g)) / (3 (g - 1)),
+
+    chi-square with g - 1 degrees of freedom when the variances are equal. It is the
+    likelihood-ratio test under normality, the assumption the pooled t bound makes anyway;
+    heavy tails read as unequal variances, which here means pooling less (conservative).
+    A group of zero variance among groups that vary is unequal outright (T = inf, p = 0);
+    all zero is equal (T = 0, p = 1). Power is low at the designs we run: with 3 seeds at 6
+    checkpoints (2 dof per variance), one checkpoint whose variance is 10x the others' is
+    caught about a third of the time, 100x about 90% (simulated); passing is not proof.
+    """
+    from scipy.stats import bartlett, chi2
+
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    if len(arrays) < 2 or any(len(a) < 2 for a in arrays):
+        raise ValueError(f"{len(arrays)} group(s) of sizes {[len(a) for a in arrays]}: the "
+                         "equal-variance test needs two groups or more of two values or more")
+    variances = [float(a.var(ddof=1)) for a in arrays]
+    if min(variances) == 0:
+        statistic, p = (math.inf, 0.0) if max(variances) > 0 else (0.0, 1.0)
+    else:  # p from T itself: scipy gives NaN for a T of exactly 0 (rounding may go below)
+        statistic = max(0.0, float(bartlett(*arrays).statistic))
+        p = float(chi2.sf(statistic, len(arrays) - 1))
+    return VarianceTest(statistic=statistic, p_value=p, groups=len(arrays))
+
+
+def odd_one(groups: Sequence[np.ndarray], members: Sequence[int]) -> int:
+    """The member whose leaving out makes the rest agree best (the largest p of Bartlett's
+    test on the others): the pooled variance itself leans towards a large outlier, so the
+    distance from it would point at the wrong member."""
+    p = [equal_variance_test([groups[j] for j in members if j != i]).p_value for i in members]
+    return members[int(np.argmax(p))]
+
+
+def pool_consistent(excesses: Sequence[ArrayLike | None],
+                    level: float = EQUAL_VARIANCE_LEVEL) -> ScatterPool:
+    """`pool_seed_scatter` over the checkpoints whose variances agree.
+
+    `excesses[c]`: one comparison's per-seed excesses at checkpoint c (`seed_excesses`), None
+    where c has no such comparison. Pooling assumes one variance for every checkpoint;
+    `equal_variance_test` (Bartlett) checks it over those of two seeds or more. When it
+    rejects (p < `level`), the checkpoint whose leaving out makes the rest agree best
+    (`odd_one`) is left out and the test repeated on the rest, until they pass; two that still
+    disagree are both left out. A checkpoint left out is bound on its own scatter (seeds - 1
+    dof), valid whatever the others' variances: a wider bound, not a borrowed one. Left
+    out by a test, the rest are only "not shown unequal" (the test's power is low).
+    """
+    groups = [None if d is None else np.asarray(d, dtype=float) for d in excesses]
+    testable = [i for i, d in enumerate(groups) if d is not None and len(d) >= 2]
+    pool_seed_scatter([groups[i] for i in testable])  # raises when no checkpoint has 2 seeds
+    pooled = list(testable)
+    test = equal_variance_test([groups[i] for i in pooled]) if len(pooled) >= 2 else None
+    kept = test
+    while kept is not None and kept.p_value < level:
+        if len(pooled) == 2:
+            pooled, kept = [], None
+            break
+        pooled.remove(odd_one(groups, pooled))
+        kept = equal_variance_test([groups[i] for i in pooled])
+    # a checkpoint of one seed adds nothing and takes the pool's scatter (all of them when
+    # every testable one stands alone)
+    main = pool_seed_scatter([groups[i] for i in pooled or testable])
+    scatters = tuple(None if d is None else pool_seed_scatter([d]) if i in testable
+                     and i not in pooled else main for i, d in enumerate(groups))
+    return ScatterPool(scatters=scatters, pooled=tuple(pooled),
+                       alone=tuple(i for i in testable if i not in pooled), test=test,
+                       kept=kept, level=level)
+
+
+@dataclass(frozen=True)
+class ReplicatedLadders:
+    """The decisions at every checkpoint of one base run from replicated ladders, and the
+    seed-paired excess of every k over k = 1 (`replicated_ladders`)."""
+
+    decisions: tuple[LocalCriticalBatch, ...]  # per checkpoint
+    pools: dict[int, ScatterPool]  # per k after the first: the decision's comparisons
+    over_first: tuple[tuple[PairedExcess, ...], ...]  # per checkpoint, per k after the first
+    pools_over_first: dict[int, ScatterPool]  # per k after the first: those over k = 1
+
+
+def pooled_comparisons(ladders: Sequence[Sequence[np.ndarray]],
+                       references: Sequence[Sequence[int]], confidence: float,
+                       level: float) -> tuple[list[list[PairedExcess]], dict[int, ScatterPool]]:
+    """Per checkpoint, branch i (>= 1) against branch references[c][i - 1] seed-paired, the
+    scatter pooled per i over the checkpoints (`pool_consistent`); and the pools, by i."""
+    pools = {}
+    for i in range(1, max(len(a) for a in ladders)):
+        pools[i] = pool_consistent(
+            [seed_excesses(a[i], a[refs[i - 1]])[0] if len(a) > i else None
+             for a, refs in zip(ladders, references, strict=True)], level)
+    return [[seed_paired_excess(a[i], a[r], pools[i].scatters[c], confidence)
+             for i, r in enumerate(refs, start=1)]
+            for c, (a, refs) in enumerate(zip(ladders, references, strict=True))], pools
+
+
+def replicated_ladders(base_batch_size: int, multipliers: Sequence[int],
+                       checkpoints: Sequence[Sequence[ArrayLike]],
+                       tolerance: float = TOLERANCE, confidence: float = CONFIDENCE,
+                       level: float = EQUAL_VARIANCE_LEVEL) -> ReplicatedLadders:
     """The local critical batch at every checkpoint of one base run, from replicated ladders.
 
     `checkpoints[c][i]`: the per-sequence losses (nats/token) of branch `multipliers[i]` x
@@ -408,16 +553,19 @@ def local_critical_batches_by_seed(base_batch_size: int, multipliers: Sequence[i
     The design pairs twice: every branch is evaluated on the same sequences, and at each
     seed every k trains on the same data order, so a seed's excess d_s = mean_j(L_cj - L_rj)
     of a candidate c over a reference r cancels what the data order does to both. Its
-    scatter across seeds is measured, not assumed: pooled over the checkpoints, separately for
-    each k (`pool_seed_scatter`; a larger k may scatter differently). The excess is the mean
-    of d_s over the m seeds, its variance var / m with the pooled degrees of freedom, and the
-    walk is `local_critical_batch`'s: each k against the smaller branch of lowest mean loss
+    scatter across seeds is measured, not assumed: pooled over the checkpoints separately for
+    each k (a larger k may scatter differently) where their variances pass Bartlett's test,
+    else over fewer (`pool_consistent`). The excess is the mean of d_s over the m seeds, its
+    variance var / m with the pool's degrees of freedom, and the walk is
+    `local_critical_batch`'s: each k against the smaller branch of lowest mean loss
     (averaged over seeds), accepted when the one-sided upper bound is below `tolerance`.
-    Assumes d_s is normal with the same variance at every checkpoint for a given k.
+    `over_first` holds each k's seed-paired excess over k = 1, pooled the same way (for
+    `tokens_equivalent`). Assumes d_s is normal with one variance over the pooled
+    checkpoints for a given k.
     """
     check_rule(base_batch_size, tolerance)
     ks = check_multipliers(multipliers, len(multipliers))
-    ladders = []
+    ladders, best = [], []
     for c, branches in enumerate(checkpoints):
         arrays = [per_seed(x, f"checkpoint {c}, branch k={k}")
                   for k, x in zip(ks, branches, strict=False)]
@@ -426,15 +574,131 @@ def local_critical_batches_by_seed(base_batch_size: int, multipliers: Sequence[i
         if len({a.shape for a in arrays}) != 1:
             raise ValueError(f"checkpoint {c}: branches have shapes {[a.shape for a in arrays]};"
                              " every k needs the same seeds and validation sequences")
-        best = best_smaller([float(a.mean()) for a in arrays])
-        ladders.append((arrays, best))
-    scatter = {i: pool_seed_scatter([seed_excesses(arrays[i], arrays[best[i - 1]])[0]
-                                     for arrays, best in ladders if len(arrays) > i])
-               for i in range(1, len(ks)) if any(len(a) > i for a, _ in ladders)}
-    return [walk(base_batch_size, ks[:len(arrays)], [ks[b] for b in best],
-                 [seed_paired_excess(arrays[i], arrays[b], scatter[i], confidence)
-                  for i, b in enumerate(best, start=1)], tolerance, confidence)
-            for arrays, best in ladders]
+        ladders.append(arrays)
+        best.append(best_smaller([float(a.mean()) for a in arrays]))
+    compared, pools = pooled_comparisons(ladders, best, confidence, level)
+    over_first, first_pools = pooled_comparisons(
+        ladders, [[0] * (len(a) - 1) for a in ladders], confidence, level)
+    decisions = [walk(base_batch_size, ks[:len(a)], [ks[b] for b in refs], comps, tolerance,
+                      confidence) for a, refs, comps in zip(ladders, best, compared, strict=True)]
+    return ReplicatedLadders(
+        decisions=tuple(decisions), pools={ks[i]: p for i, p in pools.items()},
+        over_first=tuple(tuple(c) for c in over_first),
+        pools_over_first={ks[i]: p for i, p in first_pools.items()})
+
+
+def local_critical_batches_by_seed(base_batch_size: int, multipliers: Sequence[int],
+                                   checkpoints: Sequence[Sequence[ArrayLike]],
+                                   tolerance: float = TOLERANCE,
+                                   confidence: float = CONFIDENCE) -> list[LocalCriticalBatch]:
+    """The decisions of `replicated_ladders` alone, one per checkpoint."""
+    return list(replicated_ladders(base_batch_size, multipliers, checkpoints, tolerance,
+                                   confidence).decisions)
+
+
+def excesses_over_first(losses: Sequence[ArrayLike], branch: BranchNoise,
+                        confidence: float = CONFIDENCE) -> tuple[PairedExcess, ...]:
+    """Without replicated ladders: every branch after the first against the first
+    (`paired_excess`, with the branch-noise term); `losses[i]` per-sequence, as in
+    `local_critical_batch`."""
+    return tuple(paired_excess(x, losses[0], branch, confidence) for x in losses[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# The same currency as the per-run B_crit: the excess in effective tokens
+
+
+@dataclass(frozen=True)
+class TokensEquivalent:
+    """A branch's excess over k = 1 in effective tokens, and the local B_crit it implies
+    (`tokens_equivalent`). An end of the interval that is unbounded, or not given, is None."""
+
+    multiplier: int  # k
+    excess: float  # nats/token: the k branch's final loss minus the k = 1 branch's
+    effective_tokens: float | None  # tokens after the fork the k = 1 branch needed for it
+    ratio: float | None  # r = window tokens / effective_tokens
+    b_crit: float | None  # sequences: (k B - B r) / (r - 1), for 1 < r < k only
+    b_crit_low: float | None  # sequences: from the excess's upper bound (0: B_crit may be 0)
+    b_crit_high: float | None  # sequences: from the excess's lower bound
+    note: str | None  # why b_crit is None, or what the interval leaves open
+
+
+def tokens_equivalent(base_batch_size: int, multiplier: int, fork_tokens: float,
+                      window_tokens: float, curve_tokens: ArrayLike, curve_losses: ArrayLike,
+                      excess: float,
+                      bounds: tuple[float, float] | None = None) -> TokensEquivalent:
+    """The local B_crit of branch k in the currency of the per-run B_crit (section 3).
+
+    The tolerance rule says where a larger batch first loses measurably; this says what the
+    loss costs. The k = 1 branch's validation loss L_1(t) over the window, at cumulative
+    tokens t from the fork t_0 to its end t_0 + W (`curve_tokens`, `curve_losses`: its eval
+    points, the first usually the loss at the fork), is interpolated monotonically in log t
+    (`science.fits.LossCurve`: PCHIP, points not below every earlier one dropped) and never
+    extrapolated. The k branch's final loss L_1(t_0 + W) + `excess` (its excess over k = 1 on
+    the same validation sequences, seed-paired where the design allows) is worth
+
+        E_eff = L_1^{-1}(L_1(t_0 + W) + excess) - t_0
+
+    tokens of the k = 1 branch. With r = W / E_eff, E = E_min (1 + k B / B_crit) and
+    E_eff = E_min (1 + B / B_crit) give the per-run formula with the baseline b = B
+    (`science.laws.bcrit_corrected`): B_crit = (k B - B r) / (r - 1), in sequences.
+
+    - excess <= 0 (r <= 1): no measurable cost; b_crit None, b_crit_low from the upper bound;
+    - a loss above the curve's highest (usually the fork's: the branch lost ground): None;
+    - r >= k (no better than k = 1 after as many steps): None, worse than the model allows.
+
+    `bounds` = (lower, upper) of the excess give the interval: b_crit_high from the lower,
+    b_crit_low from the upper (B_crit falls as the excess rises). Assumptions: B_crit is
+    constant over the window (an instantaneous value); the k = 1 curve is exact (its own seed
+    scatter is not in the interval). Bias: between eval points the curve is a chord in log
+    tokens, above a convex loss curve, so E_eff comes out long, r short and B_crit high; so
+    too when the window ends with a cooldown (the curve's inner points are not annealed).
+    """
+    from critbatch.science.fits import LossCurve
+    from critbatch.science.laws import bcrit_corrected
+
+    k, b = int(multiplier), float(base_batch_size)
+    if k < 2 or base_batch_size < 1 or not window_tokens > 0:
+        raise ValueError(f"k = {multiplier}, B = {base_batch_size}, window {window_tokens}: "
+                         "give k >= 2, a base batch >= 1 sequence and a window > 0 tokens")
+    curve = LossCurve(curve_tokens, curve_losses, extrapolate=False)
+    end = fork_tokens + window_tokens
+    if curve.pchip is None or not math.isclose(curve.tokens[-1], end, rel_tol=1e-9):
+        return TokensEquivalent(k, excess, None, None, None, None, None, note=(
+            "the k = 1 curve over the window does not fall to its end (fewer than two "
+            "decreasing points, or the end not the lowest): no effective tokens"))
+    low_loss, high_loss = curve.loss_range
+
+    def read(x: float) -> tuple[float | None, float]:
+        """(r, B_crit on the extended line: inf for r <= 1, 0 above the curve or r >= k)."""
+        if x <= 0:
+            return (1.0 if x == 0 else None), math.inf
+        if low_loss + x > high_loss:
+            return None, 0.0
+        e_eff = curve.tokens_for(low_loss + x)[0] - fork_tokens
+        if e_eff <= 0:  # the loss at the fork itself: no progress at all
+            return None, 0.0
+        r = window_tokens / e_eff
+        return r, max(0.0, bcrit_corrected(k * b, b, r))
+
+    r, value = read(excess)
+    low = read(bounds[1])[1] if bounds else math.inf
+    high = read(bounds[0])[1] if bounds else math.inf
+    note = None
+    if value == math.inf:
+        note = "no measurable cost (r <= 1)" + (f"; B_crit > {low:.3g}" if low < math.inf
+                                                else "")
+    elif r is None:
+        note = "the branch ended above the k = 1 curve (above the loss at the fork)"
+    elif value == 0:
+        note = f"r = {r:.3g} >= k: no better than k = 1 after as many steps"
+    elif bounds and high == math.inf:
+        note = "interval unbounded above: the excess is within its noise of 0"
+    return TokensEquivalent(
+        multiplier=k, excess=excess, effective_tokens=None if r is None else window_tokens / r,
+        ratio=r, b_crit=value if 0 < value < math.inf else None,
+        b_crit_low=low if bounds and low < math.inf else None,
+        b_crit_high=high if bounds and high < math.inf else None, note=note)
 
 
 def ema(series: ArrayLike, decay: float = EMA_DECAY) -> np.ndarray:
