@@ -598,6 +598,8 @@ def test_a_loss_outside_the_k1_curve_is_not_extrapolated():
     bent[-1] = bent[-2] + 0.001
     flat = tokens_equivalent(BASE, 4, FORK, WINDOW, tokens, bent, 0.01)
     assert flat.ratio is None and flat.b_crit is None and "does not fall" in flat.note
+    end_only = tokens_equivalent(BASE, 4, FORK, WINDOW, [FORK + WINDOW], [3.0], 0.01)
+    assert end_only.b_crit is None and "fewer than two" in end_only.note
 
 
 def test_excesses_over_first_pair_every_branch_with_k1():

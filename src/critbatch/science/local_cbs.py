@@ -661,9 +661,11 @@ def tokens_equivalent(base_batch_size: int, multiplier: int, fork_tokens: float,
     if k < 2 or base_batch_size < 1 or not window_tokens > 0:
         raise ValueError(f"k = {multiplier}, B = {base_batch_size}, window {window_tokens}: "
                          "give k >= 2, a base batch >= 1 sequence and a window > 0 tokens")
-    curve = LossCurve(curve_tokens, curve_losses, extrapolate=False)
+    few = len(np.atleast_1d(curve_tokens)) < 2
+    curve = None if few else LossCurve(curve_tokens, curve_losses, extrapolate=False)
     end = fork_tokens + window_tokens
-    if curve.pchip is None or not math.isclose(curve.tokens[-1], end, rel_tol=1e-9):
+    if (curve is None or curve.pchip is None
+            or not math.isclose(curve.tokens[-1], end, rel_tol=1e-9)):
         return TokensEquivalent(k, excess, None, None, None, None, None, note=(
             "the k = 1 curve over the window does not fall to its end (fewer than two "
             "decreasing points, or the end not the lowest): no effective tokens"))
