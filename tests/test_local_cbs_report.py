@@ -1,6 +1,8 @@
 """The local critical batch report (`analysis/local_cbs.py`) on synthetic branch folders with a
 planted local B_crit per checkpoint: recovery within a doubling, Kaplan's exponent of the
-local points, the fits.json contract, the report files and the one-line errors."""
+local points, the fits.json contract, the report files and the one-line errors; and on
+branches planted in effective tokens, the tokens-equivalent local B_crit and the pooling of
+the seed scatter only over checkpoints whose variances agree."""
 
 from __future__ import annotations
 
@@ -64,9 +66,11 @@ def write_run(run_dir: Path, summary_: dict, seed: int, metrics: list[dict]) -> 
 
 
 def write_branch(folder: Path, *, rng, mu: np.ndarray, at: int, k: int, excess: float,
-                 optimizer: str, seed: int = 0, branch_sd: float = BRANCH_SD) -> None:
-    """One branch: per-sequence losses mu_j + excess + u_b + e_bj, and its training losses
-    per step (a row before the fork with a loss the EMA rule must never see)."""
+                 optimizer: str, seed: int = 0, branch_sd: float = BRANCH_SD,
+                 inner: tuple[tuple[int, float], ...] = ()) -> None:
+    """One branch: per-sequence losses mu_j + excess + u_b + e_bj, its training losses per
+    step (a row before the fork with a loss the EMA rule must never see), and eval points at
+    the fork, at `inner` (tokens, loss) and at the end."""
     batch = k * BASE
     offset = rng.normal(0, branch_sd)
     losses = mu + excess + offset + rng.normal(0, SEQUENCE_SD, len(mu))
@@ -77,6 +81,7 @@ def write_branch(folder: Path, *, rng, mu: np.ndarray, at: int, k: int, excess: 
                 for i in range(steps)]
     end = at + WINDOW
     curve = [eval_point(at, batch, float(mu.mean())),
+             *(eval_point(t, batch, loss) for t, loss in inner),
              eval_point(end, batch, float(losses.mean()))]
     write_run(folder, summary(batch, end, optimizer, curve, local_cbs_at_tokens=at,
                               local_cbs_multiplier=k, local_cbs_window_tokens=WINDOW,
@@ -165,6 +170,11 @@ def test_fits_rows_have_the_contract_fields(report):
     doc = report["document"]
     for r in doc["local_cbs"]:
         assert set(ROW_KEYS) <= set(r)
+        assert set(r["tokens_equivalent"]) == {str(k) for k in r["multipliers"][1:]}
+        for te in r["tokens_equivalent"].values():  # k = 1 replicates: an interval all the same
+            assert te["excess_low"] < te["excess"] < te["excess_high"]
+            assert te["b_crit"] is None or te["b_crit_tokens"] == te["b_crit"] * SEQ_LEN
+            assert te["b_crit"] is not None or te["note"]
         assert r["multipliers"][0] == 1 and r["base_batch_size"] == BASE
         assert set(r["excess"]) == set(r["upper"]) == {str(k) for k in r["multipliers"][1:]}
         assert r["tolerance"] == 0.01 and r["confidence"] == 0.95
@@ -367,3 +377,92 @@ def test_a_flat_local_bcrit_fits_an_exponent_of_exactly_zero(tmp_path):
     fit = result["document"]["local_cbs_kaplan"][0]
     assert {r["b_crit"] for r in result["document"]["local_cbs"]} == {4 * BASE}
     assert fit["exponent"] == 0.0 and fit["exponent_low"] == 0.0 == fit["exponent_high"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The local B_crit in effective tokens, and pooling only consistent checkpoints
+
+
+def equivalent_world(root: Path, *, b_crit: float, checkpoints=CHECKPOINTS[:4],
+                     ks=(1, 2, 4, 8, 16), seeds=(0, 1, 2), branch_sd=lambda at: BRANCH_SD,
+                     seed: int = 0) -> Path:
+    """A base run (`synthetic_local_cbs`'s) whose branches keep training: over the window the
+    k = 1 branch follows the base run's planted_loss (evaluated at W/8, W/4, W/2 and W after
+    the fork), and branch k ends at the k = 1 loss after W / r_k tokens, with
+    r_k = (1 + k B / b_crit) / (1 + B / b_crit): a local B_crit of `b_crit` sequences in
+    effective tokens. Every k trained at every seed in `seeds` (0: the base's)."""
+    rng = np.random.default_rng(seed)
+    base_dir = synthetic_local_cbs(root, checkpoints=())
+    for at in checkpoints:
+        mu = rng.normal(0, 0.5, SEQUENCES)
+        mu -= mu.mean()
+        inner = tuple((at + WINDOW // d, planted_loss(at + WINDOW / d)) for d in (8, 4, 2))
+        for s in seeds:
+            for k in ks:
+                r = (1 + k * BASE / b_crit) / (1 + BASE / b_crit)
+                write_branch(base_dir / "local_cbs" / f"tokens={at}" /
+                             (f"k={k}" + (f",seed={s}" if s else "")), rng=rng, mu=mu, at=at,
+                             k=k, excess=planted_loss(at + WINDOW / r), optimizer="adamw",
+                             seed=s, branch_sd=branch_sd(at), inner=inner if k == 1 else ())
+    return base_dir
+
+
+def test_the_local_bcrit_in_effective_tokens_comes_back(tmp_path):
+    """Planted 96 sequences (3 B) in effective tokens at four checkpoints, every k at three
+    seeds: each k's tokens-equivalent B_crit is within 5% of it and most intervals hold it;
+    the report shows it beside the rule's, and says what the interval is."""
+    root = equivalent_world(tmp_path / "runs", b_crit=96.0)
+    result = run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")
+    doc = result["document"]
+    values = [te for r in doc["local_cbs"] for te in r["tokens_equivalent"].values()]
+    assert len(values) == 4 * 4
+    for te in values:
+        assert te["b_crit"] == pytest.approx(96.0, rel=0.05), te
+        assert te["b_crit_tokens"] == pytest.approx(te["b_crit"] * SEQ_LEN)
+    held = sum(te["b_crit_low"] <= 96.0 <= (te["b_crit_high"] or math.inf) for te in values)
+    assert held >= 12
+    assert all(r["tokens_equivalent_points"] == 5 for r in doc["local_cbs"])
+    rule = doc["rule"]["tokens_equivalent"]
+    assert "two-sided 90% interval" in rule["interval"] and "seed-paired" in rule["interval"]
+    text = (result["out"] / "report.md").read_text()
+    assert "## Local B_crit in effective tokens" in text and "### adamw, lr sqrt" in text
+    assert "(r = " in text and rule["interval"] in text
+    assert not any("Bartlett" in w or "straight line" in w for w in doc["warnings"])
+
+
+def test_a_checkpoint_of_unequal_scatter_is_not_pooled_and_is_flagged(tmp_path):
+    """Branch offsets of sd 0.03 nats/token at the first checkpoint against 0.0005 at the
+    other five: Bartlett's test rejects one variance for all, that checkpoint is bound on its
+    own seeds, the others are pooled, and the report and a warning say so."""
+    first = CHECKPOINTS[0]
+    root = equivalent_world(tmp_path / "runs", b_crit=96.0, checkpoints=CHECKPOINTS[:6],
+                            ks=(1, 2, 4), branch_sd=lambda at: 0.03 if at == first else 0.0005)
+    result = run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")
+    per_k = result["document"]["local_cbs_noise"][0]["per_k"]
+    for row in per_k:
+        for key in ("equal_variance", "equal_variance_vs_k1"):
+            v = row[key]
+            assert v["test"] == "Bartlett" and v["p_value"] < 0.05 <= v["p_value_pooled"]
+            assert v["alone_tokens"] == [first]
+            assert v["pooled_tokens"] == list(CHECKPOINTS[1:6])
+        assert row["sd"] < 0.005 and row["dof"] == 10
+    warnings = result["document"]["warnings"]
+    assert sum("Bartlett p" in w and f"{first:,} tokens" in w for w in warnings) == 4
+    assert f"(alone: {first:,})" in (result["out"] / "report.md").read_text()
+
+
+def test_a_two_point_k1_curve_and_a_cooldown_are_flagged(tmp_path):
+    """The older folders: k = 1 replicates only, k = 1 evaluated at its window's end alone
+    (the curve is the fork and the end) and a cooldown at the window's end. They still
+    analyse; the tokens-equivalent B_crit is given and both biases are named."""
+    root = synthetic_local_cbs(tmp_path / "runs", ks=(1, 2, 4), checkpoints=CHECKPOINTS[:2])
+    for summary_path in root.glob("local_cbs/*/k=*/summary.json"):
+        s = json.loads(summary_path.read_text())
+        write_json_atomic(summary_path, {**s, "schedule": "wsd", "cooldown_fraction": 0.1})
+    result = run_analysis([root], out=tmp_path / "out", wandb_mode="disabled")
+    doc = result["document"]
+    assert doc["local_cbs_noise"][0]["design"] == "k = 1 replicates"
+    assert all(r["tokens_equivalent_points"] == 2 for r in doc["local_cbs"])
+    assert "per-sequence pairs plus twice" in doc["rule"]["tokens_equivalent"]["interval"]
+    assert any("straight line in log tokens" in w for w in doc["warnings"])
+    assert any("cooldown" in w and "not annealed" in w for w in doc["warnings"])

@@ -23,6 +23,11 @@ What this module computes, per base run (one optimizer and lr rule) and checkpoi
   at any seed is a rejection: the walk stops below it;
 - beside it, the paper's EMA rule (`local_critical_batch_ema`, epsilon 0.01 nats) on each
   branch's training losses after the fork (metrics.jsonl rows with tokens > t);
+- and per k the same branches in the per-run B_crit's currency
+  (`science.local_cbs.tokens_equivalent`): the excess over k = 1 (seed-paired where the
+  ladders are replicated) read off the k = 1 branch's loss over the window (`k1_curve`: the
+  loss at the fork, then its summary.json `curve` points after it, averaged over seeds) as
+  effective tokens, and B_crit = (k B - B r) / (r - 1);
 - the loss at the checkpoint: the base run's validation curve at t (interpolated in log
   tokens), else the k = 1 branch's eval at the fork; the online B_noise there likewise.
 
@@ -35,13 +40,18 @@ the report folder: `report.md`, the plots and `fits.json` with the keys FITS_KEY
   nats/token, `excess`/`upper`/`reference` keyed by k after the first, null for a k at or
   above a diverged one) and `lr_scaling`, `b_crit_tokens`, `first_step_rejected`, `diverged`,
   `b_noise` (online, sequences), `branch_pairs`, `seq_len`, `sequences`, `window_tokens`,
-  `in_kaplan`;
+  `in_kaplan`, `tokens_equivalent` (keyed by k after the first: `excess` over k = 1 with
+  `excess_low`/`excess_high`, `effective_tokens`, `r`, `b_crit` with `b_crit_low`/
+  `b_crit_high` in sequences, `b_crit_tokens`, `note`) and `tokens_equivalent_points`;
 - `local_cbs_kaplan`: per optimizer and lr rule (`label`), Kaplan's law over its local
   points (or why none);
 - `local_cbs_cost`: per base run, the branches' tokens and wall time against the base's;
 - `local_cbs_noise`: per base run, its design, the k = 1 branch sd and its degrees of
-  freedom, and `per_k`: the sd of the excess each k's bounds used;
-- `rule`: tolerance, confidence, windows and the statement of the rule; `warnings`.
+  freedom, and `per_k`: the sd of the excess each k's bounds used and (`equal_variance`,
+  `equal_variance_vs_k1`) Bartlett's test across checkpoints before pooling, with the
+  checkpoints pooled and those bound alone;
+- `rule`: tolerance, confidence, windows and the statement of the rule, and
+  `tokens_equivalent` (its statement and interval); `warnings`.
 
 Units: batch sizes in sequences unless a name ends in `_tokens`; losses in nats/token.
 """
@@ -79,10 +89,15 @@ from critbatch.science.local_cbs import (
     TOLERANCE,
     BranchNoise,
     LocalCriticalBatch,
+    PairedExcess,
+    ReplicatedLadders,
+    ScatterPool,
     estimate_branch_noise,
+    excesses_over_first,
     local_critical_batch,
     local_critical_batch_ema,
-    local_critical_batches_by_seed,
+    replicated_ladders,
+    tokens_equivalent,
 )
 
 CHECKPOINT_NAME = re.compile(r"tokens=(\d+)")
@@ -93,7 +108,8 @@ FITS_KEYS = ("local_cbs", "local_cbs_kaplan", "local_cbs_cost", "local_cbs_noise
              "warnings")
 ROW_KEYS = ("optimizer", "tokens", "val_loss", "b_crit", "b_crit_tokens", "margin",
             "lower_bound_only", "b_crit_ema", "base_batch_size", "multipliers", "excess",
-            "upper", "branch_sd", "branch_sd_dof", "tolerance", "confidence", "run_dir")
+            "upper", "branch_sd", "branch_sd_dof", "tolerance", "confidence", "run_dir",
+            "tokens_equivalent")
 INTERVALS = {  # per design, what the bound of an excess rests on
     "replicated ladders": "one-sided {level:.0%} upper bound from the scatter across seeds of "
                           "the seed-paired excess (every k trained again at each replicate "
@@ -104,9 +120,16 @@ INTERVALS = {  # per design, what the bound of an excess rests on
 }
 
 
-def interval_text(designs: Sequence[str], level: float) -> str:
-    return "; ".join(f"{d}: {INTERVALS[d].format(level=level)}" if len(set(designs)) > 1
-                     else INTERVALS[d].format(level=level) for d in sorted(set(designs)))
+TE_INTERVALS = {  # per design, what the tokens-equivalent B_crit's interval rests on
+    "replicated ladders": "the scatter across seeds of the seed-paired excess over k = 1, "
+                          "pooled over the checkpoints per k where Bartlett's test allows",
+    "k = 1 replicates": "per-sequence pairs plus twice the k = 1 branch variance",
+}
+
+
+def interval_text(designs: Sequence[str], level: float, texts: dict = INTERVALS) -> str:
+    return "; ".join(f"{d}: {texts[d].format(level=level)}" if len(set(designs)) > 1
+                     else texts[d].format(level=level) for d in sorted(set(designs)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,11 +361,54 @@ def ema_rule(base_batch: int, checkpoint: Checkpoint, where: str,
                                      for b in checkpoint.branches], epsilon=EMA_EPSILON)
 
 
+def k1_curve(base: BaseRun, checkpoint: Checkpoint,
+             fork_loss: float | None) -> tuple[list[int], list[float], int]:
+    """The k = 1 branch's validation loss over the window: the loss at the fork
+    (`checkpoint_loss`, usually the base run's curve interpolated), then its eval points after
+    the fork, averaged over the ladders' seeds where all have them; and the window (tokens)."""
+    firsts = [ladder[0] for ladder in ladders_of(base, checkpoint)]
+    end = int(firsts[0].summary["tokens"])
+    seen: dict[int, list[float]] = {}
+    for b in firsts:
+        for p in b.summary["curve"]:
+            if checkpoint.tokens < p["tokens"] <= end and is_finite(p.get("val_loss")):
+                seen.setdefault(p["tokens"], []).append(p["val_loss"])
+    points = sorted((t, float(np.mean(v))) for t, v in seen.items() if len(v) == len(firsts))
+    if fork_loss is not None:
+        points.insert(0, (checkpoint.tokens, fork_loss))
+    return [t for t, _ in points], [v for _, v in points], end - checkpoint.tokens
+
+
+def equivalent_fields(base: BaseRun, checkpoint: Checkpoint, fork_loss: float | None,
+                      over_first: Sequence[PairedExcess]) -> dict:
+    """`tokens_equivalent` (per k after the first: the excess over k = 1 with its bounds, E_eff,
+    r, the local B_crit with its interval in sequences and tokens, a note; all null but the
+    note at and above a diverged k) and `tokens_equivalent_points` (of the k = 1 curve)."""
+    batch, seq_len = int(base.summary["batch_size"]), int(base.summary["seq_len"])
+    tokens, losses, window = k1_curve(base, checkpoint, fork_loss)
+    ks = [b.multiplier for b in checkpoint.branches]
+    out = {}
+    for k, c in zip(ks[1:], over_first, strict=False):
+        te = tokens_equivalent(batch, k, checkpoint.tokens, window, tokens, losses, c.excess,
+                               (c.lower, c.upper))
+        out[str(k)] = {"excess": c.excess, "excess_low": c.lower, "excess_high": c.upper,
+                       "effective_tokens": te.effective_tokens, "r": te.ratio,
+                       "b_crit": te.b_crit, "b_crit_low": te.b_crit_low,
+                       "b_crit_high": te.b_crit_high, "note": te.note,
+                       "b_crit_tokens": None if te.b_crit is None else te.b_crit * seq_len}
+    for k in ks[1 + len(over_first):]:
+        out[str(k)] = {**dict.fromkeys(("excess", "excess_low", "excess_high",
+                                        "effective_tokens", "r", "b_crit", "b_crit_low",
+                                        "b_crit_high", "b_crit_tokens")),
+                       "note": "diverged, or above a diverged k"}
+    return {"tokens_equivalent": out, "tokens_equivalent_points": len(tokens)}
+
+
 def checkpoint_row(base: BaseRun, checkpoint: Checkpoint, decided: dict,
-                   noise: BranchNoise | None, tolerance: float, confidence: float,
-                   warnings: list[str]) -> dict:
+                   over_first: Sequence[PairedExcess], noise: BranchNoise | None,
+                   tolerance: float, confidence: float, warnings: list[str]) -> dict:
     """One row of fits.json `local_cbs` (ROW_KEYS and a few more) from the checkpoint's
-    decision fields (`decide_base`)."""
+    decision fields and excesses over k = 1 (`decide_base`)."""
     s = base.summary
     batch, seq_len = int(s["batch_size"]), int(s["seq_len"])
     where = f"{base.run_dir.name} at {checkpoint.tokens:,} tokens"
@@ -368,6 +434,7 @@ def checkpoint_row(base: BaseRun, checkpoint: Checkpoint, decided: dict,
         "window_tokens": checkpoint.branches[0].summary.get("local_cbs_window_tokens"),
         "in_kaplan": (loss is not None and not decided["lower_bound_only"]
                       and not decided["first_step_rejected"]),
+        **equivalent_fields(base, checkpoint, loss, over_first),
     }
 
 
@@ -416,52 +483,103 @@ def decision_fields(d: LocalCriticalBatch | None, ks: list[int], kept: int,
 
 
 def decide_base(base: BaseRun, noise: BranchNoise | None, tolerance: float,
-                confidence: float) -> tuple[list[dict], list[dict]]:
-    """Every checkpoint's decision fields (`decision_fields`), and (replicated design) per k
-    after the first the seed scatter its bounds used (`scatter_rows`). Replicated design
-    (`BaseRun.ladder`): `local_critical_batches_by_seed` on the ladders stacked by seed, the
-    seed scatter pooled over the checkpoints per k; else `local_critical_batch` with the
-    k = 1 branch noise."""
+                confidence: float) -> tuple[list[dict], list[dict], list[tuple]]:
+    """Every checkpoint's decision fields (`decision_fields`); (replicated design) per k after
+    the first the seed scatter its bounds used and how it was pooled (`scatter_rows`); and
+    per checkpoint the excess of each k over k = 1 (empty where the first step up diverged).
+    Replicated design (`BaseRun.ladder`): `replicated_ladders` on the ladders stacked by
+    seed, the seed scatter pooled over the checkpoints per k where Bartlett's test allows;
+    else `local_critical_batch` and `excesses_over_first` with the k = 1 branch noise."""
     batch = int(base.summary["batch_size"])
     where = [f"{base.run_dir.name} at {c.tokens:,} tokens" for c in base.checkpoints]
     ladders = [ladders_of(base, c) for c in base.checkpoints]
     cut = [usable(lad, w) for lad, w in zip(ladders, where, strict=True)]
     ks = [b.multiplier for b in base.checkpoints[0].branches]
     decided: list[LocalCriticalBatch | None] = [None] * len(ladders)
+    over_first: list[tuple] = [()] * len(ladders)
     todo = [i for i, (kept, _) in enumerate(cut) if kept >= 2]
+    per_k: list[dict] = []
     try:
         if base.ladder and todo:
             stacked = [[np.stack([lad[j].losses for lad in ladders[i]])
                         for j in range(cut[i][0])] for i in todo]
-            for i, d in zip(todo, local_critical_batches_by_seed(
-                    batch, ks, stacked, tolerance=tolerance, confidence=confidence),
-                    strict=True):
-                decided[i] = d
+            result = replicated_ladders(batch, ks, stacked, tolerance=tolerance,
+                                        confidence=confidence)
+            for i, d, o in zip(todo, result.decisions, result.over_first, strict=True):
+                decided[i], over_first[i] = d, o
+            per_k = scatter_rows(result, [base.checkpoints[i].tokens for i in todo],
+                                 [len(ladders[i]) for i in todo])
         else:
             for i in todo:
-                decided[i] = local_critical_batch(
-                    batch, ks[:cut[i][0]], [b.losses for b in ladders[i][0][:cut[i][0]]],
-                    noise, tolerance=tolerance, confidence=confidence)
+                losses = [b.losses for b in ladders[i][0][:cut[i][0]]]
+                decided[i] = local_critical_batch(batch, ks[:cut[i][0]], losses, noise,
+                                                  tolerance=tolerance, confidence=confidence)
+                over_first[i] = excesses_over_first(losses, noise, confidence)
     except ValueError as err:
         raise ResultsError(f"{base.run_dir.name}: {err}") from None
     fields = [decision_fields(d, ks, kept, diverged, batch, tolerance)
               for d, (kept, diverged) in zip(decided, cut, strict=True)]
-    per_k = scatter_rows(decided, [len(lad) for lad in ladders], ks) if base.ladder else []
-    return fields, per_k
+    return fields, per_k, over_first
 
 
-def scatter_rows(decided: list[LocalCriticalBatch | None], seeds: list[int],
-                 ks: list[int]) -> list[dict]:
-    """Replicated design, per k after the first: the pooled sd of one seed's excess that its
-    bounds used (se x sqrt(seeds) of any checkpoint's comparison: the pool is per k) and its
-    degrees of freedom; `seeds[i]`: the ladders of checkpoint i."""
+def scatter_rows(result: ReplicatedLadders, tokens: list[int], seeds: list[int]) -> list[dict]:
+    """Replicated design, per k after the first: the pooled sd of one seed's excess that the
+    bounds used and its degrees of freedom (null when every checkpoint stands alone), the
+    seeds, and how the pool was made (`pool_fields`) for the decision's comparisons
+    (`equal_variance`) and for the excess over k = 1 (`equal_variance_vs_k1`); `tokens[i]`
+    and `seeds[i]`: checkpoint i's."""
     rows = []
-    for j, k in enumerate(ks[1:]):
-        c, m = next(((d.comparisons[j], m) for d, m in zip(decided, seeds, strict=True)
-                     if d is not None and len(d.comparisons) > j), (None, 0))
-        if c is not None:
-            rows.append({"multiplier": k, "sd": c.se * math.sqrt(m), "dof": c.dof, "seeds": m})
+    for k, pool in result.pools.items():
+        first = next(c for c, x in enumerate(pool.scatters) if x is not None)
+        rows.append({"multiplier": k, "sd": pool.main.sd if pool.main else None,
+                     "dof": pool.main.dof if pool.main else None, "seeds": seeds[first],
+                     "equal_variance": pool_fields(pool, tokens),
+                     "equal_variance_vs_k1": pool_fields(result.pools_over_first[k], tokens)})
     return rows
+
+
+def pool_fields(pool: ScatterPool, tokens: list[int]) -> dict:
+    """Bartlett's test over the checkpoints (statistic, p; `p_value_pooled`: over those pooled
+    at the end) and the checkpoints (tokens) pooled and left alone."""
+    return {"test": "Bartlett", "level": pool.level,
+            "statistic": pool.test.statistic if pool.test else None,
+            "p_value": pool.test.p_value if pool.test else None,
+            "p_value_pooled": pool.kept.p_value if pool.kept else None,
+            "pooled_tokens": [tokens[i] for i in pool.pooled],
+            "alone_tokens": [tokens[i] for i in pool.alone]}
+
+
+def pool_warnings(name: str, per_k: list[dict]) -> list[str]:
+    """One line per k and comparison whose checkpoints were not all pooled."""
+    out = []
+    for row in per_k:
+        for key, what in (("equal_variance", "excess over the best smaller branch"),
+                          ("equal_variance_vs_k1", "excess over k = 1")):
+            v = row[key]
+            if v["alone_tokens"]:
+                out.append(f"{name}: the seed scatter of k = {row['multiplier']}'s {what} differs "
+                           f"between checkpoints (Bartlett p = {v['p_value']:.2g} < "
+                           f"{v['level']:g}); pooled over {len(v['pooled_tokens'])} checkpoint(s),"
+                           " each of the rest bound on its own seeds (wider): "
+                           + ", ".join(f"{t:,}" for t in v["alone_tokens"]) + " tokens")
+    return out
+
+
+def curve_warnings(name: str, base: BaseRun, rows: list[dict]) -> list[str]:
+    """What biases the tokens-equivalent B_crit of a base run (both make it high)."""
+    out = []
+    chords = sum(r["tokens_equivalent_points"] <= 2 for r in rows)
+    if chords:
+        out.append(f"{name}: at {chords} of {len(rows)} checkpoints the k = 1 curve over the "
+                   "window is only its two ends (the fork's loss read off the base run's curve): "
+                   "E_eff is read off a straight line in log tokens, which credits too many "
+                   "tokens on a convex curve, so the tokens-equivalent B_crit is biased high")
+    k1 = base.checkpoints[0].branches[0].summary
+    if k1.get("schedule") == "wsd" and k1.get("cooldown_fraction"):
+        out.append(f"{name}: the branches end their window with a cooldown; the k = 1 curve's "
+                   "inner points are not annealed but its end and the larger branches are, so "
+                   "E_eff comes out long and the tokens-equivalent B_crit high")
+    return out
 
 
 def kaplan_rows(rows: list[dict], warnings: list[str]) -> list[dict]:
@@ -576,7 +694,7 @@ def analyse(bases: list[BaseRun], tolerance: float = TOLERANCE,
                                "branches again at a replicate seed (train.local_cbs."
                                "replicate_seeds)")
         noise = estimate_branch_noise(pairs) if pairs else None
-        decided, scatter = decide_base(base, noise, tolerance, confidence)
+        decided, scatter, over_first = decide_base(base, noise, tolerance, confidence)
         noise_rows.append({"optimizer": base.optimizer, "lr_scaling": base.lr_scaling,
                            "run_dir": str(base.run_dir),
                            "design": "replicated ladders" if base.ladder else "k = 1 replicates",
@@ -586,8 +704,10 @@ def analyse(bases: list[BaseRun], tolerance: float = TOLERANCE,
         if noise and noise.dof == 0 and not base.ladder:
             warnings.append(f"{base.run_dir.name}: the seed replicates differ no more than their "
                             "sequence scatter explains; no branch term in the bounds")
-        mine = [checkpoint_row(base, c, d, noise, tolerance, confidence, warnings)
-                for c, d in zip(base.checkpoints, decided, strict=True)]
+        mine = [checkpoint_row(base, c, d, o, noise, tolerance, confidence, warnings)
+                for c, d, o in zip(base.checkpoints, decided, over_first, strict=True)]
+        warnings += pool_warnings(base.run_dir.name, scatter)
+        warnings += curve_warnings(base.run_dir.name, base, mine)
         limited = [r for r in mine if r["noise_limited"]]
         if limited:
             width = max(u - e for r in limited for e, u in zip(r["excess"].values(),
@@ -601,13 +721,31 @@ def analyse(bases: list[BaseRun], tolerance: float = TOLERANCE,
                             f"tolerance of {tolerance:g}; {advice}")
         rows += mine
     windows = sorted({r["window_tokens"] for r in rows if r["window_tokens"]})
-    interval = interval_text([n["design"] for n in noise_rows], confidence)
+    designs = [n["design"] for n in noise_rows]
+    interval = interval_text(designs, confidence)
     rule = {"tolerance": tolerance, "confidence": confidence, "window_tokens": windows,
             "interval": interval, "ema_epsilon": EMA_EPSILON,
-            "statement": rule_statement(tolerance, confidence, windows, interval)}
+            "statement": rule_statement(tolerance, confidence, windows, interval),
+            "tokens_equivalent": equivalent_statement(designs, confidence)}
     return {"rows": rows, "kaplan": kaplan_rows(rows, warnings),
             "cost": [cost_row(b) for b in bases], "noise": noise_rows, "rule": rule,
             "bases": bases, "batch_sweep": batch_sweep, "warnings": warnings}
+
+
+def equivalent_statement(designs: list[str], confidence: float) -> dict:
+    """What the tokens-equivalent local B_crit is and what its interval rests on."""
+    interval = (f"two-sided {2 * confidence - 1:.0%} interval: the local B_crit at the "
+                f"one-sided {confidence:.0%} lower and upper bounds of the excess over k = 1, "
+                f"from {interval_text(designs, confidence, TE_INTERVALS)}; the k = 1 curve is "
+                "taken as exact")
+    return {"interval": interval, "statement": (
+        "The same branches in the per-run B_crit's currency: the k branch's final loss, read "
+        "off the k = 1 branch's loss over the window (monotone in log tokens, never "
+        "extrapolated), is worth E_eff tokens of k = 1; with r = window / E_eff, B_crit = "
+        "(k B - B r) / (r - 1) in sequences. r <= 1: no measurable cost (a lower bound at "
+        "most); a loss outside the k = 1 curve, or r >= k: none. Unlike the rule's, it is "
+        "the batch at which training needs twice the minimum tokens (k B = B_crit where "
+        "r = 2k / (k + 1)), as the per-run, Pareto and joint B_crit are.")}
 
 
 def rule_statement(tolerance: float, confidence: float, windows: list[int],

@@ -36,7 +36,8 @@ from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 from critbatch.science.local_cbs import CONFIDENCE, TOLERANCE
 
 PLOTS = {
-    "local_bcrit_vs_tokens": "Local B_crit (sequences) versus tokens trained, per optimizer",
+    "local_bcrit_vs_tokens": "Local B_crit (sequences) versus tokens trained, per optimizer: "
+                             "the rule's and, per k, in effective tokens",
     "local_bcrit_vs_loss": "Local B_crit, online B_noise and the batch sweep's B_crit "
                            "(sequences) versus loss (nats/token)",
 }
@@ -107,16 +108,45 @@ def cost_table(rows: list[dict]) -> str:
           fmt(r["wall_fraction"], ".2f")] for r in rows])
 
 
+def pool_cell(x: dict) -> str:
+    """'k: sd [dof], Bartlett p' and the checkpoints bound alone, if any."""
+    v = x.get("equal_variance")
+    text = f"{x['multiplier']}: {fmt(x['sd'], '.2e')} [{fmt(x['dof'], '.3g')}]"
+    if v:
+        text += f", Bartlett p = {fmt(v['p_value'], '.2g')}"
+        if v["alone_tokens"]:
+            text += " (alone: " + ", ".join(f"{t:,}" for t in v["alone_tokens"]) + ")"
+    return text
+
+
 def noise_table(rows: list[dict]) -> str:
     """Per base run: its design, the k = 1 replicates' branch sd, and (replicated design) per
-    k the sd of one seed's excess that its bounds used."""
+    k the sd of one seed's excess that its bounds used, with Bartlett's test before pooling."""
     return md_table(
         ["optimizer, lr rule", "base run", "design", "k = 1 branch sd (nats/token) [dof, pairs]",
-         "per k: sd of the excess the bounds use (nats/token) [dof]"],
+         "per k: pooled sd of the excess the bounds use (nats/token) [dof], equal variances "
+         "across checkpoints"],
         [[label_of(r), Path(r["run_dir"]).name, r.get("design", "k = 1 replicates"),
           f"{fmt(r['branch_sd'], '.2e')} [{fmt(r['branch_sd_dof'], '.3g')}, {r['pairs']}]",
-          "; ".join(f"{x['multiplier']}: {x['sd']:.2e} [{x['dof']:.3g}]"
-                    for x in r.get("per_k", [])) or "-"] for r in rows])
+          "; ".join(pool_cell(x) for x in r.get("per_k", [])) or "-"] for r in rows])
+
+
+def equivalent_cell(k: str, te: dict) -> str:
+    """'k: B_crit [low, high] (r)' in sequences, or 'k: -' and why."""
+    if te["b_crit"] is None:
+        return f"{k}: - ({te['note']})"
+    return (f"{k}: {fmt_interval(te['b_crit'], te['b_crit_low'], te['b_crit_high'], ',.0f')}"
+            f" (r = {te['r']:.3g})")
+
+
+def equivalent_table(rows: list[dict]) -> str:
+    return md_table(
+        ["base run", "tokens", "loss (nats/token)", "tolerance rule k x B (seq)",
+         "k = 1 curve points", "per k: B_crit in effective tokens (seq) [interval] (r)"],
+        [[Path(r["run_dir"]).name, f"{r['tokens']:,}", fmt(r["val_loss"], ".4f"),
+          bcrit_cell(r), str(r["tokens_equivalent_points"]),
+          "; ".join(equivalent_cell(k, te) for k, te in r["tokens_equivalent"].items())]
+         for r in rows])
 
 
 def report_markdown(result: dict, inputs: list[str], plots: dict[str, str]) -> str:
@@ -129,7 +159,10 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str]) -> s
              "The k = 1 branch sd is how much one branch's loss moves with the seed (data "
              "order) alone; with replicated ladders every k shares each seed's data order, so "
              "the excess of one k over another scatters far less, and that scatter is what "
-             "the bounds use.", "", noise_table(result["noise"]), "",
+             "the bounds use. Before it is pooled over a run's checkpoints, Bartlett's test "
+             "asks whether their variances agree; a checkpoint that disagrees is bound on its "
+             "own seeds alone (wider; listed as 'alone', with a warning).", "",
+             noise_table(result["noise"]), "",
              "## Local B_crit per checkpoint", "",
              "Batch sizes in sequences; margin = tolerance minus the upper bound of the last "
              "accepted k (room the accepted B_crit had; '-' when the first step up was "
@@ -138,6 +171,12 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str]) -> s
     for label in sorted({label_of(r) for r in rows}):
         lines += [f"### {label}", "",
                   checkpoint_table([r for r in rows if label_of(r) == label]), ""]
+    te = result["rule"]["tokens_equivalent"]
+    lines += ["## Local B_crit in effective tokens", "", te["statement"], "",
+              f"The interval: {te['interval']}.", ""]
+    for label in sorted({label_of(r) for r in rows}):
+        lines += [f"### {label} (effective tokens)", "",
+                  equivalent_table([r for r in rows if label_of(r) == label]), ""]
     lines += ["## Kaplan's law over the local points", "",
               "B_crit(L) = B* / L^(1/alpha_B), unweighted least squares in logs over the "
               "checkpoints with a two-sided B_crit; interval: percentile bootstrap over "
@@ -178,14 +217,32 @@ def draw_local(ax, rows: list[dict], x_key: str, color: str, label: str) -> None
                 ms=7, label=f"{label} paper's EMA rule")
 
 
+def draw_equivalent(ax, rows: list[dict], color: str, label: str) -> None:
+    """Per checkpoint and k, the tokens-equivalent local B_crit with its interval (a lower end
+    of 0 drawn to a tenth of the value, an open upper end to ten times it: log axes)."""
+    pts = [(r["tokens"], te) for r in rows for te in r["tokens_equivalent"].values()
+           if te["b_crit"] is not None]
+    if not pts:
+        return
+    y = np.array([te["b_crit"] for _, te in pts])
+    low = np.array([te["b_crit_low"] if te["b_crit_low"] is not None else v
+                    for v, (_, te) in zip(y, pts, strict=True)])
+    high = np.array([te["b_crit_high"] if te["b_crit_high"] is not None else 10 * v
+                     for v, (_, te) in zip(y, pts, strict=True)])
+    ax.errorbar([t for t, _ in pts], y, yerr=[y - np.maximum(low, y / 10), high - y], fmt="+",
+                color=color, alpha=0.6, ms=7, lw=0.8,
+                label=f"{label} in effective tokens (each k)")
+
+
 def plot_vs_tokens(result: dict, path: Path) -> None:
     plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.8))
     fig.subplots_adjust(left=0.13, right=0.97, bottom=0.11, top=0.9)
     labels = sorted({label_of(r) for r in result["rows"]})
     for color, label in zip(OPTIMIZER_COLORS, labels, strict=False):
-        draw_local(ax, [r for r in result["rows"] if label_of(r) == label], "tokens", color,
-                   label)
+        mine = [r for r in result["rows"] if label_of(r) == label]
+        draw_local(ax, mine, "tokens", color, label)
+        draw_equivalent(ax, mine, color, label)
     plotting.log_axes(ax, x=True, y=True)
     plotting.label_axes(ax, "tokens trained at the checkpoint (tokens)",
                         "local B_crit (sequences)", PLOTS["local_bcrit_vs_tokens"])
@@ -261,9 +318,12 @@ def default_paths(runs_root: str | Path = "runs") -> list[Path]:
 def summary_lines(result: dict) -> list[str]:
     lines = []
     for r in result["rows"]:
+        equivalent = ", ".join(f"{k}: {fmt(te['b_crit'], ',.0f')}"
+                               for k, te in r["tokens_equivalent"].items())
         lines.append(f"  {label_of(r)} {Path(r['run_dir']).name} tokens={r['tokens']:,} "
                      f"loss={fmt(r['val_loss'], '.4f')} local B_crit {bcrit_cell(r)} seq, "
-                     f"margin={fmt(r['margin'], '+.4f')} EMA rule={fmt(r['b_crit_ema'], 'd')}")
+                     f"margin={fmt(r['margin'], '+.4f')} EMA rule={fmt(r['b_crit_ema'], 'd')}"
+                     f"; in effective tokens, per k: {equivalent} seq")
     for k in result["kaplan"]:
         lines.append(f"  Kaplan {k['label']} local: 1/alpha_B = "
                      f"{fmt_interval(k['exponent'], k['exponent_low'], k['exponent_high'])} "
