@@ -74,3 +74,15 @@ def test_verdict_says_unresolved_for_a_wide_interval():
     assert "unresolved" in verdict(doc) and f"wider than {RESOLVED_WIDTH:g}" in verdict(doc)
     doc.update(exponent_low=0.5, exponent_high=2.0)
     assert "unresolved" not in verdict(doc)
+
+
+def test_verdict_names_misfit_and_missed_held_out_cells():
+    doc = {"optimizer": "muon", "b_star_tokens": 1e7, "exponent": 4.8, "exponent_low": 3.9,
+           "exponent_high": 5.6, "log_loss_span": 0.5, "interval": "95% ...",
+           "chi2_per_dof": 11.3,
+           "held_out": [{"held_out": "the largest budget", "n_cells": 5, "within_2_sigma": 1}]}
+    text = verdict(doc)
+    assert "unresolved" in text and "chi2/dof 11.3" in text and "1 of 5 within 2 sigma" in text
+    doc.update(chi2_per_dof=1.1, held_out=[{"held_out": "the largest budget", "n_cells": 5,
+                                            "within_2_sigma": 5}])
+    assert "unresolved" not in verdict(doc)

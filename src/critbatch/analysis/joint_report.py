@@ -23,18 +23,27 @@ PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 s
 
 
 def verdict(doc: dict) -> str:
-    """One sentence: the law with its interval, or why it is unresolved."""
+    """One sentence: the law with its interval, or why it is unresolved (the interval's width,
+    the lever arm in ln L, the model's misfit, the held-out cells it missed)."""
     low, high = doc["exponent_low"], doc["exponent_high"]
     law = (f"B_crit(L) = {doc['b_star_tokens']:.3g} tokens / L^{doc['exponent']:.2f}, "
            f"1/alpha_B {fmt_interval(doc['exponent'], low, high, '.2f')}")
     if low is None or high is None:
         return f"**{doc['optimizer']}: unresolved** ({law}; {doc['interval']})."
-    span = f"ln L spans {doc['log_loss_span']:.2f}"
+    why = [f"ln L spans {doc['log_loss_span']:.2f}"]
+    if doc.get("chi2_per_dof", 0) > 2:
+        why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
+    missed = [h for h in doc.get("held_out", []) if h["within_2_sigma"] < 0.8 * h["n_cells"]]
+    why += [f"held out {h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} within "
+            f"{HELD_OUT_SIGMAS:g} sigma" for h in missed]
     if high - low > RESOLVED_WIDTH:
         return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
-                f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({span}: too short "
-                f"a lever arm; fit {law}).")
-    return f"**{doc['optimizer']}**: {law} (95% parametric bootstrap; {span})."
+                f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({'; '.join(why)}; "
+                f"fit {law}).")
+    if missed:
+        return (f"**{doc['optimizer']}: unresolved**: the law does not predict the held-out "
+                f"cells ({'; '.join(why)}; fit {law}).")
+    return f"**{doc['optimizer']}**: {law} (95% parametric bootstrap; {'; '.join(why)})."
 
 
 def headline(documents: dict) -> list[str]:
