@@ -110,7 +110,8 @@ def joint_section(documents: dict) -> list[str]:
 
 
 def plot_joint(documents: dict, path: Path) -> None:
-    """Per optimizer a panel: cells of its first width (points) and the model's curves."""
+    """Per optimizer a panel: the cells of its widest model (points) and the model's curve
+    for each batch, drawn over that batch's own token range (not extrapolated)."""
     plt = plotting.pyplot()
     fig, axes = plotting.panel_grid(max(1, len(documents)), PLOT_CAPTION)
     if not documents:
@@ -127,10 +128,10 @@ def plot_joint(documents: dict, path: Path) -> None:
                 if r["width"] == width}
         batches = sorted({c["batch_size"] for c in cells})
         colors = plt.cm.viridis(np.linspace(0, 0.9, max(1, len(batches))))
-        tokens = [c["tokens"] for c in cells]
-        grid = np.geomspace(min(tokens) / 1.5, max(tokens) * 1.5, 60)
         for color, b in zip(colors, batches, strict=False):
             mine = [c for c in cells if c["batch_size"] == b]
+            tokens = [c["tokens"] for c in mine]
+            grid = np.geomspace(min(tokens) / 1.2, max(tokens) * 1.2, 40)
             for c in mine:
                 hollow = (b, c["tokens"]) in held
                 ax.errorbar(c["tokens"], c["val_loss"], yerr=c["loss_sigma"], fmt="o",
