@@ -315,11 +315,20 @@ def online_noise_table(rows: list[dict]) -> str:
           fmt(r["b_noise_tokens"], ".4g")] for r in shown]) + note
 
 
+def exponent_text(row: dict) -> str:
+    """1/alpha_B with its interval, or with the range of per-unit fits (which need not hold the
+    pooled value) where there were too few units for an interval."""
+    if row["exponent_low"] is not None and row["interval"].startswith("range of"):
+        return (f"{fmt(row['exponent'], '.3g')} (per-unit fits {fmt(row['exponent_low'], '.3g')}"
+                f" to {fmt(row['exponent_high'], '.3g')})")
+    return fmt_interval(row["exponent"], row["exponent_low"], row["exponent_high"])
+
+
 def kaplan_tables(rows: list[dict], points: list[dict]) -> list[str]:
     """One row per optimizer and method against Kaplan et al.'s numbers, then each point."""
     table = [[r["optimizer"], r["method"],
               fmt_interval(r["b_star_tokens"], r["b_star_tokens_low"], r["b_star_tokens_high"]),
-              fmt_interval(r["exponent"], r["exponent_low"], r["exponent_high"]),
+              exponent_text(r),
               str(r["n_points"]), r["interval"] + ("" if r["weighted"] else "; unweighted")]
              for r in rows]
     table.append(["Kaplan et al. 2020", "-", f"{KAPLAN_B_STAR_TOKENS:.0e}",
@@ -643,7 +652,7 @@ def summary_lines(result: dict) -> list[str]:
     for k in fits["kaplan"]:
         lines.append(f"  Kaplan {k['optimizer']} {k['method']}: B* = "
                      f"{fmt(k['b_star_tokens'], '.3g')} tokens, 1/alpha_B = "
-                     f"{fmt_interval(k['exponent'], k['exponent_low'], k['exponent_high'])} "
+                     f"{exponent_text(k)} "
                      f"({k['n_points']} points; {k['interval']}; Kaplan: 2e8, 4.8)")
     return lines
 
