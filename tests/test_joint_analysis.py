@@ -86,3 +86,23 @@ def test_verdict_names_misfit_and_missed_held_out_cells():
     doc.update(chi2_per_dof=1.1, held_out=[{"held_out": "the largest budget", "n_cells": 5,
                                             "within_2_sigma": 5}])
     assert "unresolved" not in verdict(doc)
+
+
+def test_several_widths_are_one_model_with_the_loss_alone_test(tmp_path):
+    """Two widths of one planted world (B_crit 200 at every loss): one joint model per
+    optimizer over both, the loss-alone test run and holding, and both held-out sets (the
+    largest budget; the widest model's batches above its smallest) predicted."""
+    from critbatch.analysis.synthetic import synthetic_sweep
+
+    synthetic_sweep(tmp_path, TRUTH, baseline_batch=16, batch_sizes=(32, 64, 128, 256),
+                    budgets_tokens=(2**20, 2**21, 2**22, 2**23), all_budgets=True,
+                    widths=(32, 64), seeds=(0, 1), seed_loss_offsets=[0.003, -0.003])
+    result = bcrit.analyse(load_runs([tmp_path], progress=False)["runs"])
+    doc = result["fits"]["joint"]["adamw"]
+    assert doc["widths"] == ["width 32 depth 2", "width 64 depth 2"]
+    assert doc["loss_alone"]["holds"] and doc["loss_alone"]["extra_parameters"] == 2
+    assert [h["held_out"] for h in doc["held_out"]] == [
+        "the largest budget", "width 64 depth 2 above its smallest batch"]
+    for held in doc["held_out"]:
+        assert held["within_2_sigma"] == held["n_cells"] > 0
+    assert doc["b_star_tokens"] == pytest.approx(200 * TRUTH.seq_len, rel=0.05)
