@@ -125,11 +125,9 @@ class GNSConfig:
     """Online gradient noise scale (science.md section 2; estimator in science/noise.py)."""
 
     enabled: bool = True  # track B_noise from the micro-batches; needs >= 2 micro-batches a step
-    # EMA decay per optimizer step of |G|^2, tr(Sigma) and the loss; 0.95 = a horizon of ~20
-    # steps. Shorter is noisier: one step's |G|^2 estimate is dominated by sampling noise.
-    # Longer is biased on short runs: the ratio of averages weights each step by its gradient
-    # scale, and |G|^2 is many times larger early in training, so a long memory keeps B_noise
-    # far below its current value.
+    # EMA decay per step of |G|^2, tr(Sigma) and the loss; 0.95 = a horizon of ~20 steps.
+    # Shorter is noisier (one step's |G|^2 is mostly sampling noise); longer is biased on short
+    # runs (|G|^2 is many times larger early on: a long memory keeps B_noise far below today's).
     ema: float = 0.95
 
 
@@ -227,6 +225,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N; auto picks CUDA when present
     dtype: Dtype = Dtype.auto  # auto | float32 | bfloat16 (autocast); auto = bf16 on CUDA
     compile: bool | None = None  # torch.compile; null = on for CUDA, off on CPU
+    compile_backend: str = "inductor"  # torch.compile's; eager, aot_eager: tracing only (tests)
     diverge_factor: float = 2.0  # a train loss above factor x its first value ...
     diverge_window: int = 20  # ... for this many consecutive steps means diverged
     # Resumable checkpoint (checkpoint.pt, see training/checkpoint.py) every this many
@@ -418,8 +417,9 @@ def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
-IDENTITY_EXEMPT = ("logger", "train.device", "train.compile", "train.log_every", "data.cache_dir",
-                   "train.checkpoint_every_steps", "train.checkpoint_every_minutes")
+IDENTITY_EXEMPT = ("logger", "train.device", "train.compile", "train.compile_backend",
+                   "train.log_every", "data.cache_dir", "train.checkpoint_every_steps",
+                   "train.checkpoint_every_minutes")
 
 
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:

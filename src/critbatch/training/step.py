@@ -24,6 +24,8 @@ from critbatch.training.gns import MicroGradNorms
 from critbatch.training.model import GPT
 from critbatch.training.optim import build_optimizers, set_lr
 
+COMPILE_BACKENDS = ("inductor", "eager", "aot_eager", "cudagraphs")  # torch.compile's own
+
 
 def resolve_device(cfg: Config) -> tuple[torch.device, torch.dtype, bool]:
     """(device, autocast dtype, compile) from the `auto` settings. The gpu scale on a machine
@@ -43,6 +45,9 @@ def resolve_device(cfg: Config) -> tuple[torch.device, torch.dtype, bool]:
     if dtype_name == "auto":
         dtype_name = "bfloat16" if device.type == "cuda" else "float32"
     compile_model = cfg.train.compile if cfg.train.compile is not None else device.type == "cuda"
+    if compile_model and cfg.train.compile_backend not in COMPILE_BACKENDS:
+        raise ConfigError(f"train.compile_backend={cfg.train.compile_backend} is not one of "
+                          f"{', '.join(COMPILE_BACKENDS)}")
     return device, getattr(torch, dtype_name), compile_model
 
 
@@ -69,13 +74,22 @@ def build_stepper(cfg: Config, device: torch.device, dtype: torch.dtype, compile
                   optim: OptimConfig | None = None, ranks: Ranks | None = None,
                   track_micro_norms: bool = False) -> Stepper:
     """The model (initialised from `train.seed`), its optimizers and precision for `cfg`;
-    `optim` replaces `cfg.optim` (the benchmark's variants)."""
+    `optim` replaces `cfg.optim` (the benchmark's variants).
+
+    A compiled model starts from an empty dynamo cache: dynamo keys its cache on the code of
+    `GPT.forward`, shared by every model a worker trains, and after `recompile_limit` (8)
+    entries it falls back to eager for good. Each run compiles train and eval (grad mode is a
+    guard), so without the reset a long-lived worker trained later shapes uncompiled (ten tiny
+    widths in one process hit the limit: tests/test_compile_workers.py).
+    """
     torch.manual_seed(cfg.train.seed)
     model = GPT(cfg.model, cfg.data.vocab_size).to(device)
     optimizers = build_optimizers(model, optim or cfg.optim, lr_batch_size(cfg), device.type)
+    if compiled:
+        torch._dynamo.reset()
     return Stepper(
         model=model,
-        forward=torch.compile(model) if compiled else model,
+        forward=torch.compile(model, backend=cfg.train.compile_backend) if compiled else model,
         optimizers=optimizers,
         autocast=autocast_for(device, dtype),
         micro=micro_batch_size(cfg),

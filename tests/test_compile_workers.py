@@ -1,0 +1,43 @@
+"""One long-lived worker trains a widths grid compiled: every run compiles afresh, and dynamo
+never hits its recompile limit (after which it silently trains in eager mode). Uses the
+cheap `eager` backend: dynamo traces and guards as with inductor, without generating kernels."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from critbatch.training.cli import check_overrides
+from critbatch.training.loop import train
+
+WIDTHS = (16, 24, 32, 40, 48, 56, 64, 72, 80, 88)  # > recompile_limit (8) shapes
+
+
+class Recorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def dynamo_warnings():
+    recorder, logger = Recorder(), logging.getLogger("torch._dynamo")
+    logger.addHandler(recorder)
+    yield recorder.messages
+    logger.removeHandler(recorder)
+
+
+def test_a_widths_grid_in_one_process_trains_every_width_compiled(tiny_overrides, tmp_path,
+                                                                   dynamo_warnings):
+    for width in WIDTHS:
+        cfg = check_overrides([*tiny_overrides, f"model.width={width}", "model.depth=1",
+                               "model.seq_len=16", "train.compile=true",
+                               "train.compile_backend=eager", "train.tokens=2048",
+                               "train.batch_size=8", "train.eval_points=1",
+                               "train.eval_tokens=64", "train.warmup_steps=2"])
+        train(cfg, tmp_path / f"w{width}")
+    assert not [m for m in dynamo_warnings if "recompile_limit" in m or "cache_size" in m]
