@@ -353,6 +353,8 @@ def test_a_hydra_launcher_takes_the_stages_as_multiruns(tmp_path, cache_dir):
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "--config-name batch" in proc.stdout and "[1/" not in proc.stdout
+    # the planner does not time the submitting host for runs the launcher trains elsewhere
+    assert "no time estimate: a Hydra launcher" in proc.stdout and "estimated" not in proc.stdout
     mains = sorted(p.parent.name for p in tmp_path.glob("runs/batch/smoke/*/summary.json"))
     assert len(mains) == 3  # batch 4 and 8, and batch 4 at seed 1
     assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 9
@@ -367,3 +369,15 @@ def test_gpu_scale_without_cuda_is_one_line_before_anything_trains(capsys):
     assert len(err) == 1 and "train.device=cpu" in err[0]
     sweep.check_cuda("gpu", ["train.device=cpu"])  # asked for: no error
     sweep.check_cuda("gpu", ["hydra/launcher=submitit_slurm"])  # trains elsewhere
+
+
+def test_the_plan_times_the_runs_own_precision_and_compile(tiny_cfg):
+    """The estimate's step is the run's: here bf16 autocast and torch.compile (a cheap
+    backend), so dynamo compiles a graph while it is timed."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    cfg = tiny_cfg("train.compile=true", "train.compile_backend=eager", "train.dtype=bfloat16",
+                   "train.batch_size=8")
+    assert sweep.measure_tokens_per_s(cfg, seconds=0.05) > 0
+    assert counters["stats"]["unique_graphs"] >= 1

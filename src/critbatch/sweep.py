@@ -188,24 +188,28 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
 
 
 def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None = None) -> float:
-    """Training tokens/s of `cfg` (model, batch, optimizer) on random tokens, on the bench device,
-    with `threads` torch threads (as each of several jobs at once will have).
+    """Training tokens/s of `cfg` (model, batch, optimizer) on random tokens, on the device,
+    precision and compile setting the run itself resolves to (`resolve_device`: bf16 and
+    torch.compile on CUDA), with `threads` torch threads (as each of several jobs at once
+    will have). The first step, the compilation when compiled, is left out.
 
     Times the trainer's own step as the benchmark does, so the estimate and `make bench`
     measure the same thing.
     """
     import torch  # slow to import: only when a plan is estimated
 
-    from critbatch.bench import bench_device, step_timer
+    from critbatch.bench import step_timer
+    from critbatch.training.step import resolve_device
 
     before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     try:
         micro_batches = cfg.train.batch_size // micro_batch_size(cfg)
-        step = step_timer(cfg, bench_device(),
+        device, dtype, compiled = resolve_device(cfg)
+        step = step_timer(cfg, device, dtype=dtype, compiled=compiled,
                           track_micro_norms=cfg.train.gns.enabled and micro_batches >= 2)
-        step()  # warm-up
+        step()  # warm-up (and compilation)
         steps, elapsed = 0, 0.0
         while elapsed < seconds:
             elapsed += sum(step())
@@ -284,6 +288,10 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
         print(f"  {stage:<15} optim={optimizer:<6} {len(part):>3} runs ({left} to train) "
               f"-> {part[0].run_dir.parent}")
     if not todo:
+        return {}
+    if hydra_launcher(todo):  # timing here would time the submitting host, not the workers
+        print(f"  {sum(j.tokens_to_train for j in todo) / 1e6:,.2f}M tokens to train; no time "
+              "estimate: a Hydra launcher trains them elsewhere", flush=True)
         return {}
     threads = job_threads(jobs_at_once) if device == "cpu" else None
     seconds = job_seconds(todo, threads)
