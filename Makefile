@@ -43,13 +43,16 @@ data: install ## token cache of DATA=fineweb_edu (tinystories, hub), built once 
 	@test -n "$(DATA)" || { echo "make data needs DATA=<name>, e.g. make data DATA=fineweb_edu" >&2; exit 2; }
 	$(PY) -m critbatch.data prepare $(DATA) $(ARGS)
 
-.PHONY: noise bench
+.PHONY: noise bench gpu-check
 noise: install ## B_noise at a run's checkpoint: RUN=<run dir> [ARGS="-K 128 -b 4 --seed 0"]
 	@test -n "$(RUN)" || { echo "make noise needs RUN=<run directory>, e.g. make noise RUN=runs/single/<time>" >&2; exit 2; }
 	$(PY) -m critbatch.noise $(RUN) $(ARGS)
 
 bench: install ## throughput, MFU, trainer overhead: table + bench.json (<5 min on CPU) [ARGS="--only gns"]
 	$(PY) -m critbatch.bench $(ARGS)
+
+gpu-check: install ## on a GPU: every width compiled, MFU, memory, packing, a smoke sweep, PASS/FAIL (<5 min; one line without CUDA)
+	$(PY) -m critbatch.gpu_check $(ARGS)
 
 sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, B_noise, report [SCALE= JOBS= OPT=]
 	$(PY) -m critbatch.sweep batch --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
