@@ -167,7 +167,7 @@ def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():
     from critbatch.errors import ConfigError
     from critbatch.sweep import parse_jobs
 
-    assert parse_jobs("auto", "gpu") == 1
+    assert parse_jobs("auto", "gpu") is None  # decided by gpu_jobs once the plan is known
     assert parse_jobs("auto", "cpu") == max(1, os.cpu_count() or 1)
     assert parse_jobs("3", "cpu") == 3
     with pytest.raises(ConfigError, match="JOBS=0"):

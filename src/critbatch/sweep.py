@@ -349,7 +349,8 @@ def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
             part = next(j for j in todo if (j.stage, j.optimizer) == (stage, optimizer))
             launch_stage(stage, part.cfg.scale, optimizer, part.extra, jobs_at_once, device)
         return []
-    threads = job_threads(jobs_at_once) if device == "cpu" else None
+    place = Placement(job_threads(jobs_at_once) if device == "cpu" else None,
+                      workers.visible_gpus() if device == "cuda" else None)
     root = Path("runs").absolute()
 
     def name(run_dir: Path) -> str:
@@ -362,13 +363,13 @@ def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
         outcomes += run_pool(f"{len(whole)} runs on {jobs_at_once} worker(s); each run's log is "
                              "its train.log",
                              [(j.cfg, j.run_dir, j.overrides, seconds.get(j.run_dir, 0.0))
-                              for j in whole], jobs_at_once, threads, name)
+                              for j in whole], jobs_at_once, place, name)
     if split:
-        outcomes += train_split(split, jobs_at_once, threads, seconds, name)
+        outcomes += train_split(split, jobs_at_once, place, seconds, name)
     return outcomes
 
 
-def train_split(jobs: list[Job], jobs_at_once: int, threads: int | None,
+def train_split(jobs: list[Job], jobs_at_once: int, place: Placement,
                 seconds: dict[Path, float], name) -> list[workers.Outcome]:
     """Runs with local-CBS branches: the base runs first (they fork the branches), then every
     branch forked and not finished as a job of its own, so the workers share them."""
@@ -380,26 +381,34 @@ def train_split(jobs: list[Job], jobs_at_once: int, threads: int | None,
         outcomes += run_pool(f"{len(bases)} base run(s) on {jobs_at_once} worker(s), forking "
                              "their local-CBS branches; each run's log is its train.log",
                              [(j.cfg, j.run_dir, j.overrides, per_token[j.run_dir] * j.tokens)
-                              for j in bases], jobs_at_once, threads, name, with_branches=False)
+                              for j in bases], jobs_at_once, place, name, with_branches=False)
     forked = [(j, b) for j in jobs for b in branching.pending(j.cfg, j.run_dir, j.overrides)
               if (b.run_dir / "checkpoint.pt").exists()]  # a failed base forked none
     if forked:
         outcomes += run_pool(f"{len(forked)} local-CBS branches on {jobs_at_once} worker(s)",
                              [(b.cfg, b.run_dir, b.overrides,
                                per_token[j.run_dir] * (b.tokens - b.fork_tokens))
-                              for j, b in forked], jobs_at_once, threads, name)
+                              for j, b in forked], jobs_at_once, place, name)
     return outcomes
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the workers run: torch threads each (CPU), or the GPUs they are pinned to."""
+
+    threads: int | None
+    gpus: list[str] | None
+
+
 def run_pool(title: str, items: list[tuple[Config, Path, list[str], float]],
-             jobs_at_once: int, threads: int | None, name,
+             jobs_at_once: int, place: Placement, name,
              with_branches: bool = True) -> list[workers.Outcome]:
     """Announce `title`, then train `items` (config, run folder, overrides, estimated
     seconds) on the workers (`workers.run_jobs`)."""
     print(f"\n== training {title}", flush=True)
     return workers.run_jobs([(c, d.absolute(), o) for c, d, o, _ in items], jobs_at_once,
-                            threads, {d.absolute(): est for _, d, _, est in items}, name,
-                            with_branches)
+                            place.threads, {d.absolute(): est for _, d, _, est in items}, name,
+                            with_branches, gpus=place.gpus)
 
 
 def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,
@@ -492,8 +501,17 @@ def missing_measurement(scale: str, extra: list[str]) -> Path | None:
     return fits if "measured" in arms and not fits.exists() else None
 
 
-def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: list[str],
-                   extra: list[str]) -> int:
+def gpu_jobs(plan: list[Job]) -> int:
+    """JOBS=auto on CUDA: on every visible GPU as many workers as its widest planned model
+    allows (`workers.runs_per_gpu`), each pinned to its GPU."""
+    gpus = workers.visible_gpus()
+    per_gpu = workers.runs_per_gpu(max(j.cfg.model.width for j in plan))
+    print(f"JOBS=auto -> {per_gpu} run(s) on each of {len(gpus)} GPU(s)", flush=True)
+    return max(1, per_gpu * len(gpus))
+
+
+def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
+                   optimizers: list[str], extra: list[str]) -> int:
     """Every stage of an experiment; returns how many runs or stages did not complete.
 
     The stages train together on one pool of workers, except that the stages after a tuning
@@ -510,6 +528,7 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int, optimizers: l
         print(f"\n== back to sweep-schedules at scale={scale}", flush=True)
     plan = plan_experiment(exp, scale, optimizers, extra)
     check_finished(plan)
+    jobs_at_once = jobs_at_once or gpu_jobs(plan)
     device = "cuda" if scale == "gpu" else "cpu"
     seconds = print_plan(experiment, scale, plan, jobs_at_once, device)
     problems, outcomes = [], []
@@ -641,14 +660,15 @@ def report_all(runs_root: Path = Path("runs")) -> int:
     return failed
 
 
-def parse_jobs(jobs: str, scale: str) -> int:
-    """JOBS: a count, or `auto` = one single-threaded job per core on CPU, one job on a GPU.
+def parse_jobs(jobs: str, scale: str) -> int | None:
+    """JOBS: a count, or `auto` = one single-threaded job per core on CPU; on a GPU None, for
+    `gpu_jobs` to decide once the plan's widths are known.
 
     On CPU the cores are split into single-threaded jobs rather than given to one job:
     these small models gain less from a second thread than from a second job.
     """
     if jobs == "auto":
-        return 1 if scale == "gpu" else max(1, os.cpu_count() or 1)
+        return None if scale == "gpu" else max(1, os.cpu_count() or 1)
     if not jobs.isdigit() or int(jobs) < 1:
         raise ConfigError(f"JOBS={jobs} must be a positive number or auto")
     return int(jobs)
@@ -664,7 +684,8 @@ def main(argv: list[str] | None = None) -> None:
                              "under runs/ without training")
     parser.add_argument("--scale", default="auto", help="auto | smoke | cpu | gpu (default auto)")
     parser.add_argument("--jobs", default="auto",
-                        help="training jobs at once; auto: one per core on CPU, 1 on GPU")
+                        help="training jobs at once; auto: one per core on CPU, k per GPU on CUDA "
+                             "(by width)")
     parser.add_argument("--opt", default="adamw,muon", help="optimizers, comma-separated")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_intermixed_args(argv)

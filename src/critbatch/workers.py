@@ -51,10 +51,42 @@ class Outcome:
     # fork), val_loss, tokens_per_s, status
     trained: list[dict] = field(default_factory=list)
     error: str | None = None  # one line, when not ok
+    gpu: str | None = None  # the CUDA_VISIBLE_DEVICES the worker was pinned to, if any
 
 
-def init_worker(threads: int | None) -> None:
-    """Each worker's torch threads (the cores split between the workers on a CPU)."""
+# Runs per GPU by model width when JOBS=auto: a width-128 model uses a sliver of a large GPU,
+# so several share it. A starting table (arithmetic, not yet measured: `make gpu-check`
+# prints the packing speed-up at k = 1, 2, 4 to correct it); JOBS=N overrides it.
+RUNS_PER_GPU = ((192, 4), (320, 2), (10**9, 1))  # (widest width up to, runs per GPU)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, named as CUDA_VISIBLE_DEVICES names them (indices when
+    it is unset); empty without CUDA."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [g.strip() for g in env.split(",") if g.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def runs_per_gpu(width: int) -> int:
+    return next(k for limit, k in RUNS_PER_GPU if width <= limit)
+
+
+def gpu_slots(gpus: list[str], workers: int) -> list[str]:
+    """The GPU each of `workers` workers is pinned to: round-robin over `gpus`, so k x n
+    workers put k on each of n GPUs."""
+    return [gpus[i % len(gpus)] for i in range(workers)]
+
+
+def init_worker(threads: int | None, slots=None) -> None:
+    """Each worker's torch threads (the cores split between the workers on a CPU) and, with
+    `slots` (a queue of GPU names), its GPU: CUDA_VISIBLE_DEVICES is set before CUDA starts
+    in this process, so `cuda` is that GPU alone."""
+    if slots is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = slots.get()
     if threads:
         import torch
 
@@ -106,7 +138,8 @@ def train_job(cfg: Config, run_dir: str, overrides: list[str],
     trained = [{**{k: s[k] for k in ("tokens", "val_loss", "tokens_per_s", "status")},
                 "trained_tokens": s["tokens"] - (s.get("branch_at_tokens") or 0)}
                for s in summaries]
-    return Outcome(run_dir, True, time.perf_counter() - start, trained)
+    return Outcome(run_dir, True, time.perf_counter() - start, trained,
+                   gpu=os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
 @dataclass
@@ -149,18 +182,24 @@ class Progress:
 
 def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: int | None,
              estimates: dict[Path, float], name: Callable[[Path], str] = str,
-             with_branches: bool = True) -> list[Outcome]:
+             with_branches: bool = True, gpus: list[str] | None = None) -> list[Outcome]:
     """Train `jobs` (config, run folder, overrides) on `workers` processes, longest
     estimate first, printing a progress line as each one ends; returns their outcomes.
-    Without `with_branches` each job is its run alone (its branches are forked, not trained)."""
+    Without `with_branches` each job is its run alone (its branches are forked, not trained).
+    With `gpus`, each worker is pinned to one of them (`gpu_slots`)."""
     order = sorted(jobs, key=lambda j: -estimates.get(j[1], 0.0))
     progress = Progress(len(order), {str(j[1]): estimates.get(j[1], 0.0) for j in order},
                         workers)
     outcomes = []
     context = multiprocessing.get_context("spawn")  # no fork of a process holding threads
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    slots = None
+    if gpus:
+        slots = context.Queue()
+        for gpu in gpu_slots(gpus, workers):
+            slots.put(gpu)
     with ProcessPoolExecutor(workers, mp_context=context, initializer=init_worker,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, slots)) as pool:
         futures = [pool.submit(train_job, cfg, str(run_dir), overrides, with_branches)
                    for cfg, run_dir, overrides in order]
         for future in as_completed(futures):

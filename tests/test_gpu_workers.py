@@ -1,0 +1,46 @@
+"""Every GPU, several runs each: JOBS=auto on CUDA puts k workers on each visible GPU, each
+pinned by CUDA_VISIBLE_DEVICES before CUDA starts in it. Tested with a faked device list: the
+workers train on the CPU, and report the GPU they were pinned to."""
+
+from __future__ import annotations
+
+from critbatch import workers
+from critbatch.training.cli import check_overrides
+
+
+def test_slots_put_k_workers_on_each_gpu():
+    assert workers.gpu_slots(["0", "1"], 4) == ["0", "1", "0", "1"]
+    assert workers.gpu_slots(["7"], 3) == ["7", "7", "7"]
+    assert [workers.runs_per_gpu(w) for w in (128, 192, 256, 320, 384)] == [4, 4, 2, 2, 1]
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert workers.visible_gpus() == ["3", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert workers.visible_gpus() == []
+
+
+def test_each_worker_is_pinned_to_its_own_gpu(tiny_overrides, tmp_path):
+    jobs = []
+    for i in range(4):
+        cfg = check_overrides([*tiny_overrides, "train.device=cpu", "train.tokens=4096",
+                               "train.batch_size=8", "train.eval_points=1",
+                               "train.eval_tokens=64", f"train.seed={i}"])
+        jobs.append((cfg, tmp_path / f"run{i}", [f"train.seed={i}"]))
+    outcomes = workers.run_jobs(jobs, 2, 1, {}, gpus=["3", "5"])
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    assert all(o.gpu in ("3", "5") for o in outcomes)  # every run on a pinned worker
+
+
+def test_the_initializer_takes_one_gpu_from_the_queue(monkeypatch):
+    import queue
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    slots = queue.Queue()
+    for gpu in workers.gpu_slots(["2", "3"], 2):
+        slots.put(gpu)
+    workers.init_worker(None, slots)
+    assert workers.visible_gpus() == ["2"]
+    workers.init_worker(None, slots)
+    assert workers.visible_gpus() == ["3"]
