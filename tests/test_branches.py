@@ -19,8 +19,9 @@ from critbatch.training import loop as train_loop
 from critbatch.training.branches import plan_branches
 from critbatch.training.loop import train, train_with_branches
 
-TIMING_KEYS = {"wall_time_s", "tokens_per_s", "resumed_at", "checkpoint_saves",
-               "checkpoint_time_s", "wandb_run_id", "git_revision"}
+TIMING_KEYS = {"wall_time_s", "tokens_per_s", "tokens_per_s_with_warmup", "warmup_s",
+               "resumed_at", "checkpoint_saves", "checkpoint_time_s", "wandb_run_id",
+               "git_revision"}
 BRANCH_KEYS = {"branch_of", "branch_at_tokens", "overrides", "curve"}
 
 # 40 steps of 8 x 32 tokens; branches of 10 and 20 steps fork at steps 8 and 16

@@ -20,8 +20,9 @@ from critbatch.training.local_cbs import VAL_SEQUENCES
 from critbatch.training.local_cbs import plan as local_plan
 from critbatch.training.loop import train, train_with_branches
 
-TIMING_KEYS = {"wall_time_s", "tokens_per_s", "resumed_at", "checkpoint_saves",
-               "checkpoint_time_s", "wandb_run_id", "git_revision"}
+TIMING_KEYS = {"wall_time_s", "tokens_per_s", "tokens_per_s_with_warmup", "warmup_s",
+               "resumed_at", "checkpoint_saves", "checkpoint_time_s", "wandb_run_id",
+               "git_revision"}
 LOCAL_KEYS = {"local_cbs_of", "local_cbs_at_tokens", "local_cbs_multiplier",
               "local_cbs_window_tokens", "base_batch_size"}
 BRANCH_KEYS = {"branch_of", "branch_at_tokens", "overrides", "curve", *LOCAL_KEYS}

@@ -40,8 +40,8 @@ from critbatch.training.data import (
 from critbatch.training.loop import train
 from critbatch.training.noise_program import load_checkpoint
 
-TIMING_KEYS = {"wall_time_s", "tokens_per_s", "resumed_at", "checkpoint_saves",
-               "checkpoint_time_s", "wandb_run_id",
+TIMING_KEYS = {"wall_time_s", "tokens_per_s", "tokens_per_s_with_warmup", "warmup_s",
+               "resumed_at", "checkpoint_saves", "checkpoint_time_s", "wandb_run_id",
                "git_revision"}  # provenance: another commit may land between the two runs
 
 

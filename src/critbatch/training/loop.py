@@ -30,6 +30,7 @@ from critbatch.training.evaluation import (
     is_diverged,
 )
 from critbatch.training.metrics import (
+    SpeedClock,
     StepRecord,
     finishing,
     log_wandb_rows,
@@ -75,6 +76,7 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
     pending: list[StepRecord] = []  # steps not logged yet
     heartbeat = Heartbeat(tr.steps, plan.budget, state.tokens)
     t0 = time.perf_counter() - state.elapsed_s
+    speed = SpeedClock(t0, state.step, state.elapsed_s)  # tokens/s without the warm-up
     # a scheduled batch's last known batch: a change at a resume (a local-CBS branch's switch
     # at its fork) is recorded like any other
     known = state.batch_changes[-1]["batch_size"] if state.batch_changes else plan.start
@@ -89,6 +91,7 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                 state.step, state.tokens = state.step + 1, state.tokens + batch_size * seq_len
                 pending.append(StepRecord(state.step, state.tokens, batch_size, factor * tr.lr,
                                           time.perf_counter() - t0, result))
+                speed.tick(state.step, state.tokens, tr.device)
                 bar.update(1 if tr.steps else batch_size * seq_len)
 
                 last = plan.is_last(state.tokens)
@@ -118,7 +121,7 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
             save_checkpoint(tr, saver, wall_time)
         if tr.ranks.main and t.batch_schedule == "switch" and state.status == "completed":
             write_val_sequences(tr)  # before summary.json: a finished run has both
-        summary = summarize(tr, wall_time, saver, wandb_run.id)
+        summary = summarize(tr, wall_time, saver, wandb_run.id, speed)
         if tr.ranks.main:
             files.write_json_atomic(run_dir / "summary.json", summary)
         wandb_run.summary.update(
@@ -128,7 +131,8 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
     log.info(
         f"{state.status}: val_loss {summary['val_loss']:.4f} nats/token "
         f"({summary['val_loss_per_byte']:.4f} nats/byte) after {state.tokens / 1e6:.3f}M "
-        f"tokens in {wall_time:.1f}s ({summary['tokens_per_s']:,.0f} tokens/s); {run_dir}"
+        f"tokens in {wall_time:.1f}s ({summary['tokens_per_s']:,.0f} tokens/s after a "
+        f"{summary['warmup_s']:.1f}s warm-up); {run_dir}"
     )
     return summary
 
@@ -282,8 +286,10 @@ def save_checkpoint(tr: Trainer, saver: checkpoint.Every, elapsed_s: float) -> N
 
 
 def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
-              wandb_run_id: str | None) -> dict:
-    """summary.json's dict (analysis/results.py's format) from what the run holds."""
+              wandb_run_id: str | None, speed: SpeedClock) -> dict:
+    """summary.json's dict (analysis/results.py's format) from what the run holds; its
+    tokens_per_s is the steady-state rate, the whole-run one is tokens_per_s_with_warmup
+    (`SpeedClock`)."""
     state, cfg = tr.state, tr.cfg
     summary = runs.build_summary(
         tr.resolved, overrides=tr.overrides, status=state.status,
@@ -301,4 +307,6 @@ def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
         checkpoint_time_s=saver.seconds, git_revision=runs.git_revision(),
         versions=runs.package_versions(),
     )
-    return {**summary, **state.branch_fields, **tr.plan.summary_fields(cfg.train.measured.fits)}
+    speed_fields = speed.fields(wall_time_s, state.tokens, state.curve, summary["tokens_per_s"])
+    return {**summary, **speed_fields, **state.branch_fields,
+            **tr.plan.summary_fields(cfg.train.measured.fits)}

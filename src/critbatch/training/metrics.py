@@ -1,7 +1,9 @@
-"""What a run logs per step: metrics.jsonl rows (with the online noise scale) and W&B."""
+"""What a run logs per step -- metrics.jsonl rows (with the online noise scale) and W&B -- and
+its speed figures (the steady-state tokens/s, without the warm-up)."""
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,3 +101,72 @@ def finishing(wandb_run):
         wandb_run.finish(exit_code=1)
         raise
     wandb_run.finish()
+
+
+WARMUP_STEPS_EXCLUDED = 3  # a session's first optimizer steps, left out of tokens_per_s
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait until the device has run the work queued on it (CUDA, MPS); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+@dataclass
+class SpeedClock:
+    """summary.json's speed figures: tokens/s in steady state, and with the warm-up.
+
+    A session (one process's share of a run: the whole run, what a resume trains, or a
+    branch from its fork) spends its first optimizer steps on work done once: torch.compile's
+    tracing and compilation, the allocator's first allocations, the first data reads. Its
+    warm-up ends with its WARMUP_STEPS_EXCLUDED-th step, once the device has run it (one host
+    sync), at time t_w on the run's clock (seconds, earlier sessions included, like
+    metrics.jsonl's `time_s`), N_w training tokens in. With T the run's `wall_time_s`, t_0 the
+    session's start on that clock, N the tokens at the end, and E the eval seconds (the
+    curve's `eval_time_s`; an eval at step s follows step s's mark):
+
+        tokens_per_s = (N - N_w) / (T - t_w - E[evals from step w on])
+        warmup_s     = t_w - t_0 - E[evals before step w]
+
+    so a resumed run's tokens_per_s and warmup_s are its last session's alone.
+    `tokens_per_s_with_warmup` is the whole-run figure tokens_per_s was before (results.
+    build_summary): every token since the start (a branch's since its fork) over all of
+    `wall_time_s` less every eval, resumed sessions and their warm-ups included. Checkpoint
+    saves and forks count as training time in both; a recompilation later in the run (a
+    scheduled batch's new shape) stays in tokens_per_s. A session with no step after its
+    warm-up has no steady rate: tokens_per_s is then the whole-run figure and warmup_s all the
+    session's training seconds.
+    """
+
+    t0: float  # time.perf_counter() at the run's clock's zero
+    start_step: int  # optimizer steps before this session
+    start_s: float  # the session's start on the run's clock (the resumed elapsed_s)
+    end_step: int | None = None  # the step that ended the warm-up (None: not reached)
+    end_tokens: int = 0  # training tokens through it
+    end_s: float = 0.0  # when it ended, on the run's clock
+
+    def tick(self, step: int, tokens: int, device: torch.device) -> None:
+        """After each optimizer step: the session's WARMUP_STEPS_EXCLUDED-th ends the warm-up."""
+        if self.end_step is None and step == self.start_step + WARMUP_STEPS_EXCLUDED:
+            sync_device(device)
+            self.end_step, self.end_tokens = step, tokens
+            self.end_s = time.perf_counter() - self.t0
+
+    def fields(self, wall_time_s: float, tokens: int, curve: list[dict],
+               with_warmup_tokens_per_s: float) -> dict:
+        """tokens_per_s, tokens_per_s_with_warmup, warmup_s (the class's formulas)."""
+        def eval_s(first: int, last: float) -> float:
+            return sum(p["eval_time_s"] for p in curve if first <= p["step"] <= last)
+
+        if self.end_step is None or tokens <= self.end_tokens:  # no steady step
+            session_s = wall_time_s - self.start_s - eval_s(self.start_step + 1, float("inf"))
+            return {"tokens_per_s": with_warmup_tokens_per_s,
+                    "tokens_per_s_with_warmup": with_warmup_tokens_per_s,
+                    "warmup_s": max(0.0, session_s)}
+        steady_s = wall_time_s - self.end_s - eval_s(self.end_step, float("inf"))
+        warmup_s = self.end_s - self.start_s - eval_s(self.start_step + 1, self.end_step - 1)
+        return {"tokens_per_s": (tokens - self.end_tokens) / max(1e-9, steady_s),
+                "tokens_per_s_with_warmup": with_warmup_tokens_per_s,
+                "warmup_s": max(0.0, warmup_s)}
