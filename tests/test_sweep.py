@@ -381,3 +381,19 @@ def test_the_plan_times_the_runs_own_precision_and_compile(tiny_cfg):
                    "train.batch_size=8")
     assert sweep.measure_tokens_per_s(cfg, seconds=0.05) > 0
     assert counters["stats"]["unique_graphs"] >= 1
+
+
+def test_the_plan_states_checkpoint_disk_and_stops_when_it_is_short(tmp_path, monkeypatch):
+    """Every run and branch keeps a checkpoint: the plan counts them; a need above the free
+    space of the folder is a one-line error before anything trains."""
+    from critbatch.training.model import param_count
+
+    monkeypatch.chdir(tmp_path)  # an empty runs/: every run and branch still to train
+    jobs = plan_stage("batch", "smoke", "adamw", [])
+    m, vocab = jobs[0].cfg.model, jobs[0].cfg.data.vocab_size
+    checkpoints = sum(1 + len(j.branches) for j in jobs)
+    need = sweep.checkpoint_bytes(jobs)
+    assert need == checkpoints * param_count(m.width, m.depth, m.seq_len, vocab)[0] * 12
+    assert sweep.check_disk(need, tmp_path / "runs" / "not-yet") > need
+    with pytest.raises(sweep.ConfigError, match="GB free; free some space"):
+        sweep.check_disk(10**18, tmp_path)

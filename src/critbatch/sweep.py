@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ from critbatch.training import branches as branching
 from critbatch.training import config as schema
 from critbatch.training.cli import sweep_jobs
 from critbatch.training.config import Config, micro_batch_size
+from critbatch.training.model import param_count
 
 REPO = schema.CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
@@ -312,11 +314,43 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
         print(f"  local-CBS windows of {window:,} tokens: {window // (t.batch_size * seq_len)} "
               f"optimizer steps of the largest branch (batch {t.batch_size}), "
               f"{window // (t.batch_size_start * seq_len)} of k = 1")
+    need = checkpoint_bytes(todo)
+    free = check_disk(need, Path("runs"))
+    print(f"  disk: ~{need / 1e9:,.2f} GB of checkpoints (every run and branch keeps its "
+          f"checkpoint.pt), {free / 1e9:,.0f} GB free")
     print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {training / 60:.1f} min of "
           f"training + ~{(NOISE_OVERHEAD_S + REPORT_S) / 60:.1f} min of noise and report "
           f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
           flush=True)
     return seconds
+
+
+CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (Muon's state is smaller)
+
+
+def checkpoint_bytes(jobs: list[Job]) -> int:
+    """Disk the checkpoints of `jobs` will hold: one checkpoint.pt per run and per branch
+    not yet finished, CHECKPOINT_BYTES_PER_PARAM per parameter."""
+    total = 0
+    for job in jobs:
+        m = job.cfg.model
+        params = param_count(m.width, m.depth, m.seq_len, job.cfg.data.vocab_size)[0]
+        kept = (not job.finished) + sum(not b.done for b in job.branches)
+        total += kept * params * CHECKPOINT_BYTES_PER_PARAM
+    return total
+
+
+def check_disk(need: int, folder: Path) -> int:
+    """The free bytes where `folder` is (or will be); a one-line error when `need` is more."""
+    where = folder.absolute()
+    while not where.exists():
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise ConfigError(f"the sweep's checkpoints need ~{need / 1e9:,.1f} GB and {where} has "
+                          f"{free / 1e9:,.1f} GB free; free some space or run the sweep where "
+                          "there is more")
+    return free
 
 
 def _device_name() -> str:
