@@ -1,13 +1,16 @@
 """Honest speed figures: summary.json's tokens_per_s leaves out a session's warm-up steps
-(compilation, first allocations); the whole-run rate and the warm-up's seconds sit beside it."""
+(compilation, first allocations), the whole-run rate and the warm-up's seconds sit beside it,
+and W&B gets every step once, logged at the flushes of metrics.jsonl."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
+from test_wandb_axis import wandb_records
 
 from critbatch.analysis import results as runs
 from critbatch.training import loop as train_loop
@@ -138,3 +141,48 @@ def test_a_resumed_run_reports_the_speed_of_its_last_session(tiny_cfg, tmp_path,
     assert clock.start_s > 0
     check_speed(summary, clock, runs.read_metrics(tmp_path / "run"), 10, eval_seconds(clock, 1),
                 eval_seconds(clock, 10 + WARMUP_STEPS_EXCLUDED))
+
+
+def finished_records(run_dir) -> list:
+    """The records of the run's offline W&B file once its `exit` record is there: W&B's
+    service process writes the file after `finish()` returns (waits up to a minute)."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 60.0
+    while True:
+        records = wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} has no exit record after a minute"
+        time.sleep(0.1)
+
+
+def history_steps(run_dir) -> list[int]:
+    """The `_step` of every history row of the run's offline W&B file that holds a train
+    loss (one row per logged step; an eval at the same step joins its row)."""
+    steps = []
+    for record in finished_records(run_dir):
+        if record.WhichOneof("record_type") != "history":
+            continue
+        items = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                 for i in record.history.item}
+        if "train_loss" in items:
+            steps.append(items["_step"])
+    return steps
+
+
+def test_wandb_gets_every_step_once_logged_at_the_flushes(tiny_cfg, tmp_path, monkeypatch):
+    cfg = tiny_cfg("logger.mode=offline", "train.batch_size=8", "train.tokens=10240",
+                   "train.log_every=10", "train.eval_points=3")  # 40 steps
+    calls = []
+    real = train_loop.log_wandb_rows
+
+    def log_wandb_rows(run, rows):
+        calls.append([r["step"] for r in rows])
+        real(run, rows)
+
+    monkeypatch.setattr(train_loop, "log_wandb_rows", log_wandb_rows)
+    summary = train(cfg, tmp_path / "run")
+    assert summary["steps"] == 40
+    assert [s for c in calls for s in c] == list(range(1, 41))
+    assert len(calls) < 40 and max(len(c) for c in calls) == 10  # batched, not per step
+    assert sorted(history_steps(tmp_path / "run")) == list(range(1, 41))

@@ -85,7 +85,12 @@ def define_token_axis(run) -> None:
 
 
 def log_wandb_rows(wandb_run, rows: list[dict]) -> None:
-    """Each metrics row at its step (W&B's x axis), nulls left out."""
+    """Each metrics row at its step (W&B's x axis), nulls left out.
+
+    Called once per flush of metrics.jsonl with the rows buffered since the last one (the
+    loop's `log_steps`), never on the per-step path; a step's eval point, logged after the
+    flush at the same step, joins that step's W&B row.
+    """
     for row in rows:
         wandb_run.log({k: v for k, v in row.items() if k != "step" and v is not None},
                       step=row["step"])
