@@ -96,6 +96,10 @@ def test_a_run_writes_its_steady_rate_beside_the_whole_run_rate(tiny_cfg, tmp_pa
     assert len(rows) == summary["steps"] == 20
     check_speed(summary, clock, rows, 0, eval_seconds(clock, 1),
                 eval_seconds(clock, WARMUP_STEPS_EXCLUDED))
+    # a run folder written before these keys existed still loads
+    older = {k: v for k, v in summary.items() if k not in SPEED_KEYS[1:]}
+    (tmp_path / "run" / "summary.json").write_text(json.dumps(older))
+    assert runs.read_summary(tmp_path / "run") == json.loads(json.dumps(older))
 
 
 def keep_curves(monkeypatch) -> list[list[dict]]:
