@@ -52,7 +52,7 @@ from critbatch.training.data import prepare_data, sample_batch
 from critbatch.training.gns import MicroGradNorms
 from critbatch.training.loop import train
 from critbatch.training.memory import reuse_freed_memory
-from critbatch.training.metrics import StepRecord, metrics_rows
+from critbatch.training.metrics import WARMUP_STEPS_EXCLUDED, StepRecord, metrics_rows
 from critbatch.training.model import GPT, flops_per_token, param_count
 from critbatch.training.optim import adamw_options, lr_factor
 from critbatch.training.step import (
@@ -356,7 +356,9 @@ def dtype_gflops(opts: Options, device: torch.device) -> dict[str, float]:
 
 def minimal_loop(cfg, data, steps: int) -> float:
     """tokens/s of a minimal eager training loop: the same model, batches, clipping and
-    AdamW as the trainer, in plain PyTorch -- no schedule, logging, noise tracking or eval."""
+    AdamW as the trainer, in plain PyTorch -- no schedule, logging, noise tracking or eval.
+    Like the trainer's `tokens_per_s`, it leaves out the first WARMUP_STEPS_EXCLUDED steps
+    (compilation, first allocations)."""
     device, dtype, compiled = resolve_device(cfg)
     m, t, o = cfg.model, cfg.train, cfg.optim
     torch.manual_seed(t.seed)
@@ -365,9 +367,13 @@ def minimal_loop(cfg, data, steps: int) -> float:
     opt = torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
                             **adamw_options(o, device.type))
     autocast = autocast_for(device, dtype)
+    skip = WARMUP_STEPS_EXCLUDED if steps > WARMUP_STEPS_EXCLUDED else 0
     sync(device)
     t0 = time.perf_counter()
     for step in range(steps):
+        if step == skip and skip:
+            sync(device)
+            t0 = time.perf_counter()
         batch = sample_batch(data.train, m.seq_len, t.batch_size, t.seed, step)  # (B, T+1)
         batch = batch.to(device, non_blocking=True)
         with autocast:
@@ -377,7 +383,7 @@ def minimal_loop(cfg, data, steps: int) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
     sync(device)
-    return steps * t.batch_size * m.seq_len / (time.perf_counter() - t0)
+    return (steps - skip) * t.batch_size * m.seq_len / (time.perf_counter() - t0)
 
 
 def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
