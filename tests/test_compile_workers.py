@@ -8,24 +8,16 @@ import logging
 
 import pytest
 
+from critbatch.gpu_check import FallbackWatch
 from critbatch.training.cli import check_overrides
 from critbatch.training.loop import train
 
 WIDTHS = (16, 24, 32, 40, 48, 56, 64, 72, 80, 88)  # > recompile_limit (8) shapes
 
 
-class Recorder(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture
 def dynamo_warnings():
-    recorder, logger = Recorder(), logging.getLogger("torch._dynamo")
+    recorder, logger = FallbackWatch(), logging.getLogger("torch._dynamo")
     logger.addHandler(recorder)
     yield recorder.messages
     logger.removeHandler(recorder)
