@@ -438,9 +438,10 @@ def step_split(cfg, data, iters: int, warmup: int = 2) -> dict:
 def bench_train(opts: Options) -> dict:
     """Per preset: the trainer's tokens/s next to the minimal loop's, the split, the MFU.
 
-    Each repeat runs `train()` (logger disabled, one tiny eval, which tokens_per_s leaves
-    out) and the minimal loop for the same number of steps from the same seed, alternating
-    which goes first. overhead = 1 - median(trainer tokens/s) / median(minimal tokens/s).
+    Each repeat runs `train()` (W&B logging on, offline, as in a sweep; one tiny eval, which
+    tokens_per_s leaves out with the warm-up steps) and the minimal loop for the same number
+    of steps from the same seed, alternating which goes first.
+    overhead = 1 - median(trainer tokens/s) / median(minimal tokens/s).
     """
     repeats = opts.repeats or 3
     rows = {}
@@ -450,6 +451,7 @@ def bench_train(opts: Options) -> dict:
         b, seq = cfg.train.batch_size, cfg.model.seq_len
         steps = opts.steps or run_steps(cfg, peak)
         cfg = compose(preset, opts, f"train.tokens={steps * b * seq}", "train.eval_points=1",
+                      "logger.mode=offline",
                       f"train.eval_tokens={seq}", "train.warmup_steps=2")
         data = prepare_data(cfg.data)
         if resolve_device(cfg)[2]:  # compiled: fill the compile caches before timing
