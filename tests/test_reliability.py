@@ -129,9 +129,13 @@ def test_a_scheduled_batch_resumes_bitwise(tiny_cfg, tmp_path, monkeypatch, sche
 
 
 def _cli(run_dir: Path, overrides: list[str], **kw) -> subprocess.Popen:
+    """`python -m critbatch.train` as a user starts it: without this pytest process's
+    WANDB_SERVICE, which an earlier in-process W&B run set; a child that inherits it shares
+    that service, which outlives a SIGKILL and keeps the run id "in use" for the restart."""
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
     return subprocess.Popen([sys.executable, "-m", "critbatch.train", *overrides,
                              f"hydra.run.dir={run_dir}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
+                            stderr=subprocess.STDOUT, text=True, env=env, **kw)
 
 
 def _last_step(run_dir: Path) -> int:
