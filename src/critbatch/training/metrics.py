@@ -53,9 +53,9 @@ def metrics_rows(records: list[StepRecord], gns: NoiseEMA | None, parallel: bool
     return rows
 
 
-# A resumed run (its process killed) may find its W&B run id still held by a W&B service that
-# outlived the killed process ("run ID ... is in use"); the resume waits a while for it rather
-# than failing. A service shared with a parent (inherited WANDB_SERVICE) holds it for good.
+# A resumed run (its process killed) may find its W&B run id still held by the killed
+# process's W&B service, which notices its parent is gone only after a few seconds (seen under
+# load: "run ID ... is in use"); the resume waits for it rather than failing.
 RUN_ID_IN_USE_WAITS_S = (2.0, 4.0, 8.0, 16.0)
 
 
