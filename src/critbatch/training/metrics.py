@@ -3,7 +3,6 @@ its speed figures (the steady-state tokens/s, without the warm-up)."""
 
 from __future__ import annotations
 
-import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,8 +13,6 @@ import torch
 from critbatch.science.noise import NoiseEMA
 from critbatch.training.config import Config, wandb_group
 from critbatch.training.step import StepResult
-
-log = logging.getLogger("critbatch")
 
 
 @dataclass
@@ -53,12 +50,6 @@ def metrics_rows(records: list[StepRecord], gns: NoiseEMA | None, parallel: bool
     return rows
 
 
-# A resumed run (its process killed) may find its W&B run id still held by the killed
-# process's W&B service, which notices its parent is gone only after a few seconds (seen under
-# load: "run ID ... is in use"); the resume waits for it rather than failing.
-RUN_ID_IN_USE_WAITS_S = (2.0, 4.0, 8.0, 16.0)
-
-
 def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str],
                 run_id: str | None, main: bool, branch: bool = False):
     """The run's W&B run (offline unless logger.mode=online; disabled off rank 0); a resumed
@@ -68,7 +59,7 @@ def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str]
 
     name = cfg.logger.name or (",".join(o for o in overrides if not o.startswith("hydra")) or
                                "defaults")
-    kwargs = dict(
+    run = wandb.init(
         id=run_id,
         resume="allow" if run_id else None,
         mode=cfg.logger.mode if main else "disabled",
@@ -82,16 +73,6 @@ def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str]
               cfg.scale, *(["branch"] if branch else [])],
         settings=wandb.Settings(console="off", silent=True),
     )
-    for wait_s in (*RUN_ID_IN_USE_WAITS_S, None):
-        try:
-            run = wandb.init(**kwargs)
-            break
-        except Exception as err:  # wandb's ServerResponseError; its class moves between versions
-            if wait_s is None or not run_id or "is in use" not in str(err):
-                raise
-            log.info(f"W&B run {run_id} is still held by the killed process's W&B service; "
-                     f"retrying in {wait_s:.0f} s")
-            time.sleep(wait_s)
     define_token_axis(run)
     return run
 
