@@ -78,12 +78,13 @@ def cells_of(groups: list[dict]) -> tuple[list[tuple], list[str]]:
 
 
 def build_data(used: list[tuple]) -> JointData:
+    """The model's cells; widths indexed narrowest first (the held-out set is the widest)."""
+    ordered = sorted(used, key=lambda u: u[0]["key"]["width"])
     return JointData.build(
         [width_label(g["key"]) for g, _, _ in used], [c.batch_size for _, c, _ in used],
         [c.tokens for _, c, _ in used], [c.loss for _, c, _ in used],
         [s for _, _, s in used], [c.trunk for _, c, _ in used],
-        widths=tuple(dict.fromkeys(width_label(g["key"]) for g in sorted(
-            {id(g): g for g, _, _ in used}.values(), key=lambda g: g["key"]["width"]))))
+        widths=tuple(dict.fromkeys(width_label(g["key"]) for g, _, _ in ordered)))
 
 
 def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
