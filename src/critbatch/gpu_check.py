@@ -74,12 +74,11 @@ def check_widths(device: torch.device, quick: bool, peak_gflops: float,
             before = len(watch.messages)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            dtype = torch.bfloat16
-            step = bench.step_timer(cfg, device, dtype=dtype, compiled=True)
+            step = bench.step_timer(cfg, device, dtype=torch.bfloat16, compiled=True)
             for _ in range(3):
                 step()
-            seconds = sum(sum(step()) for _ in range(5 if quick else STEPS))
             steps = 5 if quick else STEPS
+            seconds = sum(sum(step()) for _ in range(steps))
             m, t = cfg.model, cfg.train
             tokens_per_s = steps * t.batch_size * m.seq_len / seconds
             flops = flops_per_token(m.width, m.depth, m.seq_len, cfg.data.vocab_size)
