@@ -39,6 +39,12 @@ def width_label(key: dict) -> str:
     return f"width {key['width']}" + (f" depth {key['depth']}" if key.get("depth") else "")
 
 
+def width_order(key: dict) -> tuple[int, int, int]:
+    """Narrowest first; a table without widths (None) sorts before every width."""
+    width, depth = key.get("width"), key.get("depth")
+    return (width is not None, width or 0, depth or 0)
+
+
 def comparable_groups(groups: list[dict]) -> dict[str, list[dict]]:
     """Per optimizer, its groups of the corpus, vocabulary and seq_len with the most cells
     (losses of other corpora are on another scale)."""
@@ -79,7 +85,7 @@ def cells_of(groups: list[dict]) -> tuple[list[tuple], list[str]]:
 
 def build_data(used: list[tuple]) -> JointData:
     """The model's cells; widths indexed narrowest first (the held-out set is the widest)."""
-    ordered = sorted(used, key=lambda u: u[0]["key"]["width"])
+    ordered = sorted(used, key=lambda u: width_order(u[0]["key"]))
     return JointData.build(
         [width_label(g["key"]) for g, _, _ in used], [c.batch_size for _, c, _ in used],
         [c.tokens for _, c, _ in used], [c.loss for _, c, _ in used],
