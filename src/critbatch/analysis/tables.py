@@ -18,7 +18,9 @@ A table is CSV with a header row (`.csv`) or JSON Lines, one object per line (`.
 Optional columns: `group` (runs that may be compared: same model and data; default: one
 group, `DEFAULT_GROUP`), `optimizer` (default `bcrit.UNKNOWN_OPTIMIZER`), `lr` (without it,
 each cell has one lr and is flagged as untuned), `seed`, `run` (a name for the run; default
-FILE:row N), `status` (completed or diverged) and `bytes_per_token` (for losses per byte).
+FILE:row N), `status` (completed or diverged), `bytes_per_token` (for losses per byte) and
+`params` (the row's model's non-embedding parameters: `python analysis/recommend.py` predicts
+across model sizes from it).
 Other columns are ignored. A bad table stops with one line naming the file, the row (the
 file's line: a CSV header is row 1), the column and how to fix it.
 
@@ -41,7 +43,7 @@ from critbatch.files import write_text_atomic
 RUN_COLUMNS = ("batch_size", "seq_len", "tokens", "loss")
 TARGET_COLUMNS = ("batch_size", "seq_len", "target_loss", "steps")
 EXPORT_COLUMNS = ("run", "group", "optimizer", "lr", "seed", "status", "batch_size", "seq_len",
-                  "tokens", "loss", "bytes_per_token")
+                  "tokens", "loss", "bytes_per_token", "params")
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 DEFAULT_GROUP = "table"
 STATUSES = ("completed", "diverged")
@@ -62,9 +64,12 @@ NUMBERS = {
     "seed": ("a whole number", "write the run's seed, e.g. 0, or leave it blank"),
     "bytes_per_token": ("a positive number", "write the corpus's bytes per token, e.g. 4.2, "
                                              "or leave it blank"),
+    "params": ("a positive whole number", "write the model's non-embedding parameters, e.g. "
+                                          "85e6, or leave it blank"),
 }
-WHOLE = ("batch_size", "seq_len", "tokens", "seed")
-POSITIVE = ("batch_size", "seq_len", "tokens", "target_loss", "steps", "lr", "bytes_per_token")
+WHOLE = ("batch_size", "seq_len", "tokens", "seed", "params")
+POSITIVE = ("batch_size", "seq_len", "tokens", "target_loss", "steps", "lr", "bytes_per_token",
+            "params")
 
 NO_LR = math.nan  # the lr of rows without one: one object, so a cell's rows share one lr bin
 
@@ -186,7 +191,7 @@ def parse_row(record: dict, where: str, header_where: str, has_lr: bool) -> dict
             raise ResultsError(f"{where}, column {column}: empty; {NUMBERS[column][1]}")
         else:
             row[column] = number(cell, column, where)
-    for column in ("lr", "seed", "bytes_per_token"):
+    for column in ("lr", "seed", "bytes_per_token", "params"):
         if not is_blank(record.get(column)):
             row[column] = number(record[column], column, where)
     if kind == "run" and has_lr and "lr" not in row:
@@ -213,7 +218,8 @@ def run_from_row(row: dict, source: str) -> dict:
         "status": row["status"], "sweep": source, "seed": row.get("seed", 0),
         "optimizer": row["optimizer"], "lr": row.get("lr", NO_LR),
         "group_label": row["group"], "data_name": None, "vocab_size": None, "width": None,
-        "depth": None, "seq_len": seq_len, "batch_size": batch, "tokens": tokens,
+        "depth": None, "params_nonembedding": row.get("params"), "seq_len": seq_len,
+        "batch_size": batch, "tokens": tokens,
         "steps": steps, "bytes_per_token": bytes_per_token, "val_loss": loss,
         "val_loss_per_byte": per_byte, "data_fingerprint": None, "run_dir": row["run"],
         "noise": None, "status_reason": None, "diverged_step": None,
@@ -279,7 +285,8 @@ def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
                      "optimizer": run["optimizer"], "lr": run["lr"], "seed": run["seed"],
                      "status": run["status"], "batch_size": run["batch_size"],
                      "seq_len": run["seq_len"], "tokens": run["tokens"], "loss": loss,
-                     "bytes_per_token": run["bytes_per_token"]})
+                     "bytes_per_token": run["bytes_per_token"],
+                     "params": run.get("params_nonembedding")})
     return rows, skipped
 
 

@@ -1,0 +1,375 @@
+"""From a sweep to a decision: the batch size and lr of a larger run (docs/science.md, section 9).
+
+The joint model (`science.joint`) gives every width its own example curve. To predict a
+model size the sweep did not train, the curves become one loss law across sizes:
+
+    L = L_0 + A (N / N_REF)^(-a) + C (E_min / E_REF)^(-b)       (Hoffmann et al. 2022's form)
+    E = E_min(L; N) (1 + B / B_crit(L)) [(1 + B_s / B)],  B_crit(L) = B_star L^(-gamma)
+
+N is non-embedding parameters, E tokens, B sequences. The law is the joint model with each
+width's curve tied to its size: l_inf(N) = L_0 + A (N / N_REF)^(-a), a common amplitude C and
+exponent b. With one size the N term cannot be measured: A is 0 and every size gets the
+sweep's curve (the caller warns). The fit is `science.joint.residuals`' weighted least squares
+on the losses; its intervals a parametric bootstrap (`bootstrap_scaling`) like the joint
+model's.
+
+The best lr follows a power law in batch and size, fitted to the cells' lr-parabola optima:
+ln lr* = c + p ln B + q ln(N / N_REF) (`fit_lr_law`), its interval the fit's t interval of
+the mean.
+
+`candidates` turns both into the answer for (N, D): for each batch a power of two up from
+the sweep's smallest, the predicted loss at D tokens, its steps, token overhead and lr; the
+recommended batch is the largest whose predicted loss is within a tolerance T of the best.
+numpy/scipy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from critbatch.science.joint import (
+    CONFIDENCE,
+    L_N_FLOOR,
+    SHARED_FRACTION,
+    JointData,
+    JointFit,
+    draw_losses,
+    residuals,
+)
+
+N_REF = 1e6  # non-embedding parameters: the size term is measured in units of this
+CANDIDATE_REACH = 10.0  # candidates run up to a predicted loss this many tolerances worse
+MAX_DOUBLINGS = 24  # candidates: at most this many doublings above the smallest batch
+
+
+@dataclass
+class ScalingFit:
+    """The loss law across sizes with the B_crit law (see the module docstring)."""
+
+    l0: float  # nats/token
+    a_size: float  # A, nats/token at N = N_REF (0: one size, no size term)
+    size_exponent: float  # a
+    c: float  # nats/token above l_inf(N) at E_min = E_REF
+    b: float  # the tokens exponent
+    b_star: float  # sequences at L = 1 nat/token
+    gamma: float  # 1/alpha_B
+    b_small: float = 0.0  # B_s, sequences (0: no small-batch term)
+    small_batch: bool = False
+    one_size: bool = False
+    chi2: float = math.nan
+    dof: int = 0
+    success: bool = False
+    residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def chi2_per_dof(self) -> float:
+        return self.chi2 / self.dof if self.dof > 0 else math.nan
+
+    def l_inf(self, params) -> np.ndarray:
+        """The size's curve floor l_inf(N), nats/token."""
+        n = np.asarray(params, float)
+        return self.l0 + self.a_size * (n / N_REF) ** -self.size_exponent
+
+    def curve(self, params) -> JointFit:
+        """The joint model of one width of `params` non-embedding parameters (width index 0)."""
+        return JointFit(
+            l_inf=np.atleast_1d(self.l_inf(params)).astype(float), a=np.array([self.c]),
+            alpha=np.array([self.b]), b_star=np.array([self.b_star]),
+            gamma=np.array([self.gamma]), b_small=self.b_small, small_batch=self.small_batch)
+
+    def predict_loss(self, params: float, batch, tokens) -> np.ndarray:
+        """Loss (nats/token) of a model of `params` at `batch` sequences after `tokens`."""
+        batch, tokens = np.broadcast_arrays(np.asarray(batch, float), np.asarray(tokens, float))
+        return self.curve(params).predict_loss(np.zeros(batch.shape, int), batch, tokens)
+
+    def b_crit(self, loss) -> np.ndarray:
+        return self.b_star * np.asarray(loss, float) ** -self.gamma
+
+    def e_min(self, loss, params: float) -> np.ndarray:
+        return self.curve(params).e_min(np.asarray(loss, float), 0)
+
+    def tokens_to(self, loss, params: float, batch) -> np.ndarray:
+        """Tokens a batch needs to reach `loss`: E_min (1 + B/B_crit) (1 + B_s/B)."""
+        loss, batch = np.broadcast_arrays(np.asarray(loss, float), np.asarray(batch, float))
+        return self.e_min(loss, params) * self.overhead_factor(loss, batch)
+
+    def overhead_factor(self, loss, batch) -> np.ndarray:
+        """E / E_min at (loss, batch): 1 + the token overhead."""
+        batch = np.asarray(batch, float)
+        return (1 + batch / self.b_crit(loss)) * (1 + self.b_small / batch)
+
+    def as_vector(self) -> np.ndarray:
+        size = [] if self.one_size else [math.log(max(self.a_size, 1e-300)),
+                                         math.log(self.size_exponent)]
+        extra = [self.b_small] if self.small_batch else []
+        return np.array([self.l0, *size, math.log(self.c), math.log(self.b),
+                         math.log(self.b_star), self.gamma, *extra])
+
+
+def unpack(theta: np.ndarray, one_size: bool, small_batch: bool) -> dict:
+    """The named parameters of a vector [L_0, (ln A, ln a), ln C, ln b, ln B_star, gamma, (B_s)]."""
+    i = 1 if one_size else 3
+    out = {"l0": float(theta[0]), "a_size": 0.0 if one_size else float(np.exp(theta[1])),
+           "size_exponent": 1.0 if one_size else float(np.exp(theta[2])),
+           "c": float(np.exp(theta[i])), "b": float(np.exp(theta[i + 1])),
+           "b_star": float(np.exp(theta[i + 2])), "gamma": float(theta[i + 3])}
+    out["b_small"] = float(theta[i + 4]) if small_batch else 0.0
+    return out
+
+
+def joint_vector(theta: np.ndarray, sizes: np.ndarray, one_size: bool,
+                 small_batch: bool) -> np.ndarray:
+    """The joint model's parameter vector (one curve per width) of a scaling vector."""
+    p = unpack(theta, one_size, small_batch)
+    n = len(sizes)
+    l_inf = p["l0"] + p["a_size"] * (sizes / N_REF) ** -p["size_exponent"]
+    extra = [p["b_small"]] if small_batch else []
+    return np.concatenate([l_inf, np.full(n, math.log(p["c"])), np.full(n, math.log(p["b"])),
+                           [math.log(p["b_star"]), p["gamma"]], extra])
+
+
+def scaling_residuals(theta: np.ndarray, data: JointData, sizes: np.ndarray, one_size: bool,
+                      small_batch: bool, steps: int = 3) -> np.ndarray:
+    return residuals(joint_vector(theta, sizes, one_size, small_batch), data, len(sizes),
+                     False, small_batch, steps=steps)
+
+
+def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool) -> list[np.ndarray]:
+    """Starting vectors from a joint fit (one curve per width): C and b its medians, and
+    l_inf(N) through its curves' floors at a few size exponents (least squares in L_0, A)."""
+    one_size = len(sizes) < 2
+    c, b = float(np.median(joint.a)), float(np.median(joint.alpha))
+    law = [math.log(joint.b_star[0]), float(joint.gamma[0])]
+    extra = [joint.b_small if small_batch else 0.0] if small_batch else []
+    if one_size:
+        return [np.array([joint.l_inf[0], math.log(c), math.log(b), *law, *extra])]
+    starts = []
+    for exponent in (0.1, 0.35, 1.0):
+        x = (sizes / N_REF) ** -exponent
+        design = np.column_stack([np.ones_like(x), x])
+        (l0, amp), *_ = np.linalg.lstsq(design, joint.l_inf, rcond=None)
+        amp = max(float(amp), 1e-3)
+        l0 = float(np.min(joint.l_inf - amp * x))
+        starts.append(np.array([l0, math.log(amp), math.log(exponent), math.log(c),
+                                math.log(b), *law, *extra]))
+    return starts
+
+
+def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
+                small_batch: bool = False) -> ScalingFit:
+    """Weighted least squares of the law across sizes on the cells of `data` (width index i
+    has `sizes[i]` non-embedding parameters), from `start` (a vector, or several: the best
+    is kept; `starts_from` makes them from a joint fit)."""
+    from scipy.optimize import least_squares
+
+    sizes = np.asarray(sizes, float)
+    one_size = len(sizes) < 2
+    size = [] if one_size else [(-20.0, 20.0), (math.log(0.01), math.log(3.0))]
+    bounds = [(L_N_FLOOR, float(data.loss.min()) - 1e-6), *size, (-20.0, 20.0),
+              (math.log(0.02), math.log(5.0)), (-50.0, 80.0), (-20.0, 30.0)]
+    bounds += [(0.0, 1e4)] if small_batch else []
+    lower, upper = (np.array(x) for x in zip(*bounds, strict=True))
+    best = None
+    for x0 in [start] if isinstance(start, np.ndarray) else start:
+        x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+        with np.errstate(all="ignore"):
+            res = least_squares(scaling_residuals, x0, bounds=(lower, upper), x_scale="jac",
+                                args=(data, sizes, one_size, small_batch),
+                                max_nfev=200 * len(x0))
+        if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
+            best = res
+    chi = scaling_residuals(best.x, data, sizes, one_size, small_batch, steps=8)
+    return ScalingFit(**unpack(best.x, one_size, small_batch), small_batch=small_batch,
+                      one_size=one_size, chi2=float(np.sum(chi**2)), dof=len(data) - len(best.x),
+                      success=bool(best.success), residuals=chi)
+
+
+def noise_scale(fit: ScalingFit) -> float:
+    """sqrt(chi2/dof) when the law misfits the seed noise, else 1."""
+    return max(1.0, math.sqrt(fit.chi2_per_dof)) if fit.dof > 0 else 1.0
+
+
+def bootstrap_scaling(data: JointData, sizes, fit: ScalingFit, resamples: int = 100,
+                      seed: int = 0, shared: float = SHARED_FRACTION) -> list[ScalingFit]:
+    """Refits of the law on losses redrawn around its predictions with the cells' noise
+    (x `noise_scale`; a trunk and its branches share `shared` of the variance), each started
+    from `fit`; the converged ones."""
+    sizes = np.asarray(sizes, float)
+    rng = np.random.default_rng(seed)
+    center = np.empty(len(data))
+    for i, n in enumerate(sizes):
+        mine = data.width == i
+        center[mine] = fit.predict_loss(n, data.batch[mine], data.tokens[mine])
+    center = np.where(np.isfinite(center), center, data.loss)
+    scale = noise_scale(fit)
+    start = fit.as_vector()
+    refits = []
+    for _ in range(resamples):
+        again = fit_scaling(data.with_loss(draw_losses(rng, data, center, scale, shared)), sizes,
+                            start, small_batch=fit.small_batch)
+        if again.success and np.isfinite(again.chi2):
+            refits.append(again)
+    return refits
+
+
+# ---------------------------------------------------------------------------------------------
+# The best learning rate
+
+
+@dataclass
+class LrLaw:
+    """ln lr* = coef . [1, ln B, ln(N / N_REF)] (the size column only with several sizes)."""
+
+    coef: np.ndarray
+    cov: np.ndarray  # of coef
+    dof: int
+    n_points: int
+    one_size: bool
+    residual_sd: float  # of ln lr*
+
+    @property
+    def batch_exponent(self) -> float:
+        return float(self.coef[1])
+
+    @property
+    def size_exponent(self) -> float | None:
+        return None if self.one_size else float(self.coef[2])
+
+    def row(self, batch: float, params: float) -> np.ndarray:
+        x = [1.0, math.log(batch)]
+        return np.array(x if self.one_size else [*x, math.log(params / N_REF)])
+
+    def lr(self, batch: float, params: float) -> float:
+        return float(math.exp(self.row(batch, params) @ self.coef))
+
+    def interval(self, batch: float, params: float,
+                 confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
+        """The t interval of the fitted mean ln lr* at (batch, params); None without dof."""
+        from scipy.stats import t as t_dist
+
+        if self.dof <= 0:
+            return None, None
+        x = self.row(batch, params)
+        half = float(t_dist.ppf(0.5 + confidence / 2, self.dof)) * math.sqrt(
+            max(float(x @ self.cov @ x), 0.0))
+        centre = float(x @ self.coef)
+        return math.exp(centre - half), math.exp(centre + half)
+
+
+def fit_lr_law(batch, params, lr) -> LrLaw | None:
+    """Ordinary least squares of ln lr* on ln B (and ln N where sizes differ); None with
+    fewer points than coefficients, or no spread in batch."""
+    batch, params, lr = (np.asarray(x, float) for x in (batch, params, lr))
+    one_size = len(set(params.tolist())) < 2
+    columns = [np.ones_like(batch), np.log(batch)]
+    if not one_size:
+        columns.append(np.log(params / N_REF))
+    design = np.column_stack(columns)
+    if len(lr) < design.shape[1] or len(set(batch.tolist())) < 2:
+        return None
+    y = np.log(lr)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    dof = len(y) - design.shape[1]
+    resid = y - design @ coef
+    var = float(resid @ resid / dof) if dof > 0 else math.nan
+    cov = var * np.linalg.pinv(design.T @ design) if dof > 0 else np.full((len(coef),) * 2,
+                                                                           math.nan)
+    return LrLaw(coef=coef, cov=cov, dof=dof, n_points=len(y), one_size=one_size,
+                 residual_sd=math.sqrt(var) if dof > 0 else math.nan)
+
+
+# ---------------------------------------------------------------------------------------------
+# The answer
+
+
+def percentile_interval(values, confidence: float = CONFIDENCE) -> tuple[float | None,
+                                                                           float | None]:
+    values = np.asarray([v for v in values if np.isfinite(v)], float)
+    if len(values) < 10:
+        return None, None
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def candidate_batches(fit: ScalingFit, params: float, tokens: float, smallest: int,
+                      tolerance: float, seq_len: int) -> list[int]:
+    """Powers of two from `smallest` up to where the predicted loss is CANDIDATE_REACH
+    tolerances worse than the best so far (or no step is left)."""
+    batches, best = [], math.inf
+    for k in range(MAX_DOUBLINGS + 1):
+        b = smallest * 2**k
+        if tokens < b * seq_len:  # not one step
+            break
+        loss = float(fit.predict_loss(params, b, tokens)[0])
+        if not math.isfinite(loss):
+            break
+        batches.append(b)
+        best = min(best, loss)
+        if loss > best + CANDIDATE_REACH * tolerance:
+            break
+    return batches
+
+
+def choose(losses: list[float], tolerance: float) -> int:
+    """Index of the largest candidate whose loss is within `tolerance` of the best."""
+    best = min(losses)
+    return max(i for i, x in enumerate(losses) if x <= best + tolerance)
+
+
+def recommend(fit: ScalingFit, refits: list[ScalingFit], lr_law: LrLaw | None, params: float,
+              tokens: float, smallest: int, seq_len: int, tolerance: float = 0.01) -> dict:
+    """The candidate table and the recommended batch for a model of `params` non-embedding
+    parameters trained on `tokens` tokens (see the module docstring). Intervals are the
+    bootstrap refits' central CONFIDENCE percentiles (predicted loss, B_crit at it) and the
+    lr law's t interval."""
+    batches = candidate_batches(fit, params, tokens, smallest, tolerance, seq_len)
+    if not batches:
+        return {"candidates": [], "pick": None}
+    losses = fit.predict_loss(params, batches, np.full(len(batches), tokens))
+    boot = np.array([r.predict_loss(params, batches, np.full(len(batches), tokens))
+                     for r in refits]).reshape(len(refits), len(batches))
+    rows = []
+    for i, (b, loss) in enumerate(zip(batches, losses.tolist(), strict=True)):
+        low, high = percentile_interval(boot[:, i])
+        b_crit = float(fit.b_crit(loss))
+        crit_draws = [float(r.b_crit(x)) for r, x in zip(refits, boot[:, i], strict=True)
+                      if np.isfinite(x)]
+        lr = lr_law.lr(b, params) if lr_law else None
+        lr_low, lr_high = lr_law.interval(b, params) if lr_law else (None, None)
+        rows.append({"batch_size": b, "predicted_loss": loss, "predicted_loss_low": low,
+                     "predicted_loss_high": high, "steps": int(tokens // (b * seq_len)),
+                     "token_overhead": float(fit.overhead_factor(loss, b)) - 1,
+                     "b_crit": b_crit, "b_crit_low": percentile_interval(crit_draws)[0],
+                     "b_crit_high": percentile_interval(crit_draws)[1],
+                     "lr": lr, "lr_low": lr_low, "lr_high": lr_high})
+    pick = choose([r["predicted_loss"] for r in rows], tolerance)
+    return {"candidates": rows, "pick": pick}
+
+
+def to_target_loss(fit: ScalingFit, params: float, target: float, batches: list[int],
+                   seq_len: int, tolerance: float) -> dict:
+    """For each batch the tokens and steps to reach `target` (the predicted Pareto frontier),
+    and the batch that needs the fewest steps among those within the tolerance on tokens:
+    at most the tokens the most token-efficient batch needs to reach `target - tolerance`."""
+    batches_a = np.asarray(batches, float)
+    tokens = fit.tokens_to(np.full(len(batches), target), params, batches_a)
+    rows = [{"batch_size": b, "tokens": float(e) if np.isfinite(e) else None,
+             "steps": int(math.ceil(e / (b * seq_len))) if np.isfinite(e) else None}
+            for b, e in zip(batches, tokens.tolist(), strict=True)]
+    reachable = [i for i, r in enumerate(rows) if r["tokens"] is not None]
+    if not reachable:
+        return {"target_loss": target, "rows": rows, "batch_size": None,
+                "allowed_tokens": None}
+    efficient = min(reachable, key=lambda i: rows[i]["tokens"])
+    allowed = float(fit.tokens_to(target - tolerance, params, batches[efficient]))
+    if not math.isfinite(allowed):  # target - T lies below the curve: the same batch alone
+        allowed = rows[efficient]["tokens"]
+    within = [i for i in reachable if rows[i]["tokens"] <= allowed * (1 + 1e-9)]
+    pick = min(within, key=lambda i: rows[i]["steps"])
+    return {"target_loss": target, "rows": rows, "batch_size": rows[pick]["batch_size"],
+            "steps": rows[pick]["steps"], "tokens": rows[pick]["tokens"],
+            "allowed_tokens": allowed}
