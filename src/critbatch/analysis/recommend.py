@@ -122,7 +122,8 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
                 if c.few_steps:
                     sweep.notes.append("fewer steps than 3x the warmup")
                     continue
-                sigma = scatter[0] / math.sqrt(c.n_seeds) if scatter else math.nan
+                sigma = scatter[0] / math.sqrt(c.n_seeds) if scatter and scatter[0] > 0 \
+                    else math.nan
                 sweep.cells.append(c)
                 sweep.sigma.append(sigma)
                 sweep.params.append(size)
