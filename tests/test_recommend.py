@@ -15,7 +15,13 @@ import pytest
 
 from critbatch.analysis import tables
 from critbatch.analysis.recommend import answer, fit_model, sized_sweeps, validate
-from critbatch.science.recommend import ScalingFit, fit_lr_law, recommend, to_target_loss
+from critbatch.science.recommend import (
+    FIXED_SIZE_EXPONENT,
+    ScalingFit,
+    fit_lr_law,
+    recommend,
+    to_target_loss,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN = 64
@@ -224,3 +230,15 @@ def test_validate_with_one_size_holds_out_the_largest_budget(tmp_path):
     assert "largest budget" in v["held_out"]
     assert v["recommendation"]["tokens"] == pytest.approx(BUDGETS[-1], rel=0.01)
     assert v["measured"]["batch_size"] in BATCHES
+
+
+def test_two_sizes_fix_the_size_exponent_and_say_so(tmp_path):
+    sweep = sweep_of(planted_rows(truth(), SWEEP_SIZES[1:], None), tmp_path)
+    model = fit_model(sweep, resamples=0)
+    assert model.fit.size_terms == 1
+    assert model.fit.size_exponent == FIXED_SIZE_EXPONENT
+    doc = answer(model, "adamw", LARGER, 2 * BUDGETS[-1], SEQ_LEN, 0.01)
+    assert any("size exponent is fixed" in w for w in doc["warnings"])
+    # the planted a = 0.3 is close to the fixed 0.34: the 4x larger model's loss stays close
+    true_loss = float(truth().predict_loss(LARGER, doc["batch_size"], 2 * BUDGETS[-1])[0])
+    assert doc["predicted_loss"] == pytest.approx(true_loss, abs=0.03)

@@ -24,6 +24,7 @@ from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import JointData, extra_term_test, fit_joint
 from critbatch.science.recommend import (
+    FIXED_SIZE_EXPONENT,
     LrLaw,
     ScalingFit,
     bootstrap_scaling,
@@ -207,6 +208,9 @@ def target_warnings(model: Model, params: float, tokens: float, extra: dict) -> 
     if model.fit.one_size and params not in model.sizes:
         out.append("the sweep has one model size, so how the loss moves with size is not "
                    "measured: the target is predicted with the sweep's own loss curve")
+    if model.fit.size_terms == 1:
+        out.append(f"two model sizes: the size exponent is fixed at {FIXED_SIZE_EXPONENT} "
+                   "(Hoffmann et al. 2022), not measured; a third size measures it")
     if model.lr_law is None:
         out.append("no lr law: fewer interior lr optima than it has coefficients (train three "
                    "lrs or more per batch, with the best inside the grid)")
@@ -261,8 +265,10 @@ def model_summary(model: Model) -> dict:
     return {
         "form": "L = L_0 + A (N/1e6)^-a + C (E_min/1e6)^-b, E = E_min (1 + B/B_crit(L))"
                 + (" (1 + B_s/B)" if f.small_batch else "") + ", B_crit = B* L^-gamma",
-        "l0": f.l0, "a_size": f.a_size, "size_exponent": None if f.one_size else
-        f.size_exponent, "c": f.c, "b": f.b, "b_star": f.b_star, "gamma": f.gamma,
+        "l0": f.l0, "a_size": f.a_size,
+        "size_exponent": None if f.one_size else f.size_exponent,
+        "size_exponent_fitted": f.size_terms == 2, "c": f.c, "b": f.b, "b_star": f.b_star,
+        "gamma": f.gamma,
         "b_small": f.b_small if f.small_batch else None, "chi2_per_dof": f.chi2_per_dof,
         "small_batch_term": model.small_batch_term, "sizes": model.sizes.tolist(),
         "resamples": len(model.refits),

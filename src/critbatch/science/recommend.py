@@ -9,9 +9,10 @@ model size the sweep did not train, the curves become one loss law across sizes:
 N is non-embedding parameters, E tokens, B sequences. The law is the joint model with each
 width's curve tied to its size: l_inf(N) = L_0 + A (N / N_REF)^(-a), a common amplitude C and
 exponent b. With one size the N term cannot be measured: A is 0 and every size gets the
-sweep's curve (the caller warns). The fit is `science.joint.residuals`' weighted least squares
-on the losses; its intervals a parametric bootstrap (`bootstrap_scaling`) like the joint
-model's.
+sweep's curve (the caller warns); with two, the size exponent a is fixed at
+FIXED_SIZE_EXPONENT (two floors cannot pin three parameters) and A is fitted. The fit is
+`science.joint.residuals`' weighted least squares on the losses; its intervals a parametric
+bootstrap (`bootstrap_scaling`) like the joint model's.
 
 The best lr follows a power law in batch and size, fitted to the cells' lr-parabola optima:
 ln lr* = c + p ln B + q ln(N / N_REF) (`fit_lr_law`), its interval the fit's t interval of
@@ -41,6 +42,9 @@ from critbatch.science.joint import (
 )
 
 N_REF = 1e6  # non-embedding parameters: the size term is measured in units of this
+# the size exponent a where two sizes cannot measure it (three parameters, two floors):
+# Hoffmann et al. 2022's fitted alpha for parameters (approach 3)
+FIXED_SIZE_EXPONENT = 0.34
 CANDIDATE_REACH = 10.0  # candidates run up to a predicted loss this many tolerances worse
 MAX_DOUBLINGS = 24  # candidates: at most this many doublings above the smallest batch
 
@@ -58,7 +62,7 @@ class ScalingFit:
     gamma: float  # 1/alpha_B
     b_small: float = 0.0  # B_s, sequences (0: no small-batch term)
     small_batch: bool = False
-    one_size: bool = False
+    size_terms: int = 2  # fitted size parameters: 0 one size, 1 A (a fixed), 2 A and a
     chi2: float = math.nan
     dof: int = 0
     success: bool = False
@@ -67,6 +71,10 @@ class ScalingFit:
     @property
     def chi2_per_dof(self) -> float:
         return self.chi2 / self.dof if self.dof > 0 else math.nan
+
+    @property
+    def one_size(self) -> bool:
+        return self.size_terms == 0
 
     def l_inf(self, params) -> np.ndarray:
         """The size's curve floor l_inf(N), nats/token."""
@@ -102,28 +110,34 @@ class ScalingFit:
         return (1 + batch / self.b_crit(loss)) * (1 + self.b_small / batch)
 
     def as_vector(self) -> np.ndarray:
-        size = [] if self.one_size else [math.log(max(self.a_size, 1e-300)),
-                                         math.log(self.size_exponent)]
+        size = [math.log(max(self.a_size, 1e-300)), math.log(self.size_exponent)][
+            :self.size_terms]
         extra = [self.b_small] if self.small_batch else []
         return np.array([self.l0, *size, math.log(self.c), math.log(self.b),
                          math.log(self.b_star), self.gamma, *extra])
 
 
-def unpack(theta: np.ndarray, one_size: bool, small_batch: bool) -> dict:
-    """The named parameters of a vector [L_0, (ln A, ln a), ln C, ln b, ln B_star, gamma, (B_s)]."""
-    i = 1 if one_size else 3
-    out = {"l0": float(theta[0]), "a_size": 0.0 if one_size else float(np.exp(theta[1])),
-           "size_exponent": 1.0 if one_size else float(np.exp(theta[2])),
+def size_terms(n_sizes: int) -> int:
+    """Size parameters the law fits with `n_sizes` sizes: none, A (a fixed), or A and a."""
+    return min(max(n_sizes - 1, 0), 2)
+
+
+def unpack(theta: np.ndarray, terms: int, small_batch: bool) -> dict:
+    """The named parameters of a vector [L_0, (ln A), (ln a), ln C, ln b, ln B_star, gamma,
+    (B_s)] with `terms` size parameters."""
+    i = 1 + terms
+    out = {"l0": float(theta[0]), "a_size": float(np.exp(theta[1])) if terms else 0.0,
+           "size_exponent": float(np.exp(theta[2])) if terms == 2 else FIXED_SIZE_EXPONENT,
            "c": float(np.exp(theta[i])), "b": float(np.exp(theta[i + 1])),
            "b_star": float(np.exp(theta[i + 2])), "gamma": float(theta[i + 3])}
     out["b_small"] = float(theta[i + 4]) if small_batch else 0.0
     return out
 
 
-def joint_vector(theta: np.ndarray, sizes: np.ndarray, one_size: bool,
+def joint_vector(theta: np.ndarray, sizes: np.ndarray, terms: int,
                  small_batch: bool) -> np.ndarray:
     """The joint model's parameter vector (one curve per width) of a scaling vector."""
-    p = unpack(theta, one_size, small_batch)
+    p = unpack(theta, terms, small_batch)
     n = len(sizes)
     l_inf = p["l0"] + p["a_size"] * (sizes / N_REF) ** -p["size_exponent"]
     extra = [p["b_small"]] if small_batch else []
@@ -131,30 +145,30 @@ def joint_vector(theta: np.ndarray, sizes: np.ndarray, one_size: bool,
                            [math.log(p["b_star"]), p["gamma"]], extra])
 
 
-def scaling_residuals(theta: np.ndarray, data: JointData, sizes: np.ndarray, one_size: bool,
+def scaling_residuals(theta: np.ndarray, data: JointData, sizes: np.ndarray, terms: int,
                       small_batch: bool, steps: int = 3) -> np.ndarray:
-    return residuals(joint_vector(theta, sizes, one_size, small_batch), data, len(sizes),
+    return residuals(joint_vector(theta, sizes, terms, small_batch), data, len(sizes),
                      False, small_batch, steps=steps)
 
 
 def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool) -> list[np.ndarray]:
     """Starting vectors from a joint fit (one curve per width): C and b its medians, and
     l_inf(N) through its curves' floors at a few size exponents (least squares in L_0, A)."""
-    one_size = len(sizes) < 2
+    terms = size_terms(len(sizes))
     c, b = float(np.median(joint.a)), float(np.median(joint.alpha))
     law = [math.log(joint.b_star[0]), float(joint.gamma[0])]
     extra = [joint.b_small if small_batch else 0.0] if small_batch else []
-    if one_size:
+    if terms == 0:
         return [np.array([joint.l_inf[0], math.log(c), math.log(b), *law, *extra])]
     starts = []
-    for exponent in (0.1, 0.35, 1.0):
+    for exponent in (0.1, 0.35, 1.0) if terms == 2 else (FIXED_SIZE_EXPONENT,):
         x = (sizes / N_REF) ** -exponent
         design = np.column_stack([np.ones_like(x), x])
         (l0, amp), *_ = np.linalg.lstsq(design, joint.l_inf, rcond=None)
         amp = max(float(amp), 1e-3)
         l0 = float(np.min(joint.l_inf - amp * x))
-        starts.append(np.array([l0, math.log(amp), math.log(exponent), math.log(c),
-                                math.log(b), *law, *extra]))
+        size = [math.log(amp), math.log(exponent)][:terms]
+        starts.append(np.array([l0, *size, math.log(c), math.log(b), *law, *extra]))
     return starts
 
 
@@ -166,8 +180,8 @@ def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
     from scipy.optimize import least_squares
 
     sizes = np.asarray(sizes, float)
-    one_size = len(sizes) < 2
-    size = [] if one_size else [(-20.0, 20.0), (math.log(0.01), math.log(3.0))]
+    terms = size_terms(len(sizes))
+    size = [(-20.0, 20.0), (math.log(0.01), math.log(3.0))][:terms]
     bounds = [(L_N_FLOOR, float(data.loss.min()) - 1e-6), *size, (-20.0, 20.0),
               (math.log(0.02), math.log(5.0)), (-50.0, 80.0), (-20.0, 30.0)]
     bounds += [(0.0, 1e4)] if small_batch else []
@@ -177,13 +191,13 @@ def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
         with np.errstate(all="ignore"):
             res = least_squares(scaling_residuals, x0, bounds=(lower, upper), x_scale="jac",
-                                args=(data, sizes, one_size, small_batch),
+                                args=(data, sizes, terms, small_batch),
                                 max_nfev=200 * len(x0))
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
-    chi = scaling_residuals(best.x, data, sizes, one_size, small_batch, steps=8)
-    return ScalingFit(**unpack(best.x, one_size, small_batch), small_batch=small_batch,
-                      one_size=one_size, chi2=float(np.sum(chi**2)), dof=len(data) - len(best.x),
+    chi = scaling_residuals(best.x, data, sizes, terms, small_batch, steps=8)
+    return ScalingFit(**unpack(best.x, terms, small_batch), small_batch=small_batch,
+                      size_terms=terms, chi2=float(np.sum(chi**2)), dof=len(data) - len(best.x),
                       success=bool(best.success), residuals=chi)
 
 
