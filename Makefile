@@ -10,7 +10,7 @@ OPT ?= adamw,muon
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
-        sweep-schedules sweep-local-cbs report wandb-sync clean data
+        sweep-schedules sweep-local-cbs report recommend wandb-sync clean data
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -74,6 +74,14 @@ sweep-local-cbs: install ## local critical batch by branched training: a base ru
 
 report: install ## re-run the analyses of every sweep under runs/ (no training)
 	$(PY) -m critbatch.sweep report
+
+comma := ,
+recommend: install ## batch and lr for a bigger run from your sweep [RUNS= WIDTH=|PARAMS= TOKENS= OPT= TOLERANCE= TARGET_LOSS= JSON= OUT= VALIDATE=1]
+	$(PY) analysis/recommend.py $(RUNS) $(if $(WIDTH),--width $(WIDTH)) \
+	  $(if $(PARAMS),--params $(PARAMS)) $(if $(TOKENS),--tokens $(TOKENS)) \
+	  $(if $(findstring $(comma),$(OPT)),,--optimizer $(OPT)) \
+	  $(if $(TOLERANCE),--tolerance $(TOLERANCE)) $(if $(TARGET_LOSS),--target-loss $(TARGET_LOSS)) \
+	  $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT)) $(if $(VALIDATE),--validate) $(ARGS)
 
 wandb-sync: install ## upload the offline W&B runs under runs/ (after `wandb login`)
 	@runs=$$(find runs -type d -name 'offline-run-*' -path '*/wandb/*' 2>/dev/null); \
