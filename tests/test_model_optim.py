@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from critbatch.science.model_size import param_count
 from critbatch.training.config import ModelConfig, OptimConfig, TrainConfig
-from critbatch.training.model import GPT, param_count
+from critbatch.training.model import GPT
 from critbatch.training.optim import build_optimizers, lr_factor, used_lr, wsd_decay_start
 
 WIDTHS = (128, 192, 256, 320, 384)

@@ -386,7 +386,7 @@ def test_the_plan_times_the_runs_own_precision_and_compile(tiny_cfg):
 def test_the_plan_states_checkpoint_disk_and_stops_when_it_is_short(tmp_path, monkeypatch):
     """Every run and branch keeps a checkpoint: the plan counts them; a need above the free
     space of the folder is a one-line error before anything trains."""
-    from critbatch.training.model import param_count
+    from critbatch.science.model_size import param_count
 
     monkeypatch.chdir(tmp_path)  # an empty runs/: every run and branch still to train
     jobs = plan_stage("batch", "smoke", "adamw", [])

@@ -47,13 +47,14 @@ from critbatch.analysis import results as runs
 from critbatch.analysis.synthetic import benchmark
 from critbatch.bench_table import table, targets
 from critbatch.errors import fail, user_errors
+from critbatch.science.model_size import flops_per_token, param_count
 from critbatch.training.cli import check_overrides
 from critbatch.training.data import prepare_data, sample_batch
 from critbatch.training.gns import MicroGradNorms
 from critbatch.training.loop import train
 from critbatch.training.memory import reuse_freed_memory
 from critbatch.training.metrics import WARMUP_STEPS_EXCLUDED, StepRecord, metrics_rows
-from critbatch.training.model import GPT, flops_per_token, param_count
+from critbatch.training.model import GPT
 from critbatch.training.optim import adamw_options, lr_factor
 from critbatch.training.step import (
     Stepper,

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from critbatch import bench
-from critbatch.training.model import flops_per_token, param_count
+from critbatch.science.model_size import flops_per_token, param_count
 
 GPU_WIDTHS = (128, 192, 256, 320, 384)
 QUICK_WIDTHS = (32, 48, 64)

@@ -38,11 +38,11 @@ from omegaconf import DictConfig
 from critbatch import workers
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, ResultsError, user_errors
+from critbatch.science.model_size import param_count
 from critbatch.training import branches as branching
 from critbatch.training import config as schema
 from critbatch.training.cli import sweep_jobs
 from critbatch.training.config import Config, micro_batch_size
-from critbatch.training.model import param_count
 
 REPO = schema.CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"

@@ -23,6 +23,7 @@ from critbatch.analysis.joint import MIN_CELLS
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import JointData, extra_term_test, fit_joint
+from critbatch.science.model_size import param_count
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
     LrLaw,
@@ -35,7 +36,6 @@ from critbatch.science.recommend import (
     starts_from,
     to_target_loss,
 )
-from critbatch.training.model import param_count
 
 RESAMPLES = 100  # bootstrap refits (the joint model's number)
 DEFAULT_TOLERANCE = 0.01  # nats/token
@@ -87,7 +87,7 @@ def run_params(run: dict) -> float | None:
 
 
 def width_params(width: int, depth: int) -> float:
-    """Non-embedding parameters of a width at `depth` (`training.model.param_count`)."""
+    """Non-embedding parameters of a width at `depth` (`science.model_size.param_count`)."""
     return float(param_count(width, depth, 0, 0)[1])
 
 

@@ -1,7 +1,7 @@
 """A small GPT decoder: pre-norm blocks, causal SDPA attention, 4x MLP, tied embeddings.
 
 Linear layers have no biases and LayerNorms only a gain, so the parameter count
-has a closed form (see `param_count`). Init: N(0, init_std) for weights and
+has a closed form (`critbatch.science.model_size.param_count`). Init: N(0, init_std) for weights and
 embeddings, with the residual output projections scaled by 1/sqrt(2 * depth)
 (GPT-2) so the residual stream's variance does not grow with depth.
 """
@@ -90,21 +90,3 @@ class GPT(nn.Module):
     def hidden_matrices(self) -> list[nn.Parameter]:
         """The 2D weights inside the blocks (attention and MLP): what Muon optimises."""
         return [p for p in self.blocks.parameters() if p.ndim == 2]
-
-
-def param_count(width: int, depth: int, seq_len: int, vocab_size: int) -> tuple[int, int]:
-    """(params, params_nonembedding) in closed form.
-
-    Per block: qkv 3d^2 + proj d^2 + fc 4d^2 + proj 4d^2 = 12 d^2, plus two gains (2d);
-    a final gain d; token (V d) and position (T d) embeddings, the output tied to wte.
-    Non-embedding excludes both embeddings (Kaplan et al. 2020).
-    """
-    nonembedding = depth * (12 * width**2 + 2 * width) + width
-    return nonembedding + vocab_size * width + seq_len * width, nonembedding
-
-
-def flops_per_token(width: int, depth: int, seq_len: int, vocab_size: int) -> int:
-    """Training FLOPs per token: 6 N (N with the tied output matrix) + 6 L T d attention."""
-    params, nonemb = param_count(width, depth, seq_len, vocab_size)
-    n = nonemb + vocab_size * width  # the output projection is a matmul too
-    return 6 * n + 6 * depth * seq_len * width

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from critbatch.errors import ConfigError
+from critbatch.science.model_size import param_count
 from critbatch.science.noise import NoiseEMA
 from critbatch.training import checkpoint
 from critbatch.training.batching import BatchPlan
@@ -23,7 +24,6 @@ from critbatch.training.config import (
 from critbatch.training.data import TokenData, check_seq_len, prepare_data, val_windows
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
-from critbatch.training.model import param_count
 from critbatch.training.optim import used_lr
 from critbatch.training.step import Stepper, build_stepper, resolve_device
 
