@@ -1,8 +1,8 @@
 """A small GPT decoder: pre-norm blocks, causal SDPA attention, 4x MLP, tied embeddings.
 
-Linear layers have no biases and LayerNorms only a gain, so the parameter count
-has a closed form (`critbatch.science.model_size.param_count`). Init: N(0, init_std) for weights and
-embeddings, with the residual output projections scaled by 1/sqrt(2 * depth)
+Linear layers have no biases and LayerNorms only a gain, so the parameter count has a
+closed form (`critbatch.science.model_size.param_count`). Init: N(0, init_std) for weights
+and embeddings, with the residual output projections scaled by 1/sqrt(2 * depth)
 (GPT-2) so the residual stream's variance does not grow with depth.
 """
 
