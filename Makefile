@@ -54,23 +54,23 @@ bench: install ## throughput, MFU, trainer overhead: table + bench.json (<5 min 
 gpu-check: install ## on a GPU: every width compiled, MFU, memory, packing, a smoke sweep, PASS/FAIL (<5 min; one line without CUDA)
 	$(PY) -m critbatch.gpu_check $(ARGS)
 
-sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, B_noise, report [SCALE= JOBS= OPT=]
-	$(PY) -m critbatch.sweep batch --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, B_noise, report [SCALE= JOBS= OPT= DRY=1]
+	$(PY) -m critbatch.sweep batch --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(if $(DRY),--dry-run) $(ARGS)
 
-sweep-widths: install ## Kaplan's B_crit(L) law: every width's baseline + batch grid, report [SCALE= JOBS= OPT=]
-	$(PY) -m critbatch.sweep widths --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+sweep-widths: install ## Kaplan's B_crit(L) law: every width's baseline + batch grid, report [SCALE= JOBS= OPT= DRY=1]
+	$(PY) -m critbatch.sweep widths --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(if $(DRY),--dry-run) $(ARGS)
 
-sweep-branches: install ## is a cooldown branch as good as a separate (wsd, cosine) run? after sweep-batch [SCALE= JOBS= OPT=]
-	$(PY) -m critbatch.sweep branches --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+sweep-branches: install ## is a cooldown branch as good as a separate (wsd, cosine) run? after sweep-batch [SCALE= JOBS= OPT= DRY=1]
+	$(PY) -m critbatch.sweep branches --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(if $(DRY),--dry-run) $(ARGS)
 
-sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumulation check, report [SCALE= JOBS= OPT=]
-	$(PY) -m critbatch.sweep stability --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+sweep-stability: install ## small batches: 1-256 at the lr tuned at 64, accumulation check, report [SCALE= JOBS= OPT= DRY=1]
+	$(PY) -m critbatch.sweep stability --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(if $(DRY),--dry-run) $(ARGS)
 
-sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive, measured (after sweep-local-cbs, run first if missing) [SCALE= JOBS= OPT=]
-	$(PY) -m critbatch.sweep schedules --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+sweep-schedules: install ## batch schedules at equal tokens: constant small/large, ramp, adaptive, measured (after sweep-local-cbs, run first if missing) [SCALE= JOBS= OPT= DRY=1]
+	$(PY) -m critbatch.sweep schedules --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(if $(DRY),--dry-run) $(ARGS)
 
-sweep-local-cbs: install ## local critical batch by branched training: a base run per optimizer and lr rule, branches at 1-16x its batch, again at replicate seeds [SCALE= JOBS= OPT=]
-	$(PY) -m critbatch.sweep local_cbs --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(ARGS)
+sweep-local-cbs: install ## local critical batch by branched training: a base run per optimizer and lr rule, branches at 1-16x its batch, again at replicate seeds [SCALE= JOBS= OPT= DRY=1]
+	$(PY) -m critbatch.sweep local_cbs --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(if $(DRY),--dry-run) $(ARGS)
 
 report: install ## re-run the analyses of every sweep under runs/ (no training)
 	$(PY) -m critbatch.sweep report

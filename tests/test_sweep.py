@@ -397,3 +397,23 @@ def test_the_plan_states_checkpoint_disk_and_stops_when_it_is_short(tmp_path, mo
     assert sweep.check_disk(need, tmp_path / "runs" / "not-yet") > need
     with pytest.raises(sweep.ConfigError, match="GB free; free some space"):
         sweep.check_disk(10**18, tmp_path)
+
+
+def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, capsys):
+    """`--dry-run` (make sweep-* DRY=1): the plan with its tokens, time and disk, the stages
+    that wait for a tuned lr said to be estimated at the middle lr, exit 0, and nothing
+    written: no runs folder, no run, no report."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
+    for experiment in ("batch", "branches"):
+        with pytest.raises(SystemExit) as stop:
+            sweep.main([experiment, "--scale", "smoke", "--jobs", "1", "--opt", "adamw",
+                        "--dry-run", "grid.batch_sizes='4,8'"])
+        assert stop.value.code == 0
+        out = capsys.readouterr().out
+        assert "to train; estimated" in out and "  disk: ~" in out, out
+        assert out.rstrip().endswith("dry run: nothing trained, no noise measured, no report "
+                                     "written")
+        assert ("branch_check wait for the best lr of batch: estimated here at the middle lr"
+                in out) == (experiment == "branches")
+    assert list(tmp_path.iterdir()) == []

@@ -10,10 +10,11 @@
    (batch and widths);
 3. the experiment's analysis script over its run directories;
 
-and prints where the report is. The schedules experiment's `measured` arm follows the
-local-CBS report of its scale (`grid.schedules.measured_fits`); when that file is missing,
-the local_cbs experiment runs first (saying so in one line), as `make sweep-local-cbs` would.
-Run directories are `runs/<stage>/<scale>/<overrides>`,
+and prints where the report is. With `--dry-run` (`make sweep-batch DRY=1`) it prints the
+plan (runs, tokens, estimated time and disk) and stops there. The schedules experiment's
+`measured` arm follows the local-CBS report of its scale (`grid.schedules.measured_fits`);
+when that file is missing, the local_cbs experiment runs first (saying so in one line), as
+`make sweep-local-cbs` would. Run directories are `runs/<stage>/<scale>/<overrides>`,
 named by their override values, so a second call trains nothing and an interrupted
 call trains only what is missing.
 """
@@ -545,12 +546,13 @@ def gpu_jobs(plan: list[Job]) -> int:
 
 
 def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
-                   optimizers: list[str], extra: list[str]) -> int:
+                   optimizers: list[str], extra: list[str], dry_run: bool = False) -> int:
     """Every stage of an experiment; returns how many runs or stages did not complete.
 
     The stages train together on one pool of workers, except that the stages after a tuning
     stage wait for its best lr. The schedules experiment first runs the local_cbs one when
-    the report its measured arm follows is missing."""
+    the report its measured arm follows is missing. A `dry_run` prints the plan and stops
+    before anything is trained, measured or written."""
     t0 = time.perf_counter()
     exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
@@ -558,13 +560,26 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     if experiment == "schedules" and (fits := missing_measurement(scale, extra)):
         print(f"== {fits} does not exist: the measured arm follows it, so the local_cbs "
               f"experiment runs first (make sweep-local-cbs SCALE={scale})", flush=True)
-        before = run_experiment("local_cbs", scale, jobs_at_once, optimizers, extra)
+        before = run_experiment("local_cbs", scale, jobs_at_once, optimizers, extra, dry_run)
+        if dry_run:
+            print(f"dry run: the schedules plan follows {fits}, which that experiment writes; "
+                  "it is printed once that exists")
+            return before
         print(f"\n== back to sweep-schedules at scale={scale}", flush=True)
     plan = plan_experiment(exp, scale, optimizers, extra)
     check_finished(plan)
     jobs_at_once = jobs_at_once or gpu_jobs(plan)
     device = "cuda" if scale == "gpu" else "cpu"
     seconds = print_plan(experiment, scale, plan, jobs_at_once, device)
+    if dry_run:
+        waiting = [o for o in optimizers if exp.tuning_stage
+                   and tuned_lr(plan, exp.tuning_stage, o) is None]
+        if waiting:
+            later = " and ".join(s for s in exp.stages if s != exp.tuning_stage)
+            print(f"  {later} wait for the best lr of {exp.tuning_stage}: estimated here at the "
+                  f"middle lr of its grid (optim={','.join(waiting)})")
+        print("dry run: nothing trained, no noise measured, no report written")
+        return before
     problems, outcomes = [], []
     if exp.tuning_stage:
         outcomes += train_jobs([j for j in plan if j.stage == exp.tuning_stage], jobs_at_once,
@@ -721,6 +736,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="training jobs at once; auto: one per core on CPU, k per GPU on CUDA "
                              "(by width)")
     parser.add_argument("--opt", default="adamw,muon", help="optimizers, comma-separated")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (runs, tokens, estimated time, disk) and exit "
+                             "without training")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_intermixed_args(argv)
     if args.experiment == "report":
@@ -736,7 +754,7 @@ def main(argv: list[str] | None = None) -> None:
         scale = resolve_scale(args.scale)
         check_cuda(scale, args.overrides)
         failed = run_experiment(args.experiment, scale, parse_jobs(args.jobs, scale), optimizers,
-                                args.overrides)
+                                args.overrides, args.dry_run)
     raise SystemExit(1 if failed else 0)
 
 
