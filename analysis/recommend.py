@@ -1,85 +1,11 @@
 #!/usr/bin/env python
 """The batch size and learning rate for a larger run, predicted from your own sweep.
 
-    python analysis/recommend.py RUNS_DIR [RUNS_DIR ...] (--width W | --params N) --tokens D
-                                 [--optimizer adamw|muon] [--tolerance T] [--target-loss L]
-                                 [--json FILE] [--out DIR] [--wandb MODE]
-    python analysis/recommend.py --table FILE ... --params N --tokens D
-    python analysis/recommend.py RUNS_DIR --validate
-
-Fits one law to the sweep's best-lr losses over batch, tokens and model size (the joint
-model, docs/science.md sections 8 and 9), and the best lr as a power law in batch and size;
-then, for a model of W width (at the sweep's depth) or N non-embedding parameters trained on
-D tokens, predicts the loss of each candidate batch (powers of two from the sweep's
-smallest), and recommends the largest batch within T nats/token (default 0.01) of the best.
-Intervals are 95%: the law's parametric bootstrap and the lr law's fit. A target more than
-10x beyond the sweep is answered with a loud warning. --validate holds out the sweep's
-largest model (with one model, its largest budget), recommends for it from the rest and
-prints that beside what its runs measured. Writes recommend.md, recommend.json and
-recommend.png to --out (default: <sweep dir>/report) and logs them to W&B (offline by
-default). The work is done by `critbatch.analysis.recommend_report`.
+`critbatch-recommend` is the same command; its options: --help, or the docstring of
+`critbatch.analysis.recommend_cli`, where the code is.
 """
 
-from __future__ import annotations
-
-import argparse
-
-from critbatch.analysis.recommend import DEFAULT_TOLERANCE
-from critbatch.analysis.recommend_report import run
-from critbatch.analysis.render import add_wandb_arguments
-from critbatch.errors import user_errors
-
-
-def count(text: str) -> float:
-    """A positive count such as 3e6 or 3000000."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 3e6)") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="*", help="sweep folders or run directories")
-    size = parser.add_mutually_exclusive_group()
-    size.add_argument("--width", type=int, help="the target model's width (at the sweep's depth)")
-    size.add_argument("--params", type=count, help="the target's non-embedding parameters")
-    parser.add_argument("--tokens", type=count, help="the target run's training tokens")
-    parser.add_argument("--optimizer", help="only this optimizer (default: every one in the "
-                                            "sweep, the best first)")
-    parser.add_argument("--tolerance", type=count, default=DEFAULT_TOLERANCE,
-                        help="nats/token a larger batch may lose against the best "
-                             f"(default {DEFAULT_TOLERANCE})")
-    parser.add_argument("--target-loss", type=count, help="also: steps and tokens of each "
-                        "batch to reach this loss (nats/token)")
-    parser.add_argument("--json", dest="json_file", help="also write the answer to this file")
-    parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
-    parser.add_argument("--table", action="append", metavar="FILE",
-                        help="read runs from a .csv or .jsonl table (with a params column "
-                             "for several model sizes) instead of run directories")
-    parser.add_argument("--from-wandb", metavar="ENTITY/PROJECT",
-                        help="read the runs from the W&B API instead of local files")
-    parser.add_argument("--group", help="with --from-wandb: only this W&B group")
-    parser.add_argument("--validate", action="store_true",
-                        help="hold out the largest model (or budget) and check the "
-                             "recommendation against its runs")
-    add_wandb_arguments(parser)
-    args = parser.parse_args(argv)
-    with user_errors():
-        if sum(map(bool, (args.paths, args.from_wandb, args.table))) > 1:
-            parser.error("pass one of RUNS_DIR, --from-wandb or --table")
-        if not args.validate and (args.tokens is None or not (args.width or args.params)):
-            parser.error("say the target: --width W or --params N, and --tokens D "
-                         "(or --validate)")
-        run(args.paths, args.table, args.from_wandb, args.group, width=args.width,
-            params=args.params, tokens=args.tokens, optimizer=args.optimizer,
-            tolerance=args.tolerance, target_loss=args.target_loss, json_file=args.json_file,
-            out=args.out, do_validate=args.validate, wandb_mode=args.wandb_mode,
-            project=args.project)
-
+from critbatch.analysis.recommend_cli import main
 
 if __name__ == "__main__":
     main()

@@ -1,33 +1,11 @@
 #!/usr/bin/env python
-"""Compare batch-size schedules (constant, ramp, adaptive) at equal tokens and write the report.
+"""Compare batch-size schedules at equal tokens and write the report.
 
-    python analysis/schedules.py [PATHS...] [--out DIR] [--wandb offline|online|disabled]
-
-PATHS are run directories or folders searched recursively for summary.json (default: the
-most recently written runs/schedules/<scale> folder). Writes report.md, schedules.json and
-the plots to --out (default: <that folder>/report/). The work is done by
-`critbatch.analysis.schedules.run_analysis`; this file only parses arguments.
+`critbatch-schedules` is the same command; its options: --help, or the docstring of
+`critbatch.analysis.schedules_cli`, where the code is.
 """
 
-from __future__ import annotations
-
-import argparse
-
-from critbatch.analysis.render import add_wandb_arguments
-from critbatch.analysis.schedules import run_analysis
-from critbatch.errors import user_errors
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="*", help="run directories or sweep folders")
-    parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
-    add_wandb_arguments(parser)
-    args = parser.parse_args(argv)
-    with user_errors():
-        run_analysis(args.paths, args.out, wandb_mode=args.wandb_mode,
-                     project=args.project)
-
+from critbatch.analysis.schedules_cli import main
 
 if __name__ == "__main__":
     main()

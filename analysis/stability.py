@@ -1,34 +1,11 @@
 #!/usr/bin/env python
-"""Analyse the small-batch stability study and write its report (science.md section 6).
+"""Analyse the small-batch stability study and write its report.
 
-    python analysis/stability.py [PATHS...] [--out DIR] [--wandb offline|online|disabled]
-
-PATHS are run directories or folders searched recursively for summary.json (default: the
-stability stages of the most recently written scale: runs/stability_lr/<scale>,
-runs/stability/<scale>, runs/stability_accum/<scale>, whichever exist). Writes report.md,
-stability.json and the plots to --out (default: runs/stability/<scale>/report).
-The work is done by `critbatch.analysis.stability.run_analysis`; this file only parses arguments.
+`critbatch-stability` is the same command; its options: --help, or the docstring of
+`critbatch.analysis.stability_cli`, where the code is.
 """
 
-from __future__ import annotations
-
-import argparse
-
-from critbatch.analysis.render import add_wandb_arguments
-from critbatch.analysis.stability import run_analysis
-from critbatch.errors import user_errors
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="*", help="run directories or stability sweep folders")
-    parser.add_argument("--out", help="report folder (default: runs/stability/<scale>/report)")
-    add_wandb_arguments(parser)
-    args = parser.parse_args(argv)
-    with user_errors():
-        run_analysis(args.paths, args.out, wandb_mode=args.wandb_mode,
-                     project=args.project)
-
+from critbatch.analysis.stability_cli import main
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,41 @@
+"""One installed command per job (pyproject's [project.scripts]), each answering --help outside an
+activated venv; the analysis/ scripts are the same commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+ANALYSIS_SCRIPTS = sorted((REPO / "analysis").glob("*.py"))
+BIN = Path(sys.executable).parent  # .venv/bin: where `pip install -e .` put the commands
+
+
+def test_every_job_has_a_command():
+    for name in ("train", "sweep", "report", "fit", "recommend", "stability", "schedules",
+                 "branch-check", "local-cbs"):
+        assert f"critbatch-{name}" in SCRIPTS, name
+    assert SCRIPTS["critbatch-report"] == "critbatch.report:main"
+    for script in ANALYSIS_SCRIPTS:  # each analysis/<name>.py is a command, with one main()
+        target = f"critbatch.analysis.{script.stem}_cli:main"
+        assert target in SCRIPTS.values(), f"{script.name}: no console script runs {target}"
+        assert f"from critbatch.analysis.{script.stem}_cli import main" in script.read_text()
+
+
+@pytest.mark.parametrize("command", sorted(SCRIPTS))
+def test_each_command_answers_help_outside_the_venv(command, tmp_path):
+    path = BIN / command
+    assert path.exists(), f"{path} is missing: `pip install -e .` (make install) installs it"
+    clean = {"HOME": os.environ.get("HOME", str(tmp_path)), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([str(path), "--help"], cwd=tmp_path, env=clean, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout or "powered by Hydra" in proc.stdout  # train: a Hydra app
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "outputs").exists()
+
