@@ -5,7 +5,13 @@
 `critbatch.analysis.fit_bcrit_cli`, where the code is.
 """
 
-from critbatch.analysis.fit_bcrit_cli import main
+import sys
+
+try:
+    from critbatch.analysis.fit_bcrit_cli import main
+except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
+    sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
+             "analysis/fit_bcrit.py (`make install` creates .venv), or make report")
 
 if __name__ == "__main__":
     main()

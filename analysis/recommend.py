@@ -5,7 +5,13 @@
 `critbatch.analysis.recommend_cli`, where the code is.
 """
 
-from critbatch.analysis.recommend_cli import main
+import sys
+
+try:
+    from critbatch.analysis.recommend_cli import main
+except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
+    sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
+             "analysis/recommend.py (`make install` creates .venv), or make recommend")
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,6 @@
 """One installed command per job (pyproject's [project.scripts]), each answering --help outside an
-activated venv; the analysis/ scripts are the same commands."""
+activated venv; the analysis/ scripts are the same commands, and with a python that lacks
+critbatch they say so in one line."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ def test_each_command_answers_help_outside_the_venv(command, tmp_path):
     assert "usage:" in proc.stdout or "powered by Hydra" in proc.stdout  # train: a Hydra app
     assert not (tmp_path / "runs").exists() and not (tmp_path / "outputs").exists()
 
+
+@pytest.mark.parametrize("script", ANALYSIS_SCRIPTS, ids=lambda p: p.name)
+def test_a_python_without_critbatch_gets_one_line_naming_the_venv(script, tmp_path):
+    """-I -S: no site-packages (where critbatch is installed), no PYTHONPATH, no script dir."""
+    proc = subprocess.run([sys.executable, "-I", "-S", str(script), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert "No module named 'critbatch'" in proc.stderr
+    assert f".venv/bin/python analysis/{script.name}" in proc.stderr
+    assert "make install" in proc.stderr and "Traceback" not in proc.stderr
