@@ -7,6 +7,18 @@ ARGS ?=
 SCALE ?= auto
 JOBS ?= auto
 OPT ?= adamw,muon
+# torch 2.13.0: TORCH=cpu is `pip install torch==2.13.0` from pip's own index (the CPU build on
+# this project's machines), TORCH=cuda the CUDA build from TORCH_CUDA_INDEX, TORCH_INDEX=<wheel
+# index url> any other build; left unset, the build .venv holds stays. TORCH_FILE records the
+# pip arguments torch was installed with, so a change of TORCH reinstalls it.
+TORCH ?=
+TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu126
+TORCH_INDEX ?= $(if $(filter cuda,$(TORCH)),$(TORCH_CUDA_INDEX))
+TORCH_FILE := $(VENV)/.torch
+TORCH_HAVE := $(shell cat $(TORCH_FILE) 2>/dev/null || { test -x $(PY) && echo torch==2.13.0; })
+TORCH_ASKED := torch==2.13.0$(if $(TORCH_INDEX), --index-url $(TORCH_INDEX))
+TORCH_PIP := $(if $(TORCH)$(TORCH_INDEX),$(TORCH_ASKED),$(or $(TORCH_HAVE),torch==2.13.0))
+$(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (or give TORCH_INDEX=<wheel index url>)))
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
@@ -15,13 +27,26 @@ OPT ?= adamw,muon
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-install: $(STAMP) ## create .venv/ with torch (CPU build) and critbatch[dev]; fast when done
+install: $(STAMP) ## create .venv/ with torch (CPU build; TORCH=cuda: the CUDA build) and critbatch[dev]; fast when done
 
+ifneq ($(TORCH_PIP),$(TORCH_HAVE))
+$(STAMP): FORCE
+endif
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0
+ifneq ($(TORCH_HAVE),)
+ifneq ($(TORCH_PIP),$(TORCH_HAVE))
+	@echo "torch: replacing the build of '$(TORCH_HAVE)' with '$(TORCH_PIP)'"
+	$(PY) -m pip uninstall --quiet --yes torch
+endif
+endif
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@echo '$(TORCH_PIP)' > $(TORCH_FILE)
 	@touch $(STAMP)
+
+.PHONY: FORCE
+FORCE:
 
 test: install ## run every test (slow end-to-end ones included)
 	$(PY) -m pytest -q
