@@ -108,10 +108,8 @@ recommend: install ## batch and lr for a bigger run from your sweep [RUNS= WIDTH
 	  $(if $(TOLERANCE),--tolerance $(TOLERANCE)) $(if $(TARGET_LOSS),--target-loss $(TARGET_LOSS)) \
 	  $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT)) $(if $(VALIDATE),--validate) $(ARGS)
 
-wandb-sync: install ## upload the offline W&B runs under runs/ (after `wandb login`)
-	@runs=$$(find runs -type d -name 'offline-run-*' -path '*/wandb/*' 2>/dev/null); \
-	if [ -z "$$runs" ]; then echo "no offline W&B runs under runs/"; exit 0; fi; \
-	$(VENV)/bin/wandb sync $$runs
+wandb-sync: install ## upload the offline W&B runs not uploaded yet, under ., runs/ and DIRS="<report folders elsewhere>" (after `wandb login`)
+	@$(PY) -m critbatch.wandb_sync $(DIRS)
 
 clean: ## remove the venv and caches (keeps runs/)
 	rm -rf $(VENV) .pytest_cache .ruff_cache src/*.egg-info
