@@ -384,16 +384,17 @@ def test_the_plan_times_the_runs_own_precision_and_compile(tiny_cfg):
 
 
 def test_the_plan_states_checkpoint_disk_and_stops_when_it_is_short(tmp_path, monkeypatch):
-    """Every run and branch keeps a checkpoint: the plan counts them; a need above the free
-    space of the folder is a one-line error before anything trains."""
+    """With train.keep_checkpoint=all every run and branch keeps a checkpoint: the plan counts
+    them (each policy's peak: tests/test_keep_checkpoint.py); a need above the free space of
+    the folder is a one-line error before anything trains."""
     from critbatch.science.model_size import param_count
 
     monkeypatch.chdir(tmp_path)  # an empty runs/: every run and branch still to train
-    jobs = plan_stage("batch", "smoke", "adamw", [])
+    jobs = plan_stage("batch", "smoke", "adamw", ["train.keep_checkpoint=all"])
     m, vocab = jobs[0].cfg.model, jobs[0].cfg.data.vocab_size
     checkpoints = sum(1 + len(j.branches) for j in jobs)
-    need = sweep.checkpoint_bytes(jobs)
-    assert need == checkpoints * param_count(m.width, m.depth, m.seq_len, vocab)[0] * 12
+    need, kept = sweep.checkpoint_bytes(jobs)
+    assert need == kept == checkpoints * param_count(m.width, m.depth, m.seq_len, vocab)[0] * 12
     assert sweep.check_disk(need, tmp_path / "runs" / "not-yet") > need
     with pytest.raises(sweep.ConfigError, match="GB free; free some space"):
         sweep.check_disk(10**18, tmp_path)
@@ -414,6 +415,6 @@ def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, ca
         assert "to train; estimated" in out and "  disk: ~" in out, out
         assert out.rstrip().endswith("dry run: nothing trained, no noise measured, no report "
                                      "written")
-        assert ("branch_check wait for the best lr of batch: estimated here at the middle lr"
-                in out) == (experiment == "branches")
+        waits = "branch_check wait for the best lr of batch: estimated here at its grid's middle lr"
+        assert (waits in out) == (experiment == "branches")
     assert list(tmp_path.iterdir()) == []

@@ -43,7 +43,7 @@ from critbatch.science.model_size import param_count
 from critbatch.training import branches as branching
 from critbatch.training import config as schema
 from critbatch.training.cli import sweep_jobs
-from critbatch.training.config import Config, micro_batch_size
+from critbatch.training.config import Config, KeepCheckpoint, micro_batch_size
 
 REPO = schema.CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
@@ -114,8 +114,7 @@ class Job:
 
     @property
     def tokens_to_train(self) -> int:
-        """Tokens the job still trains: the run (unless finished) and its branches after their
-    forks."""
+        """Tokens still to train: the run (unless finished), its branches after their forks."""
         left = 0 if self.finished else self.tokens
         return left + sum(b.tokens - b.fork_tokens for b in self.branches if not b.done)
 
@@ -315,10 +314,11 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
         print(f"  local-CBS windows of {window:,} tokens: {window // (t.batch_size * seq_len)} "
               f"optimizer steps of the largest branch (batch {t.batch_size}), "
               f"{window // (t.batch_size_start * seq_len)} of k = 1")
-    need = checkpoint_bytes(todo)
+    need, kept = checkpoint_bytes(todo, jobs_at_once)
     free = check_disk(need, Path("runs"))
-    print(f"  disk: ~{need / 1e9:,.2f} GB of checkpoints (every run and branch keeps its "
-          f"checkpoint.pt), {free / 1e9:,.0f} GB free")
+    keep = ",".join(sorted({str(j.cfg.train.keep_checkpoint) for j in todo}))
+    print(f"  disk: ~{need / 1e9:,.2f} GB of checkpoints at the peak, ~{kept / 1e9:,.2f} GB "
+          f"kept after (train.keep_checkpoint={keep}), {free / 1e9:,.0f} GB free")
     print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {training / 60:.1f} min of "
           f"training + ~{(NOISE_OVERHEAD_S + REPORT_S) / 60:.1f} min of noise and report "
           f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
@@ -329,16 +329,28 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
 CHECKPOINT_BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments (Muon's state is smaller)
 
 
-def checkpoint_bytes(jobs: list[Job]) -> int:
-    """Disk the checkpoints of `jobs` will hold: one checkpoint.pt per run and per branch
-    not yet finished, CHECKPOINT_BYTES_PER_PARAM per parameter."""
-    total = 0
+def checkpoint_bytes(jobs: list[Job], jobs_at_once: int = 1) -> tuple[int, int]:
+    """(peak, kept): the disk the checkpoints of `jobs` (one checkpoint.pt per run and branch
+    not yet finished, CHECKPOINT_BYTES_PER_PARAM per parameter) add at most while the sweep
+    trains them, and what stays after, under each job's `train.keep_checkpoint`.
+
+    A job (a run and its branches) holds all its checkpoints until the last is finished, then
+    drops those it does not keep: the peak is what every job keeps, plus the rest of the
+    `jobs_at_once` largest jobs (side by side at the end), plus every local-CBS branch's (all
+    base runs fork theirs before any branch trains)."""
+    kept, together, held = 0, 0, []
     for job in jobs:
-        m = job.cfg.model
+        m, keep = job.cfg.model, job.cfg.train.keep_checkpoint
         params = param_count(m.width, m.depth, m.seq_len, job.cfg.data.vocab_size)[0]
-        kept = (not job.finished) + sum(not b.done for b in job.branches)
-        total += kept * params * CHECKPOINT_BYTES_PER_PARAM
-    return total
+        size = params * CHECKPOINT_BYTES_PER_PARAM
+        own, forked = (not job.finished) * size, sum(not b.done for b in job.branches) * size
+        stays = own * (keep != "none") + forked * (keep == "all")
+        kept += stays
+        if any(b.fields for b in job.branches):
+            together += own + forked - stays
+        else:
+            held.append(own + forked - stays)
+    return kept + together + sum(sorted(held, reverse=True)[:jobs_at_once]), kept
 
 
 def check_disk(need: int, folder: Path) -> int:
@@ -424,6 +436,8 @@ def train_split(jobs: list[Job], jobs_at_once: int, place: Placement,
                              [(b.cfg, b.run_dir, b.overrides,
                                per_token[j.run_dir] * (b.tokens - b.fork_tokens))
                               for j, b in forked], jobs_at_once, place, name)
+    for job in jobs:  # the base's own checkpoint under keep_checkpoint=none, now its branches ended
+        branching.retire(job.cfg, job.run_dir, job.overrides)
     return outcomes
 
 
@@ -464,6 +478,32 @@ def final_loss(job: Job) -> float:
     """A finished job's final val loss (nats/token); inf when it diverged."""
     loss = runs.read_summary(job.run_dir)["val_loss"]
     return loss if math.isfinite(loss) else math.inf
+
+
+def hold_for_noise(exp: Experiment, plan: list[Job]) -> list[Job]:
+    """The runs the noise program may read (per optimizer, the noise stage's smallest batch at
+    its largest budget) that keep_checkpoint=none would leave without one: they train under
+    `final` instead, until `release_after_noise`. Returns them."""
+    held = []
+    for optimizer in dict.fromkeys(j.optimizer for j in plan):
+        stage = [j for j in plan if (j.stage, j.optimizer) == (exp.noise_stage, optimizer)]
+        batch = min((j.cfg.train.batch_size for j in stage), default=0)
+        top = max((j.tokens for j in stage if j.cfg.train.batch_size == batch), default=0)
+        held += [j for j in stage if (j.cfg.train.batch_size, j.tokens) == (batch, top)
+                 and j.cfg.train.keep_checkpoint == "none"]
+    for job in held:
+        job.cfg.train.keep_checkpoint = KeepCheckpoint.final
+    if held and hydra_launcher(plan):
+        raise ConfigError("train.keep_checkpoint=none under a Hydra launcher would delete the "
+                          "checkpoint the noise program reads; use train.keep_checkpoint=final")
+    return held
+
+
+def release_after_noise(held: list[Job]) -> None:
+    """Delete the checkpoints `hold_for_noise` kept, per optimizer once its noise.json exists."""
+    for job in held:
+        if any((j.run_dir / "noise.json").exists() for j in held if j.optimizer == job.optimizer):
+            (job.run_dir / branching.CHECKPOINT).unlink(missing_ok=True)
 
 
 def noise_target(jobs: list[Job], stage: str, optimizer: str) -> Job | None:
@@ -562,22 +602,20 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
               f"experiment runs first (make sweep-local-cbs SCALE={scale})", flush=True)
         before = run_experiment("local_cbs", scale, jobs_at_once, optimizers, extra, dry_run)
         if dry_run:
-            print(f"dry run: the schedules plan follows {fits}, which that experiment writes; "
-                  "it is printed once that exists")
+            print(f"dry run: the schedules plan follows {fits}, once that experiment wrote it")
             return before
         print(f"\n== back to sweep-schedules at scale={scale}", flush=True)
     plan = plan_experiment(exp, scale, optimizers, extra)
     check_finished(plan)
+    held = hold_for_noise(exp, plan)
     jobs_at_once = jobs_at_once or gpu_jobs(plan)
     device = "cuda" if scale == "gpu" else "cpu"
     seconds = print_plan(experiment, scale, plan, jobs_at_once, device)
     if dry_run:
-        waiting = [o for o in optimizers if exp.tuning_stage
-                   and tuned_lr(plan, exp.tuning_stage, o) is None]
-        if waiting:
-            later = " and ".join(s for s in exp.stages if s != exp.tuning_stage)
-            print(f"  {later} wait for the best lr of {exp.tuning_stage}: estimated here at the "
-                  f"middle lr of its grid (optim={','.join(waiting)})")
+        if exp.tuning_stage and any(tuned_lr(plan, exp.tuning_stage, o) is None
+                                    for o in optimizers):
+            print(f"  {' and '.join(s for s in exp.stages if s != exp.tuning_stage)} wait for "
+                  f"the best lr of {exp.tuning_stage}: estimated here at its grid's middle lr")
         print("dry run: nothing trained, no noise measured, no report written")
         return before
     problems, outcomes = [], []
@@ -589,6 +627,7 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     failed = [j for j in plan if not j.done]
     problems += [f"run did not complete (see its train.log): {j.run_dir}" for j in failed]
     problems += measure_noise(exp, plan, optimizers, jobs_at_once)
+    release_after_noise(held)
 
     notes = [f"{folder} holds {len(extra_runs)} finished run(s) outside this plan (e.g. "
              f"{extra_runs[0].name}); the report reads every run in the folder"
@@ -674,8 +713,7 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
 
 
 def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str) -> bool:
-    """Run the experiment's analysis script over `folders` into `out`, saying so; True when it
-    succeeded."""
+    """Run the experiment's analysis script over `folders` into `out`; True if it succeeded."""
     script = ANALYSIS_DIR / exp.analysis
     args = [*folders, "--out", str(out)]
     if exp.compare_with:  # out is <runs>/<stage>/<scale>/report

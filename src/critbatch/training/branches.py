@@ -18,7 +18,9 @@ fork the same way, several at one step; they also carry summary fields of their 
 
 Crash safety comes from the checkpoints: a parent killed before a fork rewrites it when it
 passes the fork again (the same bytes); a branch killed mid-cooldown resumes from its own
-checkpoint; a finished parent whose branches are not all finished trains only those.
+checkpoint; a finished parent whose branches are not all finished trains only those. Once the
+run and all its branches are finished, `retire` deletes the checkpoints that
+`train.keep_checkpoint` does not keep.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from critbatch.training.optim import wsd_decay_start
 log = logging.getLogger("critbatch")
 
 BRANCH_OVERRIDES = ("train.tokens=", "train.branch_budgets=")  # what a branch sets itself
+CHECKPOINT = "checkpoint.pt"
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def fork(forked: list[Branch], model, optimizers: list, gns, state: checkpoint.T
         start.wandb_run_id, start.elapsed_s, start.resumed_at = None, 0.0, []
         start.branch_of, start.branch_at_tokens = parent_dir.name, state.tokens
         start.branch_fields = dict(branch.fields)
-        checkpoint.save(branch.run_dir / "checkpoint.pt", model, optimizers, plain(branch.cfg),
+        checkpoint.save(branch.run_dir / CHECKPOINT, model, optimizers, plain(branch.cfg),
                         gns, start)
         files.write_text_atomic(branch.run_dir / "metrics.jsonl", text)
         log.info(f"step:{state.step} tokens:{state.tokens / 1e6:.3f}M forked the "
@@ -126,8 +129,26 @@ def pending(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Branch]:
     todo = [b for b in plan_branches(cfg, run_dir, overrides) if not b.done]
     summary = _summary_or_none(run_dir)
     if summary and summary["status"] == "diverged":
-        todo = [b for b in todo if (b.run_dir / "checkpoint.pt").exists()]
+        todo = [b for b in todo if (b.run_dir / CHECKPOINT).exists()]
     return todo
+
+
+def retire(cfg: Config, run_dir: Path, overrides: list[str]) -> list[Path]:
+    """Delete the checkpoint.pt files `train.keep_checkpoint` does not keep, once the run in
+    `run_dir` has its summary.json and none of its branches is pending (until then a killed
+    run or branch resumes from them); return those deleted. `final`: the branches' (and the
+    run's own when it is itself a branch, as a local-CBS branch trained alone is); `none`:
+    the run's own too; `all`: none."""
+    keep, summary = cfg.train.keep_checkpoint, _summary_or_none(run_dir)
+    if keep == "all" or summary is None or pending(cfg, run_dir, overrides):
+        return []
+    doomed = [b.run_dir / CHECKPOINT for b in plan_branches(cfg, run_dir, overrides)]
+    if keep == "none" or summary.get("branch_of"):
+        doomed.append(run_dir / CHECKPOINT)
+    gone = [path for path in doomed if path.exists()]
+    for path in gone:
+        path.unlink()
+    return gone
 
 
 @contextmanager

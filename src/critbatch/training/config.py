@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, errors
 
 from critbatch.analysis.results import wandb_group_name
 from critbatch.errors import ConfigError
@@ -72,6 +72,12 @@ class Dtype(StrEnum):
     auto = "auto"
     float32 = "float32"
     bfloat16 = "bfloat16"
+
+
+class KeepCheckpoint(StrEnum):
+    all = "all"
+    final = "final"
+    none = "none"
 
 
 MAX_VOCAB = 65535  # token ids are cached as uint16
@@ -228,13 +234,17 @@ class TrainConfig:
     compile_backend: str = "inductor"  # torch.compile's; eager, aot_eager: tracing only (tests)
     diverge_factor: float = 2.0  # a train loss above factor x its first value ...
     diverge_window: int = 20  # ... for this many consecutive steps means diverged
-    # Resumable checkpoint (checkpoint.pt, see training/checkpoint.py) every this many
-    # optimizer steps or minutes of wall time, whichever comes first; null = never by that
-    # measure. A run always saves at its end. A killed run loses at most one interval of
-    # work; a save (model and optimizer state, a few MB at these sizes) takes far less than
-    # 10 minutes of training, so its cost stays negligible.
+    # Resumable checkpoint (checkpoint.pt, training/checkpoint.py) every this many optimizer
+    # steps or minutes of wall time, whichever comes first (null = never by that measure), and
+    # at the end. A killed run loses at most one interval of work; a save (model and optimizer
+    # state, a few MB at these sizes) takes far less than 10 minutes of training.
     checkpoint_every_steps: int | None = None  # optimizer steps
     checkpoint_every_minutes: float | None = 10.0  # minutes of wall time
+    # all | final | none: the checkpoint.pt files left once a run and all its branches have
+    # their summary.json (until then every one stays, so a killed run resumes). final: the
+    # run's own, its final state (`python -m critbatch.noise` reads it), not its branches'.
+    # none: not the run's either (a sweep keeps its noise program's run until it has read it)
+    keep_checkpoint: KeepCheckpoint = KeepCheckpoint.final
     gns: GNSConfig = field(default_factory=GNSConfig)  # online gradient noise scale
 
 
@@ -419,7 +429,7 @@ def is_power_of_two(n: int) -> bool:
 
 IDENTITY_EXEMPT = ("logger", "train.device", "train.compile", "train.compile_backend",
                    "train.log_every", "data.cache_dir", "train.checkpoint_every_steps",
-                   "train.checkpoint_every_minutes")
+                   "train.checkpoint_every_minutes", "train.keep_checkpoint")
 
 
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
@@ -485,8 +495,6 @@ def run_differences(saved: dict, current: dict) -> list[str]:
                               {k: v for k, v in current.items() if k != "grid"})
 
 
-
-
 def _positive(key: str, value: float) -> None:
     if not value > 0:
         raise ConfigError(f"{key}={value} must be positive")
@@ -533,12 +541,10 @@ def validate(cfg: Config) -> None:
             f"data.vocab_size={d.vocab_size} is below the 256 byte tokens plus specials; "
             "use at least 260"
         )
-    if t.checkpoint_every_steps is not None and t.checkpoint_every_steps < 1:
-        raise ConfigError(f"train.checkpoint_every_steps={t.checkpoint_every_steps} must be "
-                          ">= 1 (or null: never by steps)")
-    if t.checkpoint_every_minutes is not None and not t.checkpoint_every_minutes > 0:
-        raise ConfigError(f"train.checkpoint_every_minutes={t.checkpoint_every_minutes} must be "
-                          "positive (or null: never by time)")
+    for key in ("checkpoint_every_steps", "checkpoint_every_minutes"):
+        if getattr(t, key) is not None and not getattr(t, key) > 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be positive (or null: never "
+                              "by that measure)")
     if t.warmup_steps < 0:
         raise ConfigError(f"train.warmup_steps={t.warmup_steps} must be >= 0")
     if not 0 <= t.min_lr_ratio <= 1:
@@ -766,13 +772,6 @@ def _unknown_key_message(full_key: str) -> str:
 
 def explain_compose_error(err: BaseException) -> str:
     """A one-line explanation of why Hydra could not compose the config."""
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        OmegaConfBaseException,
-        ValidationError,
-    )
-
     chain: list[BaseException] = []
     cur: BaseException | None = err
     while cur is not None and cur not in chain:
@@ -780,16 +779,16 @@ def explain_compose_error(err: BaseException) -> str:
         cur = cur.__cause__ or cur.__context__
     for exc in chain:
         key = getattr(exc, "full_key", None)
-        if isinstance(exc, ConfigAttributeError | ConfigKeyError) and key:
+        if isinstance(exc, errors.ConfigAttributeError | errors.ConfigKeyError) and key:
             return _unknown_key_message(key)
-        if isinstance(exc, ValidationError):
+        if isinstance(exc, errors.ValidationError):
             first = str(exc).splitlines()[0]
             choice = re.match(r"Invalid value '(.*)', expected one of \[(.*)\]", first)
             if choice:
                 return (f"{key}={choice.group(1)} is not one of {choice.group(2)}; pick one of "
                         "those")
             return f"bad value for '{key}': {first}; give a value of the declared type"
-        if isinstance(exc, OmegaConfBaseException):
+        if isinstance(exc, errors.OmegaConfBaseException):
             return str(exc).splitlines()[0]
     head = (str(err).splitlines() or [type(err).__name__])[0]
     missing = re.search(r"Could not find '([^/']+)/([^']+)'", head)

@@ -140,8 +140,9 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
 def train_with_branches(cfg: Config, run_dir: Path, overrides: list[str] | None = None,
                         skip_finished: bool = True) -> list[dict]:
     """Train the run in `run_dir` (unless it finished and `skip_finished`), then its cooldown
-    and local-CBS branches that are not finished (training/branches.py), one after the other;
-    returns the summaries trained here."""
+    and local-CBS branches that are not finished (training/branches.py), one after the other,
+    then delete the checkpoints `train.keep_checkpoint` does not keep (`branches.retire`: only
+    when something was trained here); returns the summaries trained here."""
     overrides = list(overrides or [])
     summaries = []
     if not (skip_finished and (run_dir / "summary.json").exists()):
@@ -157,6 +158,10 @@ def train_with_branches(cfg: Config, run_dir: Path, overrides: list[str] | None 
                  f"{branch.fork_step} of {run_dir}")
         with branches.log_file(branch.run_dir / "train.log"):
             summaries.append(train(branch.cfg, branch.run_dir, branch.overrides))
+    gone = branches.retire(cfg, run_dir, overrides) if summaries and launched_ranks().main else []
+    if gone:
+        log.info(f"train.keep_checkpoint={cfg.train.keep_checkpoint}: deleted {len(gone)} "
+                 f"checkpoint(s) under {run_dir}, no longer needed")
     return summaries
 
 
