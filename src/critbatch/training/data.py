@@ -562,6 +562,27 @@ def check_seq_len(tokens: TokenData, seq_len: int) -> None:
             )
 
 
+def coverage_warnings(tokens: TokenData, name: str, train_tokens: int, eval_tokens: int
+                      ) -> list[str]:
+    """One line each on a corpus too small for the run: the passes that `train_tokens` make over
+    the train split (batches are random windows, so each token is seen that many times on
+    average), and a val split shorter than `train.eval_tokens` (its windows then overlap: an
+    evaluation reads every val token, some of them twice)."""
+    lines = []
+    if train_tokens > tokens.train.size:
+        lines.append(
+            f"warning: data={name} has {tokens.train.size:,} train tokens, fewer than the run's "
+            f"{train_tokens:,}: it makes {train_tokens / tokens.train.size:.1f} passes over the "
+            "data (text repeats; a larger corpus avoids it)")
+    if eval_tokens > tokens.val.size:
+        lines.append(
+            f"warning: data={name} has {tokens.val.size:,} val tokens, fewer than "
+            f"train.eval_tokens={eval_tokens:,}: each evaluation reads all of them in overlapping "
+            "windows (lower train.eval_tokens, or give the corpus more text or a larger "
+            "data.val_fraction)")
+    return lines
+
+
 def sample_batch(
     ids: np.ndarray, seq_len: int, batch_size: int, seed: int, step: int
 ) -> torch.Tensor:

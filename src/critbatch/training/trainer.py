@@ -21,7 +21,13 @@ from critbatch.training.config import (
     plain,
     total_steps,
 )
-from critbatch.training.data import TokenData, check_seq_len, prepare_data, val_windows
+from critbatch.training.data import (
+    TokenData,
+    check_seq_len,
+    coverage_warnings,
+    prepare_data,
+    val_windows,
+)
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
 from critbatch.training.optim import used_lr
@@ -128,6 +134,8 @@ def log_start(tr: Trainer) -> None:
         f"data={cfg.data.name}: {data.train.size / 1e6:.2f}M train tokens, "
         f"{data.val.size / 1e6:.3f}M val tokens, {data.bytes_per_token:.3f} bytes/token"
     )
+    for line in coverage_warnings(data, cfg.data.name, tr.plan.budget, t.eval_tokens):
+        log.warning(line)
     log.info(
         f"model: width {m.width}, depth {m.depth}, heads {m.heads}, seq_len {m.seq_len} -> "
         f"{tr.params / 1e6:.3f}M params ({tr.params_nonembedding / 1e6:.3f}M non-embedding)"
