@@ -62,8 +62,17 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
     fits = json.loads((out / "fits.json").read_text())
     assert set(fits["joint"]) == set(OPTIMIZERS)
     report = (out / "report.md").read_text().splitlines()
-    opening = "\n".join(report[:12])
+    # the summary first (what to act on), then the verdict per optimizer
+    assert report[2] == "## Summary"
+    opening = "\n".join(report[:20])
     assert "**adamw" in opening and "**muon" in opening
+    assert opening.index("## Summary") < opening.index("**adamw")
+    rows = {r["optimizer"]: r for r in fits["summary"]}
+    assert set(rows) == set(OPTIMIZERS)
+    for r in rows.values():
+        assert r["b_crit_low"] <= r["b_crit"] <= r["b_crit_high"]
+        assert r["batch_size"] >= 1 and r["lr"] > 0
+        assert isinstance(r["reliable"], bool) and (r["reliable"] or r["why"])
     assert "## The joint model" in report
     assert (out / "joint_fit.png").exists()
 
@@ -106,3 +115,17 @@ def test_several_widths_are_one_model_with_the_loss_alone_test(tmp_path):
     for held in doc["held_out"]:
         assert held["within_2_sigma"] == held["n_cells"] > 0
     assert doc["b_star_tokens"] == pytest.approx(200 * TRUTH.seq_len, rel=0.05)
+
+
+def test_summary_says_when_the_numbers_are_not_a_measurement():
+    from critbatch.analysis.summary import reliability
+
+    row = {"b_crit_low": 50.0, "b_crit_high": 90.0, "held_out_ok": True}
+    good = {"exponent": 4.8, "exponent_low": 4.0, "exponent_high": 5.5, "chi2_per_dof": 1.2}
+    assert reliability(row, good, "cpu") == []
+    assert "smoke scale" in reliability(row, good, "smoke")[0]
+    assert any("unbounded" in w for w in reliability({**row, "b_crit_high": None}, good, "cpu"))
+    wide = {**good, "exponent_low": 1.0, "exponent_high": 7.0}
+    assert any("unresolved" in w for w in reliability(row, wide, "gpu"))
+    assert any("misfits" in w for w in reliability(row, {**good, "chi2_per_dof": 9.0}, "gpu"))
+    assert any("held-out" in w for w in reliability({**row, "held_out_ok": False}, good, "gpu"))

@@ -4,16 +4,19 @@
 `critbatch.analysis.tables`), analyses them (`critbatch.analysis.bcrit`)
 and writes, through `render.run_study`:
 
-- `report.md`   the measured law per optimizer first (the joint model's verdict), the
-                question, the groups, the tables (in the form of science.md sections 3
-                and 8) and every warning;
+- `report.md`   the summary first (`analysis.summary`), then the measured law per
+                optimizer (the joint model's verdict), the question, the groups, the
+                tables (in the form of science.md sections 3 and 8) and every warning;
 - `*.png`       loss vs tokens, lr sensitivity, effective tokens, S-E Pareto frontiers,
                 B_crit vs loss, the joint model;
 - `fits.json`   the machine-readable fits (public keys: per_run, pareto, kaplan (one row per
                 optimizer and method), kaplan_points, lr_scaling, warnings, online_noise (the
                 online B_noise(L) series), consistency (per-run against Pareto B_crit at each
                 target loss), joint (`analysis.joint`: per optimizer the model of every
-                cell, its interval, the loss-alone test and the held-out predictions);
+                cell, its interval, the loss-alone test and the held-out predictions),
+                summary (`analysis.summary`: per optimizer B_crit at the final loss, the
+                recommended batch and lr there, the held-out verdict, and whether the
+                numbers are a measurement);
                 B_crit in sequences with `_tokens` twins);
 - `bcrit.csv`   the per-run table;
 - a W&B run (job_type "analysis", in the group most of the analysed runs were logged in).
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit, joint_report, plotting, render
+from critbatch.analysis import bcrit, joint_report, plotting, render, summary
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import load_runs, load_wandb_runs
 from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_table
@@ -80,7 +83,7 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], str]:
 
 
 FITS_KEYS = ("per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling", "warnings",
-             "online_noise", "consistency", "joint")
+             "online_noise", "consistency", "joint", "summary")
 ONLINE_TABLE_ROWS = 10  # eval points per run shown in report.md (fits.json has all)
 
 
@@ -361,7 +364,7 @@ def lr_scaling_table(lr_scaling: dict) -> str:
 def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                     elapsed_s: float) -> str:
     fits = result["fits"]
-    lines = ["# Critical batch size report", "",
+    lines = ["# Critical batch size report", "", *summary.markdown(fits["summary"]),
              "The measured B_crit(L) law per optimizer (the joint model below):", "",
              *joint_report.headline(fits["joint"]), "", QUESTION, "",
              render.inputs_line(result, inputs, elapsed_s), "",
@@ -649,6 +652,8 @@ def summary_lines(result: dict) -> list[str]:
                      f"loss={r['val_loss']:.4f} r={fmt(r['r'], '.3f')} B_crit={interval} seq"
                      + (" (extrapolated)" if r["extrapolated"] else ""))
     lines += [joint_report.summary_line(doc) for doc in fits["joint"].values()]
+    lines += ["summary (what to act on; report.md opens with it):",
+              *summary.lines(fits["summary"])]
     for k in fits["kaplan"]:
         lines.append(f"  Kaplan {k['optimizer']} {k['method']}: B* = "
                      f"{fmt(k['b_star_tokens'], '.3g')} tokens, 1/alpha_B = "
@@ -661,6 +666,8 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
     """`bcrit.analyse`, each group also given `sweeps`: a Counter of its analysed runs (the
     ones not left out) per sweep stage, for `sweep_label`."""
     result = bcrit.analyse(runs, baseline_batch=baseline_batch, **kwargs)
+    result["fits"]["summary"] = summary.sweep_summary(runs, result["fits"]["joint"],
+                                                      warnings=result["warnings"])
     left_out = {d["run_dir"] for d in result["left_out"]}
     sweeps: dict[tuple, Counter] = defaultdict(Counter)
     for r in runs:
