@@ -51,7 +51,7 @@ def test_cli_end_to_end_writes_every_output(tmp_path):
 
     fits = json.loads((out / "fits.json").read_text())
     assert set(fits) == {"per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling",
-                         "warnings", "online_noise", "consistency", "joint"}
+                         "warnings", "online_noise", "consistency", "joint", "summary"}
     assert all(set(r) >= PER_RUN_KEYS for r in fits["per_run"])
     assert all(set(p) >= PARETO_KEYS for p in fits["pareto"]) and fits["pareto"]
     assert fits["kaplan"] and all(set(row) >= KAPLAN_KEYS for row in fits["kaplan"])
@@ -240,3 +240,20 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_warnings_are_grouped_counted_and_name_their_fix():
+    from critbatch.analysis.render import warning_lines, warnings_section
+
+    warnings = [f"stdlib V2048 T64 w64 d2 adamw: batch {b} at {t:,} tokens has its best lr on "
+                f"the high edge of the grid (0.0{b}); widen the lr grid"
+                for b, t in [(64, 184_320), (128, 368_640), (32, 186_368)]]
+    warnings += ["joint model (muon): chi2/dof = 7.65: the losses scatter about the model"]
+    section = warnings_section(warnings)
+    assert "4 warning(s) of 2 kind(s)" in section[2]
+    head = next(line for line in section if line.startswith("- **3 x"))
+    assert "`grid.lrs.adamw`" in head  # the override that fixes it, for the one optimizer
+    assert sum(line.startswith("  - ") for line in section) == 3  # every instance kept
+    assert "- joint model (muon): chi2/dof = 7.65" in "\n".join(section)
+    printed = warning_lines(warnings)
+    assert len(printed) == 2 and "(3 like it; all in report.md)" in printed[0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -109,8 +110,74 @@ def plots_section(plots: dict[str, str], captions: dict[str, str]) -> list[str]:
     return lines
 
 
+# What fixes each kind of warning, by a phrase the warning contains: the override or option
+# to change. `{optimizer}` is filled in when every warning of the kind names one optimizer.
+WARNING_FIXES = (
+    ("best lr on the high edge", "the optimum lies above the grid: add a larger lr to "
+     "`grid.lrs.{optimizer}` (the baseline batch's lrs; 2.5x above the largest keeps the "
+     "grid's spacing)"),
+    ("best lr on the low edge", "the optimum lies below the grid: add a smaller lr to "
+     "`grid.lrs.{optimizer}` (2.5x below the smallest keeps the grid's spacing)"),
+    ("warmup steps", "lower `train.warmup_steps`, or drop the smallest fraction from "
+     "`grid.branch_budgets` (those cells train too few steps to measure the batch)"),
+    ("reaches a lower loss than the baseline", "`--baseline-batch auto` (the most "
+     "token-efficient batch as the baseline), or start `grid.batch_sizes` at that batch"),
+    ("extrapolated beyond the baseline's budgets", "give the baseline smaller and larger "
+     "budgets: smaller fractions in `grid.branch_budgets` (e.g. [0.0625,0.125,0.25,0.5]) and "
+     "a longer `train.tokens`"),
+    ("diverged", "lower the largest lr of `grid.lrs.{optimizer}`, or raise "
+     "`train.warmup_steps`"),
+)
+
+
+def warning_kind(warning: str) -> str:
+    """A warning without its group prefix and numbers: warnings of one kind share it."""
+    text = re.sub(r"^[^:]{1,80}: ", "", warning)  # "stdlib V2048 T64 w64 d2 adamw: ..."
+    return re.sub(r"[-+]?\d[\d,._e+-]*", "#", text).split(";")[0].split(" (")[0]
+
+
+def warning_fix(kind_warnings: list[str]) -> str | None:
+    for phrase, fix in WARNING_FIXES:
+        if phrase in kind_warnings[0]:
+            named = {o for w in kind_warnings for o in ("adamw", "muon") if f" {o}" in w}
+            return fix.format(optimizer=named.pop() if len(named) == 1 else "<optimizer>")
+    return None
+
+
+def warning_kinds(warnings: list[str]) -> list[tuple[str, list[str]]]:
+    """(kind, its warnings), the most frequent kind first."""
+    kinds: dict[str, list[str]] = {}
+    for w in warnings:
+        kinds.setdefault(warning_kind(w), []).append(w)
+    return sorted(kinds.items(), key=lambda kv: -len(kv[1]))
+
+
+def warning_lines(warnings: list[str]) -> list[str]:
+    """What a script prints: one line per kind, counted, with its first instance and fix."""
+    out = []
+    for _, members in warning_kinds(warnings):
+        fix = warning_fix(members)
+        count = f" ({len(members)} like it; all in report.md)" if len(members) > 1 else ""
+        out.append(f"warning: {members[0]}{count}" + (f"; fix: {fix}" if fix else ""))
+    return out
+
+
 def warnings_section(warnings: list[str]) -> list[str]:
-    return ["## Warnings", "", *([f"- {w}" for w in warnings] or ["None."])]
+    """Every warning, grouped by kind (counted, the most frequent first), each kind with
+    the override that fixes it where one does."""
+    if not warnings:
+        return ["## Warnings", "", "None."]
+    kinds = warning_kinds(warnings)
+    lines = ["## Warnings", "", f"{len(warnings)} warning(s) of {len(kinds)} kind(s), the most "
+             "frequent first.", ""]
+    for kind, members in kinds:
+        fix = warning_fix(members)
+        if len(members) == 1 and not fix:
+            lines.append(f"- {members[0]}")
+            continue
+        lines.append(f"- **{len(members)} x {kind}**" + (f" Fix: {fix}." if fix else ""))
+        lines += [f"  - {w}" for w in members]
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +370,7 @@ def run_study(study: Study, load: Callable[[], dict], inputs: list[str], out_dir
           f"{len(result['left_out'])} left out", flush=True)
     for line in study.summary_lines(result):
         print(line)
-    for w in result["warnings"]:
-        print(f"warning: {w}")
+    for line in warning_lines(result["warnings"]):
+        print(line)
     print(f"report: {out_dir / 'report.md'} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return {"out": out_dir, "result": result, "document": document}
