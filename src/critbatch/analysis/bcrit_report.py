@@ -568,8 +568,8 @@ def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None
     """Each (optimizer, method) series with its own marker (method) and colour (optimizer),
     its fitted line, and Kaplan et al.'s law for reference."""
     plt = plotting.pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.8))
-    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.11, top=0.93)
+    fig, ax = plt.subplots(figsize=(6.5 + plotting.LEGEND_IN + 0.6, 4.8))
+    fig.subplots_adjust(left=0.1, right=0.6, bottom=0.11, top=0.93)
     optimizers = sorted({p["optimizer"] for p in points})
     colors = {opt: f"C{i}" for i, opt in enumerate(optimizers)}
     for opt in optimizers:
@@ -589,7 +589,7 @@ def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None
                               f"B*/L^{r['exponent']:.2f}")
         ax.plot(grid, KAPLAN_B_STAR_TOKENS / grid ** KAPLAN_EXPONENT, "k-", lw=1.5,
                 label="Kaplan et al. 2020: 2e8 / L^4.8")
-        ax.legend(fontsize=7)
+        plotting.outside_legend(ax)
     else:
         plotting.empty_axes(ax, "no B_crit estimate yet")
     plotting.log_axes(ax, x=True, y=True)

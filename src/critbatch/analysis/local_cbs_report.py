@@ -236,8 +236,10 @@ def draw_equivalent(ax, rows: list[dict], color: str, label: str) -> None:
 
 def plot_vs_tokens(result: dict, path: Path) -> None:
     plt = plotting.pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.8))
-    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.11, top=0.9)
+    width_in = 6.5 + plotting.LEGEND_IN
+    fig, ax = plt.subplots(figsize=(width_in, 4.8))
+    fig.subplots_adjust(left=0.1, right=1 - (plotting.LEGEND_IN + 0.15) / width_in, bottom=0.11,
+                        top=0.9)
     labels = sorted({label_of(r) for r in result["rows"]})
     for color, label in zip(OPTIMIZER_COLORS, labels, strict=False):
         mine = [r for r in result["rows"] if label_of(r) == label]

@@ -47,20 +47,25 @@ def shown_groups(groups: list, warnings: list[str]) -> list:
     return groups[:MAX_PANELS]
 
 
+LEGEND_IN = 1.9  # inches right of each panel for its legend (`outside_legend`)
+
+
 def panel_grid(n: int, title: str, panel_in: tuple[float, float] = (5.0, 4.0),
                max_cols: int = 3):
     """A figure of `n` panels (at least one), `max_cols` to a row, each `panel_in` inches
-    (width, height), under `title` (wrapped to the figure's width when it is saved); returns
-    (figure, the n axes)."""
+    (width, height) plus LEGEND_IN to its right for its legend, under `title` (wrapped to
+    the figure's width when it is saved); returns (figure, the n axes)."""
     n = max(1, n)
     cols = min(max_cols, n)
     rows = math.ceil(n / cols)
-    width_in, height_in = panel_in[0] * cols, panel_in[1] * rows
+    width_in, height_in = (panel_in[0] + LEGEND_IN) * cols, panel_in[1] * rows
     fig, axes = pyplot().subplots(rows, cols, figsize=(width_in, height_in), squeeze=False)
     for ax in axes.flat[n:]:
         ax.set_visible(False)
-    fig.subplots_adjust(left=0.8 / width_in, right=1 - 0.15 / width_in, bottom=0.55 / height_in,
-                        top=1 - 0.7 / height_in, wspace=0.3, hspace=0.5)
+    axes_in = panel_in[0] - 0.8  # the y label and ticks take the rest of a panel
+    fig.subplots_adjust(left=0.8 / width_in, right=1 - (LEGEND_IN + 0.1) / width_in,
+                        bottom=0.55 / height_in, top=1 - 0.7 / height_in,
+                        wspace=(LEGEND_IN + 0.8) / axes_in, hspace=0.5)
     fig.suptitle(title, fontsize=9)
     return fig, list(axes.flat[:n])
 
@@ -143,7 +148,13 @@ def label_axes(ax, xlabel: str, ylabel: str, title: str, legend: bool = True) ->
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     if legend:
-        ax.legend(fontsize=7)
+        outside_legend(ax)
+
+
+def outside_legend(ax) -> None:
+    """The axes' legend to its right, clear of the data (`panel_grid` leaves LEGEND_IN)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def wrap_to(text, max_px: float, renderer, vertical: bool = False) -> None:

@@ -221,9 +221,11 @@ def plot_accumulation(result: dict, path: Path) -> None:
     entries = [(g, e) for g in result["groups"] for e in g["accumulation"]
                if e["plain_run_dir"]][:MAX_ACCUM_ROWS]
     n = max(1, len(entries))
-    fig, axes = plt.subplots(n, 2, figsize=(11, 3.8 * n), squeeze=False)
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.5 / (3.8 * n), top=1 - 0.6 / (3.8 * n),
-                        wspace=0.28, hspace=0.5)
+    width_in = 11 + 2 * plotting.LEGEND_IN
+    fig, axes = plt.subplots(n, 2, figsize=(width_in, 3.8 * n), squeeze=False)
+    fig.subplots_adjust(left=0.08, right=1 - (plotting.LEGEND_IN + 0.1) / width_in,
+                        bottom=0.5 / (3.8 * n), top=1 - 0.6 / (3.8 * n),
+                        wspace=0.28 + plotting.LEGEND_IN / 4.6, hspace=0.5)
     fig.suptitle(PLOTS["accumulation"], fontsize=9)
     if not entries:
         axes[0, 1].set_visible(False)
@@ -262,8 +264,10 @@ def plot_lr_tuning(result: dict, path: Path) -> None:
     """Final validation loss against lr at the base batch, one line per lr grid; a star at
     the best lr, an x (at the top of the axis) for an lr whose runs all diverged."""
     plt = plotting.pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.6))
-    fig.subplots_adjust(left=0.13, right=0.97, bottom=0.12, top=0.92)
+    width_in = 6.5 + plotting.LEGEND_IN
+    fig, ax = plt.subplots(figsize=(width_in, 4.6))
+    fig.subplots_adjust(left=0.1, right=1 - (plotting.LEGEND_IN + 0.15) / width_in, bottom=0.12,
+                        top=0.92)
     seen, drawn = set(), 0
     several_scales = len({g["scale"] for g in result["groups"]}) > 1
     for g in result["groups"]:

@@ -128,7 +128,7 @@ def markdown(rows: list[dict]) -> list[str]:
             "best; lr from the lr law, 95% fit interval), the held-out check and whether the "
             "numbers are a measurement. `python analysis/recommend.py` answers for a larger "
             "run.", "",
-            md_table(["optimizer", "B_crit at the final loss [95%]", "recommended here",
+            md_table(["optimizer", "B_crit at the final loss (sequences) [95%]", "recommended here",
                       "held out", "a measurement?"], table), ""]
 
 
