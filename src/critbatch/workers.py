@@ -180,6 +180,31 @@ class Progress:
                 f"elapsed {elapsed / 60:.1f} min{eta}")
 
 
+def prepare_data_first(cfgs: list[Config]) -> None:
+    """Build each corpus's token cache (BPE, encoding) here, before the workers start, so its
+    progress lines (with an ETA) reach the console instead of the first runs' train.logs and
+    the runs' timings exclude it; a cache that exists is only checked."""
+    from dataclasses import asdict
+
+    from critbatch.training.data import is_prepared, prepare_data
+
+    seen = set()
+    for cfg in cfgs:
+        key = repr(sorted(asdict(cfg.data).items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        if is_prepared(cfg.data):
+            continue
+        print(f"== data={cfg.data.name} V{cfg.data.vocab_size}: building its token cache "
+              "first (once per corpus and vocabulary; progress below)", flush=True)
+        t0 = time.perf_counter()
+        tokens = prepare_data(cfg.data)
+        print(f"== data ready in {time.perf_counter() - t0:.0f} s: "
+              f"{tokens.manifest['train_tokens']:,} train tokens in {tokens.directory}",
+              flush=True)
+
+
 def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: int | None,
              estimates: dict[Path, float], name: Callable[[Path], str] = str,
              with_branches: bool = True, gpus: list[str] | None = None) -> list[Outcome]:
@@ -187,6 +212,7 @@ def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: 
     estimate first, printing a progress line as each one ends; returns their outcomes.
     Without `with_branches` each job is its run alone (its branches are forked, not trained).
     With `gpus`, each worker is pinned to one of them (`gpu_slots`)."""
+    prepare_data_first([cfg for cfg, _, _ in jobs])
     order = sorted(jobs, key=lambda j: -estimates.get(j[1], 0.0))
     progress = Progress(len(order), {str(j[1]): estimates.get(j[1], 0.0) for j in order},
                         workers)

@@ -87,7 +87,7 @@ def say(message: str) -> None:
 class Progress:
     """A count of items done: a tqdm bar on a terminal, else a line every `PROGRESS_EVERY_S`.
 
-    Logs and batch jobs get `<what>: 12,000/100,000 documents (1.3 MB/s, 10 s)` lines
+    Logs and batch jobs get `<what>: 12,000/100,000 documents (1.3 MB/s, 10 s, ETA 73 s)` lines
     instead of a bar redrawn in place; `close()` prints the total and the time taken.
     """
 
@@ -113,7 +113,9 @@ class Progress:
             elapsed = max(now - self.start, 1e-9)
             of = f"/{self.total:,}" if self.total else ""
             rate = f"{self.bytes / 1e6 / elapsed:.1f} MB/s, " if self.bytes else ""
-            say(f"{self.what}: {self.count:,}{of} {self.unit} ({rate}{elapsed:.0f} s)")
+            eta = (f", ETA {elapsed * (self.total - self.count) / self.count:.0f} s"
+                   if self.total and 0 < self.count < self.total else "")
+            say(f"{self.what}: {self.count:,}{of} {self.unit} ({rate}{elapsed:.0f} s{eta})")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -530,6 +532,17 @@ def prepare_data(data: DataConfig) -> TokenData:
     train = np.memmap(directory / "train.bin", dtype=np.uint16, mode="r")
     val = np.memmap(directory / "val.bin", dtype=np.uint16, mode="r")
     return TokenData(train=train, val=val, manifest=manifest, directory=directory)
+
+
+def is_prepared(data: DataConfig) -> bool:
+    """Whether `data`'s token cache exists and is complete (a hub corpus is not fetched)."""
+    if data.name in HUB_CORPORA:
+        content_sha = None
+    else:
+        docs, _ = load_local_documents(data)
+        content_sha = corpus_fingerprint(docs) if docs else None
+    key, directory = cache_entry(data, content_sha)
+    return _manifest_ok(directory, key) is not None
 
 
 def build_token_cache(data: DataConfig) -> TokenData:
