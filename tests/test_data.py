@@ -212,3 +212,17 @@ def test_seq_len_larger_than_the_data_allows(corpus_dir, tmp_path):
     tokens = prepare_data(text_cfg(corpus_dir, tmp_path))
     with pytest.raises(DataError, match="model.seq_len"):
         data_module.check_seq_len(tokens, tokens.val.size + 10)
+
+
+def test_the_sweep_builds_the_token_cache_first_and_says_so(tiny_cfg, tmp_path, capsys):
+    from critbatch.training.data import is_prepared
+    from critbatch.workers import prepare_data_first
+
+    cfg = tiny_cfg(f"data.cache_dir={tmp_path / 'fresh'}")
+    assert not is_prepared(cfg.data)
+    prepare_data_first([cfg, cfg])  # one corpus, built once
+    out = capsys.readouterr().out
+    assert out.count("building its token cache first") == 1 and "data ready in" in out
+    assert is_prepared(cfg.data)
+    prepare_data_first([cfg])  # already there: nothing to say
+    assert capsys.readouterr().out == ""
