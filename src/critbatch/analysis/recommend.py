@@ -179,7 +179,7 @@ def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int 
                       start=np.append(plain.as_vector(), 0.5 * data.batch.min()))
     term = extra_term_test(plain, small)
     joint = small if term["kept"] else plain
-    fit = fit_scaling(data, sizes, starts_from(joint, sizes, joint.small_batch),
+    fit = fit_scaling(data, sizes, starts_from(joint, sizes, joint.small_batch, data),
                       small_batch=joint.small_batch)
     refits = bootstrap_scaling(data, sizes, fit, resamples, seed=seed)
     lr_law = fit_lr_law(*lr_points(sweep, keep))

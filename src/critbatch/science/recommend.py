@@ -33,6 +33,7 @@ import numpy as np
 
 from critbatch.science.joint import (
     CONFIDENCE,
+    E_REF,
     L_N_FLOOR,
     SHARED_FRACTION,
     JointData,
@@ -151,13 +152,32 @@ def scaling_residuals(theta: np.ndarray, data: JointData, sizes: np.ndarray, ter
                      False, small_batch, steps=steps)
 
 
-def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool) -> list[np.ndarray]:
-    """Starting vectors from a joint fit (one curve per width): C and b its medians, and
-    l_inf(N) through its curves' floors at a few size exponents (least squares in L_0, A)."""
+def curve_points(joint: JointFit, tokens: np.ndarray, width: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(width index, E_min, L) along each width's fitted example curve, over the tokens its
+    cells span: what the law across sizes must pass through."""
+    rows = []
+    for i in range(len(joint.l_inf)):
+        mine = tokens[width == i]
+        for e in np.geomspace(mine.min(), mine.max(), 8):
+            loss = joint.l_inf[i] + joint.a[i] * (e / E_REF) ** -joint.alpha[i]
+            rows.append((i, e, loss))
+    w, e, loss = (np.array(x) for x in zip(*rows, strict=True))
+    return w.astype(int), e, loss
+
+
+def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool,
+                data: JointData | None = None) -> list[np.ndarray]:
+    """Starting vectors from a joint fit (one curve per width): the law across sizes fitted
+    by least squares to points along the widths' curves (`curve_points`, from several
+    starting exponents; needs the cells' `data`), or without `data` C and b the curves'
+    medians and l_inf(N) through their floors. The B_crit law and B_s are the joint fit's."""
+    from scipy.optimize import least_squares
+
     terms = size_terms(len(sizes))
     c, b = float(np.median(joint.a)), float(np.median(joint.alpha))
     law = [math.log(joint.b_star[0]), float(joint.gamma[0])]
-    extra = [joint.b_small if small_batch else 0.0] if small_batch else []
+    extra = [joint.b_small] if small_batch else []
     if terms == 0:
         return [np.array([joint.l_inf[0], math.log(c), math.log(b), *law, *extra])]
     starts = []
@@ -169,7 +189,28 @@ def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool) -> list[n
         l0 = float(np.min(joint.l_inf - amp * x))
         size = [math.log(amp), math.log(exponent)][:terms]
         starts.append(np.array([l0, *size, math.log(c), math.log(b), *law, *extra]))
-    return starts
+    if data is None:
+        return starts
+    w, e, loss = curve_points(joint, data.tokens, data.width)
+
+    def miss(theta):  # the law's loss at the curve points minus the curves'
+        p = unpack(np.concatenate([theta, law, extra]), terms, small_batch)
+        floor = p["l0"] + p["a_size"] * (sizes[w] / N_REF) ** -p["size_exponent"]
+        with np.errstate(all="ignore"):
+            r = floor + p["c"] * (e / E_REF) ** -p["b"] - loss
+        return np.where(np.isfinite(r), r, 1e6)  # an overflowing step is pushed back
+
+    lower = [L_N_FLOOR, -20.0, math.log(0.01)][:1 + terms] + [-20.0, math.log(0.02)]
+    upper = [float(loss.min()), 20.0, math.log(3.0)][:1 + terms] + [20.0, math.log(5.0)]
+    fitted = []
+    for b0 in (0.03, 0.1, 0.3):
+        for s0 in starts:
+            x0 = np.clip(np.concatenate([s0[:1 + terms], [s0[1 + terms], math.log(b0)]]),
+                         np.array(lower) + 1e-9, np.array(upper) - 1e-9)
+            res = least_squares(miss, x0, bounds=(lower, upper), max_nfev=500)
+            fitted.append((res.cost, np.concatenate([res.x, law, extra])))
+    fitted.sort(key=lambda f: f[0])
+    return starts + [x for _, x in fitted[:3]]  # the three closest to the curves
 
 
 def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
