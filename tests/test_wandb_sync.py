@@ -81,7 +81,8 @@ def test_nothing_to_upload_needs_no_login_and_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ("wandb-sync: nothing to upload (1 offline W&B run(s) under "
                                    ". runs/, all uploaded)")
-    dry = subprocess.run(["make", "-n", "-o", "install", "wandb-sync", "DIRS=/data/reports"],
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "-o", "install", "wandb-sync",
+                          "DIRS=/data/reports"],
                          cwd=REPO, capture_output=True, text=True, check=True)
     assert dry.stdout.strip().endswith("-m critbatch.wandb_sync /data/reports")
 
