@@ -142,14 +142,19 @@ def test_recommendation_for_a_larger_model_lands_on_the_planted_answer(tmp_path,
 
 
 def test_predicted_loss_interval_covers_the_planted_loss_in_most_worlds(tmp_path):
-    world, tokens, covered = truth(), 4 * BUDGETS[-1], 0
+    """... and the B_crit (bootstrap) and lr (fit) intervals cover the planted ones (measured:
+    loss 7+, B_crit 10 and lr 9 of these 10 worlds)."""
+    world, tokens, covered, crit, lr = truth(), 4 * BUDGETS[-1], 0, 0, 0
     for seed in range(10):
         rng = np.random.default_rng(100 + seed)
         sweep = sweep_of(planted_rows(world, SWEEP_SIZES, rng), tmp_path)
         doc = answer(fit_model(sweep, seed=seed), "adamw", LARGER, tokens, SEQ_LEN, 0.01)
         true_loss = float(world.predict_loss(LARGER, doc["batch_size"], tokens)[0])
         covered += doc["predicted_loss_low"] <= true_loss <= doc["predicted_loss_high"]
+        crit += doc["b_crit_low"] <= float(world.b_crit(true_loss)) <= doc["b_crit_high"]
+        lr += doc["lr_low"] <= planted_lr(doc["batch_size"], LARGER) <= doc["lr_high"]
     assert covered >= 7, covered
+    assert crit >= 8 and lr >= 8, (crit, lr)
 
 
 def test_validate_on_a_u_shaped_grid_matches_the_held_out_model(tmp_path):
