@@ -14,7 +14,13 @@ from __future__ import annotations
 import numpy as np
 
 from critbatch.analysis.joint import HELD_OUT_SIGMAS
-from critbatch.analysis.recommend import DEFAULT_TOLERANCE, answer, fit_model, sized_sweeps
+from critbatch.analysis.recommend import (
+    DEFAULT_TOLERANCE,
+    RESAMPLES,
+    answer,
+    fit_model,
+    sized_sweeps,
+)
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import read_config
 from critbatch.errors import ResultsError
@@ -22,6 +28,7 @@ from critbatch.errors import ResultsError
 RESOLVED_WIDTH = 3.0  # an exponent interval wider than this leaves the law unresolved
 MISFIT = 2.0  # chi2/dof above which the model does not describe the losses
 HELD_OUT_SHARE = 0.8  # held-out cells that must land within HELD_OUT_SIGMAS
+SMOKE_RESAMPLES = 20  # bootstrap refits at smoke scale
 
 
 def scale_of(runs: list[dict]) -> str | None:
@@ -81,7 +88,10 @@ def sweep_summary(runs: list[dict], joint: dict, tolerance: float = DEFAULT_TOLE
                "measured_loss": measured.loss, "measured_batch_size": measured.batch_size,
                "measured_lr": measured.lr}
         try:
-            ans = answer(fit_model(sweep), optimizer, size, tokens, sweep.seq_len, tolerance)
+            # a smoke sweep measures nothing (its row says so): a rough interval is enough
+            model = fit_model(sweep, resamples=SMOKE_RESAMPLES if scale == "smoke" else
+                              RESAMPLES)
+            ans = answer(model, optimizer, size, tokens, sweep.seq_len, tolerance)
         except ResultsError as err:
             rows.append({**row, "reason": str(err), "reliable": False,
                          "why": [str(err)]})
