@@ -27,8 +27,6 @@ from critbatch.training.config import (
     run_differences,
     to_config,
 )
-from critbatch.training.distributed import launched_ranks
-from critbatch.training.loop import train_with_branches
 
 log = logging.getLogger("critbatch")
 
@@ -130,6 +128,8 @@ def check_output_dir(args: list[str]) -> None:
 def _hydra_main(composed: DictConfig) -> None:
     """One Hydra job. In a multirun, a finished run is skipped and a failed one is
     recorded in its train.log without stopping the sweep."""
+    from critbatch.training.loop import train_with_branches  # torch: not for --help, -sc
+
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
@@ -217,22 +217,30 @@ def sweep_options(overrides: list[str]) -> dict[str, list[str]]:
     return options
 
 
+def _join_torchrun(args: list[str]) -> None:
+    """Under torchrun every rank must agree on the run dir; rank 0 alone writes."""
+    from critbatch.training.distributed import launched_ranks
+
+    ranks = launched_ranks()
+    if ranks.parallel:
+        if not any(a.startswith("hydra.run.dir=") for a in args):
+            fail("under torchrun, give the run directory explicitly: hydra.run.dir=runs/...")
+        if not ranks.main:
+            sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled",
+                         "hydra/hydra_logging=disabled"]
+
+
 def main() -> None:
     """Validate the overrides (one-line errors, nothing created), then hand over to Hydra."""
     register_configs()
     args = sys.argv[1:]
-    ranks = launched_ranks()
-    if ranks.parallel:  # torchrun: every rank must agree on the run dir; rank 0 alone writes
-        if not any(a.startswith("hydra.run.dir=") for a in args):
-            fail("under torchrun, give the run directory explicitly: hydra.run.dir=runs/...")
-        if not ranks.main:
-            extra = ["hydra.output_subdir=null", "hydra/job_logging=disabled",
-                     "hydra/hydra_logging=disabled"]
-            sys.argv += extra
+    info = any(a.split("=", 1)[0] in INFO_FLAGS for a in args)
+    if not info:  # --help and tab completion (-sc) stay quick: no torch import
+        _join_torchrun(args)
     with user_errors():
         for job in jobs_to_check(args) or []:
             check_overrides(job)
-        if not any(a.split("=", 1)[0] in INFO_FLAGS for a in args):
+        if not info:
             check_output_dir(args)
     with tempfile.NamedTemporaryFile("r", prefix="critbatch-failed-", suffix=".txt") as failed:
         os.environ[FAILURES_ENV] = failed.name
