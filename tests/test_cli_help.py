@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(sys.executable).with_name("critbatch-train")
 
 
@@ -28,3 +30,35 @@ def test_tab_completion_does_not_import_torch(tmp_path):
     assert "optim.lr=" in out.split() and "optim.lr_scaling=" in out.split()
     assert "hydra" in modules and "torch" not in modules
     assert not (tmp_path / "runs").exists()
+
+
+def _main(monkeypatch, capsys, args: list[str]) -> tuple[int, list[str]]:
+    """Run the CLI in this process; (exit status, stderr lines)."""
+    from critbatch.training import cli
+
+    monkeypatch.setattr(sys, "argv", ["critbatch.train", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["train.batch_size=0,-3,8"], ["train.batch_size=0 ", "train.batch_size=-3 "]),
+    (["optim.name=adam,muon,sgd"], ["optim.name=adam ", "optim.name=sgd "]),
+    # no job composes: the bad values of two keys, each on its line
+    (["optim.name=adam,sgd", "train.batch_size=0,8"],
+     ["optim.name=adam ", "optim.name=sgd ", "train.batch_size=0 "]),
+    # width 30 with 3 heads is a good pair; only the batch is bad
+    (["model.width=30", "model.heads=3", "train.batch_size=8,0"], ["train.batch_size=0 "]),
+])
+def test_every_bad_value_of_a_multirun_is_named_on_its_own_line(
+        tmp_path, monkeypatch, capsys, args, named):
+    sweep = tmp_path / "sweep"
+    code, lines = _main(monkeypatch, capsys, ["-m", *args, f"hydra.sweep.dir={sweep}"])
+    assert code == 2 and len(lines) == len(named), lines
+    for line, value in zip(lines, named, strict=True):
+        assert line.startswith(f"critbatch: error: {value}"), lines
+    assert not sweep.exists()

@@ -172,10 +172,9 @@ CONFIG_FLAGS = ("--config-name", "-cn", "--config-dir", "-cd", "--config-path", 
 SKIP_CHECK_FLAGS = INFO_FLAGS + CONFIG_FLAGS
 
 
-def jobs_to_check(args: list[str]) -> list[list[str]] | None:
-    """Overrides that together try every value of a multirun once (the first job, then each
-    other value of each sweep in it), to check before Hydra launches anything; None when a
-    flag (--cfg, --config-name, ...) makes the command something else to check."""
+def options_to_check(args: list[str]) -> dict[str, list[str]] | None:
+    """{key: its overrides, one per value} of the command line, to check before Hydra launches
+    anything; None when a flag (--cfg, --config-name, ...) makes the command something else."""
     if any(a.split("=", 1)[0] in SKIP_CHECK_FLAGS for a in args):
         return None
     plain = [a for a in args if not a.startswith("-") and not a.startswith(("hydra.", "hydra/"))]
@@ -185,9 +184,51 @@ def jobs_to_check(args: list[str]) -> list[list[str]] | None:
         if swept:
             raise ConfigError(f"{swept[0]} has several values, a sweep: add -m (--multirun) "
                               "to train one run per value, or give it one value")
-    first = [values[0] for values in options.values()]
-    return [first] + [[*first[:i], value, *first[i + 1:]]
-                      for i, values in enumerate(options.values()) for value in values[1:]]
+    return options
+
+
+def bad_values(options: dict[str, list[str]]) -> list[str]:
+    """One reason per bad value of a command line's overrides (`options_to_check`), [] when
+    every job composes and validates.
+
+    Each value is tried once against a reference job that passes: the first job, else the
+    first of the jobs varying one value of it that passes, else the values added one key at
+    a time to the defaults where they pass. A bad value thus cannot hide another (the first
+    job of `batch_size=0,-3` fails on 0 whatever -3 is).
+    """
+    tried: dict[tuple[str, ...], str | None] = {}
+
+    def reason(choice: dict[str, str]) -> str | None:
+        job = tuple(choice[key] for key in options if key in choice)
+        if job not in tried:
+            try:
+                check_overrides(list(job))
+                tried[job] = None
+            except ConfigError as err:
+                tried[job] = str(err)
+        return tried[job]
+
+    first = {key: values[0] for key, values in options.items()}
+    varied = [{**first, key: value} for key, values in options.items() for value in values[1:]]
+    reference = next((job for job in [first, *varied] if reason(job) is None), None)
+    if reference is None:
+        reference = {}
+        for key, values in options.items():
+            reference.update(next(({key: v} for v in values
+                                   if reason({**reference, key: v}) is None), {}))
+    reasons = [reason({**reference, key: v}) for key, values in options.items() for v in values]
+    return list(dict.fromkeys(r for r in reasons if r))
+
+
+def check_values(args: list[str]) -> None:
+    """ConfigError unless every value on the command line composes and validates; when several
+    are bad, each is named on its own line (the last by the ConfigError)."""
+    options = options_to_check(args)
+    reasons = bad_values(options) if options is not None else []
+    for other in reasons[:-1]:
+        print(f"critbatch: error: {other}", file=sys.stderr)  # `fail`'s format, one per line
+    if reasons:
+        raise ConfigError(reasons[-1])
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
@@ -238,8 +279,7 @@ def main() -> None:
     if not info:  # --help and tab completion (-sc) stay quick: no torch import
         _join_torchrun(args)
     with user_errors():
-        for job in jobs_to_check(args) or []:
-            check_overrides(job)
+        check_values(args)
         if not info:
             check_output_dir(args)
     with tempfile.NamedTemporaryFile("r", prefix="critbatch-failed-", suffix=".txt") as failed:
