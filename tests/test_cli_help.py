@@ -62,3 +62,20 @@ def test_every_bad_value_of_a_multirun_is_named_on_its_own_line(
     for line, value in zip(lines, named, strict=True):
         assert line.startswith(f"critbatch: error: {value}"), lines
     assert not sweep.exists()
+
+
+def test_help_says_what_the_command_does_with_units_before_the_config(tmp_path):
+    modules, out = _imported(["--help"], tmp_path)
+    lines = out.splitlines()
+    dump = lines.index("== Config: the defaults with the overrides given; any key can be set "
+                       "(key=value) ==")
+    head = "\n".join(lines[:dump])
+    assert lines[0].startswith("critbatch-train (python -m critbatch.train): train one GPT")
+    for key, unit in [("train.tokens", "tokens"), ("train.batch_size", "sequences per optimizer"),
+                      ("train.warmup_steps", "optimizer steps"), ("model.seq_len", "tokens"),
+                      ("optim.lr ", "optim.base_batch_size (sequences)")]:
+        (line,) = [line for line in lines[:dump] if line.strip().startswith(key)]
+        assert unit in line, line
+    assert "Examples:" in head and "critbatch-train -m train.batch_size=" in head
+    assert dump < 45 and "  batch_size: 32" in lines[dump:]  # then Hydra's dump, cpu preset
+    assert "torch" not in modules

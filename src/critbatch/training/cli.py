@@ -288,6 +288,9 @@ def main() -> None:
             _hydra_main()
         except KeyboardInterrupt:
             fail("interrupted")
+        except BrokenPipeError:  # `critbatch-train --help | head`: the reader has gone
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
         finally:
             os.environ.pop(FAILURES_ENV, None)
         runs_failed = [line for line in failed.read().splitlines() if line]
