@@ -5,8 +5,8 @@ from __future__ import annotations
 
 
 def targets(results: dict, device_type: str) -> list[dict]:
-    """The issue's targets, each with the measured figure and met (True/False; None if the
-    section did not run here or its figure is noise)."""
+    """The speed targets critbatch holds itself to, each with the measured figure and met
+    (True/False; None if the section did not run here or its figure is noise)."""
     rows = []
 
     def add(target: str, value: float | None, goal: str, met: bool | None) -> None:
