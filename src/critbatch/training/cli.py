@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, CritbatchError, ResultsError, fail, user_errors
+from critbatch.training import failures
 from critbatch.training.config import (
     CONF_DIR,
     Config,
@@ -96,8 +97,8 @@ def disk_errors():
                            "from its last checkpoint)") from None
 
 
-def check_output_dir(args: list[str]) -> None:
-    """ConfigError unless the run (or sweep) folder can be created and written.
+def check_output_dir(args: list[str]) -> Path:
+    """The run (or sweep) folder, made; ConfigError unless it can be created and written.
 
     Hydra creates the folder before the job starts and would fail with a traceback; the
     folder is `hydra.run.dir` / `hydra.sweep.dir` when given, else under `runs/`. It is made
@@ -122,6 +123,7 @@ def check_output_dir(args: list[str]) -> None:
     except OSError as err:
         raise ConfigError(f"cannot write the output folder {target}: {err.strerror or err}; "
                           "choose another hydra.run.dir (or hydra.sweep.dir)") from None
+    return target
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
@@ -158,12 +160,34 @@ FAILURES_ENV = "CRITBATCH_FAILED_RUNS"  # a file where multirun jobs list the ru
 
 
 def _record_failure(run_dir: Path) -> None:
-    """Note a failed multirun job where `main` reads it after the sweep (jobs may run in
-    other processes: joblib, submitit on this machine)."""
+    """Note a failed multirun job, called while its exception is handled: why, in the run's
+    own folder (`failures.record`), and the run in the list `main` reads after the sweep, a
+    file in the output folder, which jobs on other nodes (SLURM) see too."""
+    err = sys.exc_info()[1]
+    cause = err.__context__ if isinstance(err, SystemExit) and err.__context__ else err
+    first = (str(cause).splitlines() or [""])[0]
+    failures.record(run_dir, first if isinstance(cause, CritbatchError) else
+                    f"{type(cause).__name__}: {first} (traceback in {run_dir}/train.log)")
     path = os.environ.get(FAILURES_ENV)
     if path:
         with open(path, "a") as handle:
             handle.write(f"{run_dir}\n")
+
+
+@contextmanager
+def _failure_list(folder: Path | None) -> Iterator[Path | None]:
+    """The file, in the output `folder`, where this command's multirun jobs list the runs
+    that failed (named by host and process, so two commands never share one); removed after."""
+    if folder is None:  # --help, --cfg: nothing trains
+        yield None
+        return
+    path = folder / f".critbatch-failed-{os.uname().nodename}-{os.getpid()}.txt"
+    os.environ[FAILURES_ENV] = str(path)
+    try:
+        yield path
+    finally:
+        os.environ.pop(FAILURES_ENV, None)
+        path.unlink(missing_ok=True)
 
 
 INFO_FLAGS = ("--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i",
@@ -278,12 +302,12 @@ def main() -> None:
     info = any(a.split("=", 1)[0] in INFO_FLAGS for a in args)
     if not info:  # --help and tab completion (-sc) stay quick: no torch import
         _join_torchrun(args)
+    folder = None
     with user_errors():
         check_values(args)
         if not info:
-            check_output_dir(args)
-    with tempfile.NamedTemporaryFile("r", prefix="critbatch-failed-", suffix=".txt") as failed:
-        os.environ[FAILURES_ENV] = failed.name
+            folder = check_output_dir(args)
+    with _failure_list(folder) as failed:
         try:
             _hydra_main()
         except KeyboardInterrupt:
@@ -291,10 +315,9 @@ def main() -> None:
         except BrokenPipeError:  # `critbatch-train --help | head`: the reader has gone
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(1) from None
-        finally:
-            os.environ.pop(FAILURES_ENV, None)
-        runs_failed = [line for line in failed.read().splitlines() if line]
+        listed = failed.read_text() if failed is not None and failed.exists() else ""
+        runs_failed = [line for line in listed.splitlines() if line]
     if runs_failed:
         fail(f"{len(runs_failed)} run(s) of the sweep failed (the others completed): "
              f"{', '.join(runs_failed[:3])}{' ...' if len(runs_failed) > 3 else ''}; the reason "
-             "is in each run's train.log", code=1)
+             "is in each run's failed.txt and train.log", code=1)
