@@ -37,6 +37,7 @@ from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_
 from critbatch.errors import ResultsError
 from critbatch.files import write_text_atomic
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT, MIN_BOOTSTRAP_UNITS
+from critbatch.science.rules import lr_multiplier
 
 PLOTS = {
     "loss_vs_tokens": "Final loss versus tokens per batch size, with the baseline interpolant",
@@ -116,7 +117,7 @@ def loss_tables(groups: list[dict]) -> list[str]:
         header = ["batch (seq)", "tokens"]
         for o in opts:
             header += [f"{o} loss (nats/token)", f"{o} minus baseline batch (nats/token)",
-                       f"{o} best lr"]
+                       f"{o} best lr trained"]
         rows = []
         for batch, tokens in rows_keys:
             row = [str(batch), f"{tokens:,}"]
@@ -132,7 +133,8 @@ def loss_tables(groups: list[dict]) -> list[str]:
                 flag = {"low": " (low edge)", "high": " (high edge)", "single": " (one lr)"}
                 row += [fmt(cell.loss, ".4f"),
                         "(the baseline batch)" if base is cell else fmt(delta, "+.4f"),
-                        fmt(cell.lr, ".3g") + flag.get(cell.edge, "")]
+                        fmt(cell.lr, ".3g") + base_lr_text(cell, g.get("lr_rule"))
+                        + flag.get(cell.edge, "")]
             rows.append(row)
         data, vocab, seq_len, width, depth, label = model
         title = (f"{label}, seq_len {seq_len}" if label is not None else
@@ -141,6 +143,14 @@ def loss_tables(groups: list[dict]) -> list[str]:
                        f"{g['key']['optimizer']} {g['baseline_batch'] or 'none'}" for g in gs)
                    + ")\n\n" + md_table(header, rows))
     return out
+
+
+def base_lr_text(cell: bcrit.Cell, rule: tuple[str, int] | None) -> str:
+    """' (optim.lr 0.0016)': the base lr a cell's trained lr came from by its group's rule
+    (`rule`: optim.lr_scaling and optim.base_batch_size), '' where the two are equal."""
+    if rule is None or rule[0] in (None, "none") or not rule[1] or cell.batch_size == rule[1]:
+        return ""
+    return f" (optim.lr {cell.lr / lr_multiplier(rule[0], cell.batch_size, rule[1]):.3g})"
 
 
 QUESTION = (
@@ -377,7 +387,9 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
     lines += ["", "## Loss at the best learning rate", "",
               "Final validation loss at the best lr of each cell (grid minimum refined by a "
               "parabola in log lr), and its difference from the baseline batch at the same "
-              "budget.", "",
+              "budget. The lr is the peak lr trained; where `optim.lr_scaling` carried it to "
+              "the batch, the base lr it came from (`optim.lr` at `optim.base_batch_size`, "
+              "the value in the run folders' names) is in brackets.", "",
               "\n\n".join(loss_tables(result["groups"])) or "No runs (see the Pareto frontier).",
               "",
               "## Effective tokens and B_crit per run", "",
@@ -670,11 +682,15 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
                                                       warnings=result["warnings"])
     left_out = {d["run_dir"] for d in result["left_out"]}
     sweeps: dict[tuple, Counter] = defaultdict(Counter)
+    rules: dict[tuple, set] = defaultdict(set)  # (optim.lr_scaling, optim.base_batch_size)
     for r in runs:
         if r["run_dir"] not in left_out:
             sweeps[bcrit.group_key(r)][r.get("sweep")] += 1
+            rules[bcrit.group_key(r)].add((r.get("lr_scaling"), r.get("base_batch_size")))
     for g in result["groups"]:
-        g["sweeps"] = sweeps.get(tuple(g["key"][k] for k in bcrit.GROUP_KEYS), Counter())
+        key = tuple(g["key"][k] for k in bcrit.GROUP_KEYS)
+        g["sweeps"] = sweeps.get(key, Counter())
+        g["lr_rule"] = next(iter(rules[key])) if len(rules.get(key, ())) == 1 else None
     return result
 
 

@@ -110,14 +110,17 @@ def plots_section(plots: dict[str, str], captions: dict[str, str]) -> list[str]:
     return lines
 
 
+# The lr a warning cites is the one trained; the grid and the run folders hold optim.lr.
+TRAINED_LR = (". The lr cited is the one trained at that batch: `optim.lr` (the grid's value, "
+              "in the run folder's name) carried there by `optim.lr_scaling`")
 # What fixes each kind of warning, by a phrase the warning contains: the override or option
 # to change. `{optimizer}` is filled in when every warning of the kind names one optimizer.
 WARNING_FIXES = (
     ("best lr on the high edge", "the optimum lies above the grid: add a larger lr to "
      "`grid.lrs.{optimizer}` (the baseline batch's lrs; 2.5x above the largest keeps the "
-     "grid's spacing)"),
+     "grid's spacing)" + TRAINED_LR),
     ("best lr on the low edge", "the optimum lies below the grid: add a smaller lr to "
-     "`grid.lrs.{optimizer}` (2.5x below the smallest keeps the grid's spacing)"),
+     "`grid.lrs.{optimizer}` (2.5x below the smallest keeps the grid's spacing)" + TRAINED_LR),
     ("warmup steps", "lower `train.warmup_steps`, or drop the smallest fraction from "
      "`grid.branch_budgets` (those cells train too few steps to measure the batch)"),
     ("reaches a lower loss than the baseline", "`--baseline-batch auto` (the most "

@@ -39,7 +39,13 @@ from critbatch.training.metrics import (
 )
 from critbatch.training.optim import batch_lr_ratio, lr_factor, lr_factor_by_tokens
 from critbatch.training.step import train_step
-from critbatch.training.trainer import Trainer, build_trainer, dtype_name, log_start
+from critbatch.training.trainer import (
+    Trainer,
+    build_trainer,
+    dtype_name,
+    log_start,
+    lr_words,
+)
 
 log = logging.getLogger("critbatch")
 
@@ -132,7 +138,8 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
         f"{state.status}: val_loss {summary['val_loss']:.4f} nats/token "
         f"({summary['val_loss_per_byte']:.4f} nats/byte) after {state.tokens / 1e6:.3f}M "
         f"tokens in {wall_time:.1f}s ({summary['tokens_per_s']:,.0f} tokens/s after a "
-        f"{summary['warmup_s']:.1f}s warm-up); {run_dir}"
+        f"{summary['warmup_s']:.1f}s warm-up); "
+        f"{lr_words(tr.cfg, summary['lr'], tr.cfg.train.batch_size)}; {run_dir}"
     )
     return summary
 

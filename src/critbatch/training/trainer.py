@@ -140,10 +140,8 @@ def log_start(tr: Trainer) -> None:
         f"model: width {m.width}, depth {m.depth}, heads {m.heads}, seq_len {m.seq_len} -> "
         f"{tr.params / 1e6:.3f}M params ({tr.params_nonembedding / 1e6:.3f}M non-embedding)"
     )
-    log.info(
-        f"optim: {cfg.optim.name}, lr {tr.lr:.3g} (optim.lr {cfg.optim.lr:g}, scaling "
-        f"{cfg.optim.lr_scaling}), {t.schedule} schedule, warmup {t.warmup_steps} steps"
-    )
+    log.info(f"optim: {cfg.optim.name}, {lr_words(cfg, tr.lr, lr_batch_size(cfg))}; "
+             f"{t.schedule} schedule, warmup {t.warmup_steps} steps")
     micro, local = tr.stepper.micro, t.batch_size // tr.ranks.world
     where = f"device {tr.device}, {dtype_name(tr.dtype)}, compile {tr.compile}"
     if tr.scheduled:
@@ -177,6 +175,18 @@ def log_start(tr: Trainer) -> None:
     if tr.resumed:
         log.info(f"resumed from {tr.checkpoint_path} at step {tr.state.step}/{tr.steps or '?'} "
                  f"({tr.state.tokens / 1e6:.3f}M tokens)")
+
+
+def lr_words(cfg: Config, lr: float, batch_size: int) -> str:
+    """The peak lr trained at `batch_size` and where it came from, for the log: run folders
+    are named by optim.lr, the base lr, which `optim.lr_scaling` carries to the batch."""
+    o = cfg.optim
+    if o.lr_scaling == "none":
+        return f"lr {lr:.3g} (optim.lr; optim.lr_scaling=none)"
+    if batch_size == o.base_batch_size:
+        return f"lr {lr:.3g} (optim.lr, trained as given at its base batch {batch_size})"
+    return (f"base lr {o.lr:g} (optim.lr, at batch {o.base_batch_size}), trained at {lr:.3g} "
+            f"by the {o.lr_scaling} rule at batch {batch_size}")
 
 
 def dtype_name(dtype: torch.dtype) -> str:
