@@ -10,10 +10,12 @@ or runs/widths/<scale> folder with finished runs, named in a line printed first;
 runs/single or runs/multirun). --table reads results from elsewhere instead: a CSV or JSON
 Lines table of runs (batch_size, seq_len, tokens, loss) or of steps to a target loss
 (batch_size, seq_len, target_loss, steps); see `critbatch.analysis.tables`. Writes report.md,
-plots, fits.json and bcrit.csv to --out (default: <sweep dir>/report/, or <table>-report/)
-and logs them to W&B (offline by default). --export-table FILE writes the input runs as such
-a table instead of a report. The work is done by `critbatch.analysis.bcrit_report`; this
-module only parses arguments.
+plots, fits.json and bcrit.csv to --out (default: <sweep dir>/report/; with --table, beside
+the first table: grid.csv's report is grid-report/) and logs them to W&B (offline by
+default). --export-table FILE writes the input runs as such a table instead of a report;
+read back with --table, it gives the same fits.json, intervals included (what the table
+carries: `critbatch.analysis.tables`). The work is done by `critbatch.analysis.bcrit_report`;
+this module only parses arguments.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ import argparse
 from critbatch.analysis.bcrit_report import export_table, run_analysis
 from critbatch.analysis.render import add_wandb_arguments
 from critbatch.errors import user_errors
+
+# Where the report goes without --out (`bcrit_report.inputs_of`): a table has no sweep folder,
+# and tables of one folder must not share a report, so it goes beside the (first) table.
+OUT_DEFAULT = ("<sweep dir>/report; with --table grid.csv, grid-report beside the table; "
+               "with --from-wandb E/P, runs/wandb/E_P/<group or all>/report")
 
 
 def baseline_batch(text: str) -> int | str:
@@ -39,7 +46,7 @@ def baseline_batch(text: str) -> int | str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", help="run directories or sweep folders")
-    parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
+    parser.add_argument("--out", help=f"report folder (default: {OUT_DEFAULT})")
     parser.add_argument("--baseline-batch", type=baseline_batch, default=None,
                         help="baseline batch size in sequences, or 'auto' for the most "
                              "token-efficient batch with a loss curve (default: the smallest "

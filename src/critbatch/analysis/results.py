@@ -103,6 +103,12 @@ def truncate_metrics(path: str | Path, step: int) -> None:
     write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
 
+def malformed_curve(curve: Any) -> bool:
+    """Whether `curve` is not a list of eval points that each hold CURVE_KEYS."""
+    return not isinstance(curve, list) or any(
+        not isinstance(p, dict) or any(k not in p for k in CURVE_KEYS) for p in curve)
+
+
 def validate_summary(summary: Any, where: str = "summary.json") -> dict:
     """Check a summary's keys and basic types; raise ResultsError naming what is wrong."""
     if not isinstance(summary, dict):
@@ -117,9 +123,7 @@ def validate_summary(summary: Any, where: str = "summary.json") -> dict:
     if summary["status"] not in STATUSES:
         raise ResultsError(f"{where} has status {summary['status']!r}, not one of {STATUSES}")
     curve = summary["curve"]
-    if not isinstance(curve, list) or any(
-        not isinstance(p, dict) or any(k not in p for k in CURVE_KEYS) for p in curve
-    ):
+    if malformed_curve(curve):
         raise ResultsError(f"{where} has a malformed curve; rerun the run to rewrite it")
     bad = wrong_types(summary, NUMBER_KEYS, TEXT_KEYS, ("micro_batch_size",))
     bad += [f"curve {x}" for p in curve for x in wrong_types(p, CURVE_KEYS)]
@@ -158,17 +162,22 @@ def read_noise(run_dir: str | Path) -> dict | None:
         noise = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ResultsError(f"{path} is not valid JSON ({err}); rerun make noise") from None
+    return validate_noise(noise, str(path), "rerun `make noise RUN=...`")
+
+
+def validate_noise(noise: Any, where: str, fix: str) -> dict:
+    """Check a noise.json object's keys and types (NOISE_KEYS); raise ResultsError naming
+    `where` and ending with `fix`."""
     if not isinstance(noise, dict):
-        raise ResultsError(f"{path} is not a JSON object; rerun `make noise RUN=...`")
+        raise ResultsError(f"{where} is not a JSON object; {fix}")
     missing = [k for k in NOISE_KEYS if k not in noise]
     if missing:
-        raise ResultsError(f"{path} lacks {', '.join(missing)}; rerun `make noise RUN=...`")
+        raise ResultsError(f"{where} lacks {', '.join(missing)}; {fix}")
     bad = wrong_types(noise, NOISE_NUMBER_KEYS, optional=NOISE_OPTIONAL_KEYS)
     if not isinstance(noise["resolved"], bool):
         bad.append(f"resolved ({noise['resolved']!r})")
     if bad:
-        raise ResultsError(f"{path} has values of the wrong type: {', '.join(bad[:3])}; "
-                           "rerun `make noise RUN=...`")
+        raise ResultsError(f"{where} has values of the wrong type: {', '.join(bad[:3])}; {fix}")
     return noise
 
 

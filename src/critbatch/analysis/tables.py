@@ -20,12 +20,34 @@ group, `DEFAULT_GROUP`), `optimizer` (default `bcrit.UNKNOWN_OPTIMIZER`), `lr` (
 each cell has one lr and is flagged as untuned), `seed`, `run` (a name for the run; default
 FILE:row N), `status` (completed or diverged), `bytes_per_token` (for losses per byte) and
 `params` (the row's model's non-embedding parameters: `python analysis/recommend.py` predicts
-across model sizes from it).
+across model sizes from it). What a sweep's run folder says beyond that, so that its table
+gives the same fits and intervals:
+
+- the model (`MODEL_COLUMNS`): `data_name`, `vocab_size`, `width`, `depth`. A row whose data
+  is named and whose `group` is blank or the name these columns give
+  (`<data_name> V<vocab_size> T<seq_len> w<width> d<depth>`, what --export-table writes) is
+  grouped exactly like the run it came from: the widths of one corpus share a joint model and
+  its fits are labelled by width. `data_fingerprint`: runs whose fingerprint differs from
+  their group's majority are left out as mismatched.
+- `warmup_steps` (the run's lr warmup, optimizer steps): a run of fewer steps than 3 times
+  it is flagged and kept out of Kaplan's law and the Pareto fits, as for a run folder.
+- `branch_of`: for a cooldown branch, the `run` (or its last path part: the folder name, as
+  summary.json writes it) of the run it forked from. A run and its branches share one trunk,
+  the unit of the per-run and joint bootstraps.
+- the B_noise measurements: `b_noise` (sequences) and `b_noise_loss` (the training loss it
+  was measured at, nats/token), the online tracker's value at the end of the run; `noise`,
+  the noise program's measurement (noise.json's object, as JSON); `curve`, the run's eval
+  points (summary.json's curve, as JSON), whose `b_noise` is the online B_noise(L) series.
+  A CSV cell holds JSON text, a JSON Lines row the object or list itself.
+
 Other columns are ignored. A bad table stops with one line naming the file, the row (the
 file's line: a CSV header is row 1), the column and how to fix it.
 
-`export_rows` and `write_table` turn loaded runs (a sweep's folders or W&B) into run rows,
-so any sweep round-trips through a table. B_noise measurements are not part of a table.
+`export_rows` and `write_table` turn loaded runs (a sweep's folders or W&B) into run rows
+with every column above (`curve` only where its eval points carry a B_noise), so a sweep
+round-trips through a table: the same fits.json, intervals included. Older tables without
+the later columns still load: their runs are their own trunks, never flagged for warmup and
+carry no B_noise.
 """
 
 from __future__ import annotations
@@ -37,13 +59,25 @@ import math
 from pathlib import Path
 
 from critbatch.analysis.bcrit import UNKNOWN_OPTIMIZER, FixHints, group_key, model_name
+from critbatch.analysis.results import (
+    CURVE_KEYS,
+    CURVE_OPTIONAL_KEYS,
+    is_finite,
+    malformed_curve,
+    validate_noise,
+    wrong_types,
+)
 from critbatch.errors import ResultsError
 from critbatch.files import write_text_atomic
 
 RUN_COLUMNS = ("batch_size", "seq_len", "tokens", "loss")
 TARGET_COLUMNS = ("batch_size", "seq_len", "target_loss", "steps")
+MODEL_COLUMNS = ("data_name", "vocab_size", "width", "depth")
+# Later columns are appended, never renamed: a table's columns are a public format.
 EXPORT_COLUMNS = ("run", "group", "optimizer", "lr", "seed", "status", "batch_size", "seq_len",
-                  "tokens", "loss", "bytes_per_token", "params")
+                  "tokens", "loss", "bytes_per_token", "params", *MODEL_COLUMNS,
+                  "data_fingerprint", "warmup_steps", "branch_of", "b_noise", "b_noise_loss",
+                  "noise", "curve")
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 DEFAULT_GROUP = "table"
 STATUSES = ("completed", "diverged")
@@ -66,10 +100,34 @@ NUMBERS = {
                                              "or leave it blank"),
     "params": ("a positive whole number", "write the model's non-embedding parameters, e.g. "
                                           "85e6, or leave it blank"),
+    "vocab_size": ("a positive whole number", "write the tokenizer's vocabulary size, e.g. "
+                                              "50304, or leave it blank"),
+    "width": ("a positive whole number", "write the model's width (d_model), e.g. 768, or "
+                                         "leave it blank"),
+    "depth": ("a positive whole number", "write the model's layers, e.g. 12, or leave it "
+                                         "blank"),
+    "warmup_steps": ("a whole number", "write the run's lr warmup in optimizer steps, e.g. "
+                                       "10, or leave it blank"),
+    "b_noise": ("a positive number", "write the online B_noise at the end of the run in "
+                                     "sequences, e.g. 730, or leave it blank"),
+    "b_noise_loss": ("a positive number", "write the training loss (nats/token) the online "
+                                          "B_noise was measured at, e.g. 3.97, or leave it "
+                                          "blank"),
 }
-WHOLE = ("batch_size", "seq_len", "tokens", "seed", "params")
+OPTIONAL_NUMBERS = ("lr", "seed", "bytes_per_token", "params", *MODEL_COLUMNS[1:],
+                    "warmup_steps", "b_noise", "b_noise_loss")
+OPTIONAL_TEXTS = ("data_name", "data_fingerprint", "branch_of")
+WHOLE = ("batch_size", "seq_len", "tokens", "seed", "params", "vocab_size", "width", "depth",
+         "warmup_steps")
 POSITIVE = ("batch_size", "seq_len", "tokens", "target_loss", "steps", "lr", "bytes_per_token",
-            "params")
+            "params", "vocab_size", "width", "depth", "b_noise", "b_noise_loss")
+# The JSON cells: how to write one.
+JSON_CELLS = {
+    "noise": "write the noise program's noise.json object (`make noise` writes it), or leave "
+             "it blank",
+    "curve": "write the run's eval points as summary.json's curve: a list of {step, tokens, "
+             "val_loss, val_loss_per_byte, b_noise (optional, sequences)}, or leave it blank",
+}
 
 NO_LR = math.nan  # the lr of rows without one: one object, so a cell's rows share one lr bin
 
@@ -165,9 +223,46 @@ def number(cell, column: str, where: str) -> float:
     return int(value) if column in WHOLE else value
 
 
-def text(record: dict, column: str, default: str) -> str:
+def text(record: dict, column: str, default: str | None) -> str | None:
     cell = record.get(column)
     return default if is_blank(cell) else str(cell).strip()
+
+
+def json_cell(cell, column: str, where: str):
+    """A JSON cell (JSON_CELLS[column]), validated: JSON text in a CSV cell, the value itself
+    in JSON Lines."""
+    how = JSON_CELLS[column]
+    if isinstance(cell, str):
+        try:
+            cell = json.loads(cell)
+        except json.JSONDecodeError as err:
+            raise ResultsError(f"{where}, column {column}: not valid JSON ({err.msg}); "
+                               f"{how}") from None
+    if column == "noise":
+        return validate_noise(cell, f"{where}, column noise", how)
+    bad = [] if malformed_curve(cell) else [
+        x for p in cell for x in wrong_types(
+            p, CURVE_KEYS, optional=tuple(k for k in CURVE_OPTIONAL_KEYS if k in p))]
+    if malformed_curve(cell) or bad:
+        raise ResultsError(f"{where}, column curve: not a list of eval points"
+                           + (f" ({', '.join(bad[:3])})" if bad else "") + f"; {how}")
+    return cell
+
+
+def model_fields(row: dict) -> dict:
+    """A row's group-key fields but seq_len and optimizer (`bcrit.GROUP_KEYS`): its model
+    columns, and its `group` as the label (blank: DEFAULT_GROUP). A row that names its data
+    and whose group is blank or the name its model columns give (`bcrit.model_name`, what
+    --export-table writes for a sweep's run) has no label: it is grouped like that run."""
+    fields = {k: row.get(k) for k in MODEL_COLUMNS}
+    data, vocab, width, depth = fields.values()
+    label = row["group"]
+    if data is not None and label in (
+            None, model_name((data, vocab, row["seq_len"], width, depth, None, None))):
+        label = None
+    elif label is None:
+        label = DEFAULT_GROUP
+    return {**fields, "group_label": label}
 
 
 def parse_row(record: dict, where: str, header_where: str, has_lr: bool) -> dict:
@@ -191,12 +286,22 @@ def parse_row(record: dict, where: str, header_where: str, has_lr: bool) -> dict
             raise ResultsError(f"{where}, column {column}: empty; {NUMBERS[column][1]}")
         else:
             row[column] = number(cell, column, where)
-    for column in ("lr", "seed", "bytes_per_token", "params"):
+    for column in OPTIONAL_NUMBERS:
         if not is_blank(record.get(column)):
             row[column] = number(record[column], column, where)
+    for column in OPTIONAL_TEXTS:
+        row[column] = text(record, column, None)
+    for column in JSON_CELLS:
+        if not is_blank(record.get(column)):
+            row[column] = json_cell(record[column], column, where)
     if kind == "run" and has_lr and "lr" not in row:
         raise ResultsError(f"{where}, column lr: empty; {NUMBERS['lr'][1]}")
-    row["group"] = text(record, "group", DEFAULT_GROUP)
+    if ("b_noise" in row) != ("b_noise_loss" in row):
+        have, need = ("b_noise", "b_noise_loss") if "b_noise" in row else (
+            "b_noise_loss", "b_noise")
+        raise ResultsError(f"{where}, column {need}: empty beside {have}; {NUMBERS[need][1]} "
+                           f"(with {have} blank too)")
+    row["group"] = text(record, "group", None)
     row["optimizer"] = text(record, "optimizer", UNKNOWN_OPTIMIZER)
     row["status"] = text(record, "status", "completed").lower()
     if row["status"] not in STATUSES:
@@ -207,29 +312,33 @@ def parse_row(record: dict, where: str, header_where: str, has_lr: bool) -> dict
 
 
 def run_from_row(row: dict, source: str) -> dict:
-    """A run dict that `bcrit.analyse` reads like a loaded summary: its final loss as its one
-    eval point, its group label as its group, no data, width or depth of its own."""
+    """A run dict that `bcrit.analyse` reads like a loaded summary: its eval points (`curve`,
+    or its final loss as its one point), its group (`model_fields`), its trunk (`branch_of`),
+    warmup and B_noise measurements when the row has them."""
     tokens, batch, seq_len = row["tokens"], row["batch_size"], row["seq_len"]
     loss = row["loss"] if row["status"] == "completed" else math.nan
     bytes_per_token = row.get("bytes_per_token", math.nan)
     steps = tokens // (batch * seq_len)
     per_byte = loss / bytes_per_token
+    b_noise = row.get("b_noise")
     return {
         "status": row["status"], "sweep": source, "seed": row.get("seed", 0),
-        "optimizer": row["optimizer"], "lr": row.get("lr", NO_LR),
-        "group_label": row["group"], "data_name": None, "vocab_size": None, "width": None,
-        "depth": None, "params_nonembedding": row.get("params"), "seq_len": seq_len,
-        "batch_size": batch, "tokens": tokens,
-        "steps": steps, "bytes_per_token": bytes_per_token, "val_loss": loss,
-        "val_loss_per_byte": per_byte, "data_fingerprint": None, "run_dir": row["run"],
-        "noise": None, "status_reason": None, "diverged_step": None,
-        "curve": [] if row["status"] == "diverged" else [
+        "optimizer": row["optimizer"], "lr": row.get("lr", NO_LR), **model_fields(row),
+        "params_nonembedding": row.get("params"), "seq_len": seq_len,
+        "batch_size": batch, "tokens": tokens, "steps": steps,
+        "warmup_steps": row.get("warmup_steps"), "bytes_per_token": bytes_per_token,
+        "val_loss": loss, "val_loss_per_byte": per_byte,
+        "data_fingerprint": row["data_fingerprint"], "run_dir": row["run"],
+        "branch_of": row["branch_of"], "noise": row.get("noise"),
+        "b_noise": b_noise, "b_noise_tokens": None if b_noise is None else b_noise * seq_len,
+        "b_noise_loss": row.get("b_noise_loss"), "status_reason": None, "diverged_step": None,
+        "curve": [] if row["status"] == "diverged" else row.get("curve") or [
             {"step": steps, "tokens": tokens, "val_loss": loss, "val_loss_per_byte": per_byte}]}
 
 
 def target_from_row(row: dict, source: str) -> dict:
     """A steps-to-target row as `bcrit.target_frontiers` reads it."""
-    return {"group_label": row["group"], "optimizer": row["optimizer"],
+    return {**model_fields(row), "optimizer": row["optimizer"],
             "seq_len": row["seq_len"], "target_loss": row["target_loss"],
             "batch_size": row["batch_size"], "steps": row["steps"], "sweep": source,
             "run_dir": row["run"]}
@@ -270,7 +379,9 @@ def load_tables(paths: list[str | Path]) -> dict:
 
 def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
     """Run rows (EXPORT_COLUMNS) of loaded runs, and a note for each run a table cannot hold:
-    a scheduled batch (no one batch size) or a completed run without an eval point."""
+    a scheduled batch (no one batch size) or a completed run without an eval point. A run's
+    `curve` is exported only where an eval point carries a B_noise (the online series), its
+    end-of-run B_noise only with the loss it was measured at."""
     rows, skipped = [], []
     for run in runs:
         if run.get("batch_schedule", "constant") != "constant":
@@ -281,12 +392,21 @@ def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
             skipped.append(f"{run['run_dir']}: no eval point")
             continue
         loss = run["val_loss"] if run["status"] == "completed" else math.nan
+        online = is_finite(run.get("b_noise")) and is_finite(run.get("b_noise_loss"))
         rows.append({"run": run["run_dir"], "group": model_name(group_key(run)),
                      "optimizer": run["optimizer"], "lr": run["lr"], "seed": run["seed"],
                      "status": run["status"], "batch_size": run["batch_size"],
                      "seq_len": run["seq_len"], "tokens": run["tokens"], "loss": loss,
                      "bytes_per_token": run["bytes_per_token"],
-                     "params": run.get("params_nonembedding")})
+                     "params": run.get("params_nonembedding"),
+                     **{k: run.get(k) for k in MODEL_COLUMNS},
+                     "data_fingerprint": run.get("data_fingerprint"),
+                     "warmup_steps": run.get("warmup_steps"), "branch_of": run.get("branch_of"),
+                     "b_noise": run["b_noise"] if online else None,
+                     "b_noise_loss": run["b_noise_loss"] if online else None,
+                     "noise": run.get("noise"),
+                     "curve": run["curve"] if any(p.get("b_noise") is not None
+                                                  for p in run["curve"]) else None})
     return rows, skipped
 
 
@@ -302,7 +422,8 @@ def csv_text(columns, rows: list[dict]) -> str:
 
 def write_table(rows: list[dict], path: str | Path) -> None:
     """Write run rows as CSV or JSON Lines (by the extension); a missing or non-finite number
-    is an empty cell (null in JSON)."""
+    is an empty cell (null in JSON); a JSON cell (JSON_CELLS) is JSON text in CSV, the value
+    itself in JSON Lines, copied as the run's files hold it."""
     path = Path(path)
     kind = FORMATS.get(path.suffix.lower())
     if kind is None:
@@ -310,6 +431,8 @@ def write_table(rows: list[dict], path: str | Path) -> None:
                            "name the export .csv or .jsonl")
 
     def cell(v):
+        if isinstance(v, list | dict):
+            return v if kind == "jsonl" else json.dumps(v)
         return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v
 
     clean = [{k: cell(row.get(k)) for k in EXPORT_COLUMNS} for row in rows]
