@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import bcrit_report, fit_bcrit_cli, results, tables
+from critbatch.analysis import bcrit, bcrit_report, fit_bcrit_cli, results, tables
 from critbatch.analysis.synthetic import NoiseLaw, synthetic_branched_sweep, synthetic_sweep
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic
@@ -167,3 +167,17 @@ def test_bad_new_cells_are_one_line_naming_row_and_column(tmp_path, cells, expec
         writer.writerow(row)
     with pytest.raises(ResultsError, match=expected.replace("(", r"\(").replace("[", r"\[")):
         tables.read_table(path)
+
+
+def test_branch_of_names_its_trunk_by_run_or_folder_name(tmp_path):
+    """Cooldown branches of a table from another codebase share their trunk, whether
+    `branch_of` holds the parent's whole `run` or its last part."""
+    path = tmp_path / "t.csv"
+    path.write_text("run,branch_of,batch_size,seq_len,tokens,loss\n"
+                    "exp/main,,8,64,65536,3.5\n"
+                    "exp/main/cool1,exp/main,8,64,32768,3.7\n"
+                    "exp/main/cool2,main,8,64,16384,3.9\n"
+                    "exp/other,,8,64,65536,3.6\n")
+    runs, _ = tables.read_table(path)
+    assert bcrit.trunks(runs) == {"exp/main": "exp/main", "exp/main/cool1": "exp/main",
+                                  "exp/main/cool2": "exp/main", "exp/other": "exp/other"}

@@ -31,9 +31,9 @@ gives the same fits and intervals:
   their group's majority are left out as mismatched.
 - `warmup_steps` (the run's lr warmup, optimizer steps): a run of fewer steps than 3 times
   it is flagged and kept out of Kaplan's law and the Pareto fits, as for a run folder.
-- `branch_of`: for a cooldown branch, the `run` (or its last path part: the folder name, as
-  summary.json writes it) of the run it forked from. A run and its branches share one trunk,
-  the unit of the per-run and joint bootstraps.
+- `branch_of`: for a cooldown branch, the `run` of the run it forked from (its last path part
+  is what counts: the folder name, as summary.json writes it). A run and its branches share
+  one trunk, the unit of the per-run and joint bootstraps (`bcrit.trunks`).
 - the B_noise measurements: `b_noise` (sequences) and `b_noise_loss` (the training loss it
   was measured at, nats/token), the online tracker's value at the end of the run; `noise`,
   the noise program's measurement (noise.json's object, as JSON); `curve`, the run's eval
@@ -45,9 +45,12 @@ file's line: a CSV header is row 1), the column and how to fix it.
 
 `export_rows` and `write_table` turn loaded runs (a sweep's folders or W&B) into run rows
 with every column above (`curve` only where its eval points carry a B_noise), so a sweep
-round-trips through a table: the same fits.json, intervals included. Older tables without
-the later columns still load: their runs are their own trunks, never flagged for warmup and
-carry no B_noise.
+round-trips through a table: the same fits.json, intervals included (`run` keeps the run
+folder's path, on which the bootstraps' units are named). One thing a table does not hold:
+fits.json's summary knows a smoke sweep by its run folders' config.json
+(`summary.scale_of`), so a smoke sweep's table read where its folders are gone is summarised
+as if at another scale. Older tables without the later columns still load: their runs are
+their own trunks, never flagged for warmup and carry no B_noise.
 """
 
 from __future__ import annotations
@@ -329,7 +332,8 @@ def run_from_row(row: dict, source: str) -> dict:
         "warmup_steps": row.get("warmup_steps"), "bytes_per_token": bytes_per_token,
         "val_loss": loss, "val_loss_per_byte": per_byte,
         "data_fingerprint": row["data_fingerprint"], "run_dir": row["run"],
-        "branch_of": row["branch_of"], "noise": row.get("noise"),
+        "branch_of": row["branch_of"] and Path(row["branch_of"]).name,
+        "noise": row.get("noise"),
         "b_noise": b_noise, "b_noise_tokens": None if b_noise is None else b_noise * seq_len,
         "b_noise_loss": row.get("b_noise_loss"), "status_reason": None, "diverged_step": None,
         "curve": [] if row["status"] == "diverged" else row.get("curve") or [
