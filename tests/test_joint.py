@@ -99,3 +99,34 @@ def test_bootstrap_interval_covers_the_planted_exponent():
         assert boot.exponent_low is not None
         covered += boot.exponent_low <= world.gamma <= boot.exponent_high
     assert covered >= 0.9 * worlds, covered
+
+
+def test_an_edge_lr_cell_counts_as_an_upper_bound():
+    """Cells whose best lr sits on the grid's edge report a loss above their best-lr loss.
+    Fitted as measurements they drag the exponent (planted 4.8) far off; as upper bounds
+    (one-sided residuals) the fit recovers it, and a bound the model stays under costs
+    nothing."""
+    world = WORLDS["adamw"]
+    exact = planted_world(world)
+    edge = (exact.batch == 128) & (exact.tokens >= 0.5 * exact.tokens.max())
+    biased = exact.loss + np.where(edge, 0.15, 0.0)  # nats/token: a too-high lr grid's cost
+    as_measured = fit_joint(exact.with_loss(biased))
+    bounded = JointData(exact.width, exact.batch, exact.tokens, biased, exact.sigma,
+                        exact.unit, exact.widths, upper=edge)
+    fit = fit_joint(bounded)
+    assert abs(as_measured.exponent - world.gamma) > 1.0
+    assert abs(fit.exponent - world.gamma) < 0.3
+    assert fit.chi2_per_dof < 1e-4
+    assert np.all(fit.residuals[edge] == 0.0)
+    # a subset and a redraw keep the flags
+    assert bounded.subset(edge).upper.all() and bounded.with_loss(biased).upper.sum() == 6
+
+
+def test_a_held_out_bound_agrees_unless_it_lies_below_the_prediction():
+    from critbatch.analysis.joint import agrees
+
+    assert agrees({"residual_sigmas": 5.0, "upper_bound": True})
+    assert not agrees({"residual_sigmas": -2.5, "upper_bound": True})
+    assert not agrees({"residual_sigmas": 5.0, "upper_bound": False})
+    assert agrees({"residual_sigmas": -1.5})
+    assert not agrees({"residual_sigmas": None})

@@ -90,7 +90,14 @@ def build_data(used: list[tuple]) -> JointData:
         [width_label(g["key"]) for g, _, _ in used], [c.batch_size for _, c, _ in used],
         [c.tokens for _, c, _ in used], [c.loss for _, c, _ in used],
         [s for _, _, s in used], [c.trunk for _, c, _ in used],
-        widths=tuple(dict.fromkeys(width_label(g["key"]) for g, _, _ in ordered)))
+        widths=tuple(dict.fromkeys(width_label(g["key"]) for g, _, _ in ordered)),
+        upper=[upper_bound(c) for _, c, _ in used])
+
+
+def upper_bound(cell) -> bool:
+    """The cell's loss bounds its best-lr loss from above: its best grid lr is on the grid's
+    edge (`Cell.edge`), so a better lr lies outside the grid."""
+    return getattr(cell, "edge", None) is not None
 
 
 def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
@@ -108,11 +115,20 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
         z = (data.loss[i] - p) / sigma if math.isfinite(p) else None
         rows.append({"width": data.widths[data.width[i]], "batch_size": c.batch_size,
                      "tokens": c.tokens, "val_loss": c.loss, "predicted_loss": float(p)
-                     if math.isfinite(p) else None, "loss_sigma": sigma, "residual_sigmas": z})
-    within = sum(1 for r in rows if r["residual_sigmas"] is not None
-                 and abs(r["residual_sigmas"]) <= HELD_OUT_SIGMAS)
+                     if math.isfinite(p) else None, "loss_sigma": sigma, "residual_sigmas": z,
+                     "upper_bound": bool(data.upper[i])})
+    within = sum(1 for r in rows if agrees(r))
     return {"held_out": what, "n_cells": len(rows), "within_2_sigma": within,
             "fit_exponent": fit.exponent, "rows": rows}
+
+
+def agrees(row: dict) -> bool:
+    """A held-out cell within HELD_OUT_SIGMAS of its prediction; an upper-bound cell agrees
+    unless it lies that far below the prediction (a bound above it says nothing)."""
+    z = row["residual_sigmas"]
+    if z is None:
+        return False
+    return z >= -HELD_OUT_SIGMAS if row.get("upper_bound") else abs(z) <= HELD_OUT_SIGMAS
 
 
 def held_out_sets(data: JointData, used: list[tuple], small_batch: bool) -> list[dict]:
@@ -163,6 +179,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         doc = {
             "optimizer": optimizer, "widths": list(data.widths), "seq_len": seq_len,
             "n_cells": len(data), "n_units": len(set(data.unit.tolist())),
+            "n_upper_bounds": int(data.upper.sum()),
             "left_out": notes, "chi2": fit.chi2, "dof": fit.dof,
             "chi2_per_dof": fit.chi2_per_dof, "noise_scale": noise_scale(fit),
             "converged": fit.success,
@@ -183,6 +200,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             "cells": [{"width": data.widths[data.width[i]], "batch_size": c.batch_size,
                        "tokens": c.tokens, "val_loss": c.loss, "loss_sigma": s,
                        "residual_sigmas": float(fit.residuals[i]),
+                       "upper_bound": bool(data.upper[i]),
                        "b_crit": float(fit.b_crit(np.array([c.loss]))[0])}
                       for i, (_, c, s) in enumerate(used)],
         }

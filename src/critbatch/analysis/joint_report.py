@@ -19,7 +19,8 @@ from critbatch.science.joint import JointFit
 
 RESOLVED_WIDTH = 3.0  # an exponent interval wider than this does not pin the law
 PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 seed sigma) "
-                "against tokens, per batch size, with the model's curve; held-out cells hollow")
+                "against tokens, per batch size, with the model's curve; held-out cells hollow, "
+                "upper bounds (best lr on the grid's edge) as triangles")
 
 
 def verdict(doc: dict) -> str:
@@ -66,8 +67,10 @@ def joint_section(documents: dict) -> list[str]:
              "L = L_N + A_N (E_min / 1e6 tokens)^-alpha_N per width N, one "
              "B_crit(L) = B* / L^(1/alpha_B) for all widths. Weighted least squares on the "
              "losses (weights: the group's seed scatter). Cells of fewer than 3x the warmup "
-             "steps are left out. Interval: 95% parametric bootstrap (every loss redrawn "
-             "around the model with its seed noise, a run and its cooldown branches sharing "
+             "steps are left out; a cell whose best lr is on the grid's edge counts as an "
+             "upper bound (a one-sided residual: only a prediction above it costs). "
+             "Interval: 95% parametric bootstrap (every loss redrawn around the model with "
+             "its seed noise, a run and its cooldown branches sharing "
              "half the variance, widened by sqrt(chi2/dof) when the model misfits). The "
              "loss-alone test compares the shared law against one law per width "
              "(chi-square difference; p < 0.05 rejects \"B_crit depends on the loss alone\"). "
@@ -85,7 +88,9 @@ def joint_section(documents: dict) -> list[str]:
             fmt_interval(doc["b_star_tokens"], doc["b_star_tokens_low"],
                          doc["b_star_tokens_high"]),
             f"{doc['chi2_per_dof']:.2f} ({doc['dof']} dof)",
-            f"{doc['n_cells']} ({doc['n_units']})", ", ".join(doc["widths"]),
+            f"{doc['n_cells']} ({doc['n_units']})" + (
+                f", {doc['n_upper_bounds']} bounds" if doc.get("n_upper_bounds") else ""),
+            ", ".join(doc["widths"]),
             f"{doc['log_loss_span']:.3f}",
             "-" if test is None else ("holds" if test["holds"] else "rejected")
             + f" (p = {test['p_value']:.3g})",
@@ -99,7 +104,7 @@ def joint_section(documents: dict) -> list[str]:
               md_table(["optimizer", "width", "L_N", "A", "alpha"], curves), ""]
     held = [[doc["optimizer"], h["held_out"], r["width"], str(r["batch_size"]),
              f"{r['tokens']:,}", f"{r['val_loss']:.4f}", fmt(r["predicted_loss"], ".4f"),
-             fmt(r["residual_sigmas"], "+.2f")]
+             fmt(r["residual_sigmas"], "+.2f") + (" (bound)" if r.get("upper_bound") else "")]
             for doc in documents.values() for h in doc["held_out"] for r in h["rows"]]
     if held:
         lines += ["Held-out cells: measured against predicted loss (nats/token), residual in "
@@ -121,7 +126,9 @@ def plot_joint(documents: dict, path: Path) -> None:
         fit = JointFit(**{k: np.array([c[k] for c in doc["curves"]]) for k in
                           ("l_inf", "a", "alpha")},
                        b_star=np.array([doc["b_star_tokens"] / doc["seq_len"]]),
-                       gamma=np.array([doc["exponent"]]), widths=tuple(doc["widths"]))
+                       gamma=np.array([doc["exponent"]]), widths=tuple(doc["widths"]),
+                       small_batch=doc.get("b_small") is not None,
+                       b_small=doc.get("b_small") or 0.0)
         w = doc["widths"].index(width)
         cells = [c for c in doc["cells"] if c["width"] == width]
         held = {(r["batch_size"], r["tokens"]) for h in doc["held_out"] for r in h["rows"]
@@ -134,7 +141,8 @@ def plot_joint(documents: dict, path: Path) -> None:
             grid = np.geomspace(min(tokens) / 1.2, max(tokens) * 1.2, 40)
             for c in mine:
                 hollow = (b, c["tokens"]) in held
-                ax.errorbar(c["tokens"], c["val_loss"], yerr=c["loss_sigma"], fmt="o",
+                ax.errorbar(c["tokens"], c["val_loss"], yerr=c["loss_sigma"],
+                            fmt="v" if c.get("upper_bound") else "o",
                             color=color, mfc="none" if hollow else color, ms=5)
             model = fit.predict_loss(np.full(len(grid), w), np.full(len(grid), float(b)), grid)
             ax.plot(grid, model, "-", color=color, lw=1, label=f"B={b}")

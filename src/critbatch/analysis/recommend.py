@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from critbatch.analysis.bcrit import BUDGET_TOLERANCE, best_lr_cells, seed_scatter, split_runs
-from critbatch.analysis.joint import MIN_CELLS
+from critbatch.analysis.joint import MIN_CELLS, upper_bound
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import JointData, extra_term_test, fit_joint
@@ -71,7 +71,8 @@ class SizedSweep:
                                [self.cells[i].tokens for i in picked],
                                [self.cells[i].loss for i in picked],
                                [self.sigma[i] for i in picked],
-                               [self.cells[i].trunk for i in picked], widths=tuple(sizes))
+                               [self.cells[i].trunk for i in picked], widths=tuple(sizes),
+                               upper=[upper_bound(self.cells[i]) for i in picked])
         return data, np.array(sizes, float)
 
 

@@ -23,6 +23,12 @@ the root in L of ln E_model(L) = ln E, reached by Newton steps started at the me
 fall-back in `JointFit.predict_loss`). Nothing is extrapolated cell by cell: a large batch
 at a small budget constrains B_crit at its own loss.
 
+A cell whose best grid lr is on the grid's edge is an upper bound (a better lr lies outside
+the grid, so its best-lr loss is at most the measured one): its residual is one-sided, zero
+wherever the model predicts a loss at or below the bound (a censored point, as in a Tobit
+fit). Fitted as a measurement, such a cell pulls the model up: at cpu scale AdamW's sqrt lr
+rule puts batch 128's optimum below its grid at the longer budgets.
+
 Intervals: a parametric bootstrap (`bootstrap_joint`) redraws every cell's loss around the
 fitted model with its noise, a trunk and its cooldown branches sharing one draw (same data
 order) plus their own, and refits; the noise is scaled up by sqrt(chi2/dof) when the model
@@ -55,9 +61,16 @@ class JointData:
     sigma: np.ndarray  # nats/token: standard deviation of that loss (seed noise)
     unit: np.ndarray  # int: the trunk (a run and its cooldown branches share one)
     widths: tuple = ()  # a label per width index (its width or parameter count)
+    # bool: the loss is an upper bound on the best-lr loss (the best grid lr on the grid's
+    # edge, so a better lr lies outside it); None: no cell is
+    upper: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.upper is None:
+            object.__setattr__(self, "upper", np.zeros(len(self.loss), dtype=bool))
 
     @staticmethod
-    def build(width, batch, tokens, loss, sigma, unit, widths=None) -> JointData:
+    def build(width, batch, tokens, loss, sigma, unit, widths=None, upper=None) -> JointData:
         width = np.asarray(width)
         labels = tuple(widths) if widths is not None else tuple(sorted(set(width.tolist())))
         index = {w: i for i, w in enumerate(labels)}
@@ -67,18 +80,18 @@ class JointData:
             batch=np.asarray(batch, float), tokens=np.asarray(tokens, float),
             loss=np.asarray(loss, float), sigma=np.asarray(sigma, float),
             unit=np.array([units[u] for u in np.asarray(unit).tolist()], dtype=int),
-            widths=labels)
+            widths=labels, upper=None if upper is None else np.asarray(upper, dtype=bool))
 
     def __len__(self) -> int:
         return len(self.loss)
 
     def subset(self, keep: np.ndarray) -> JointData:
         return JointData(self.width[keep], self.batch[keep], self.tokens[keep], self.loss[keep],
-                         self.sigma[keep], self.unit[keep], self.widths)
+                         self.sigma[keep], self.unit[keep], self.widths, self.upper[keep])
 
     def with_loss(self, loss: np.ndarray) -> JointData:
         return JointData(self.width, self.batch, self.tokens, np.asarray(loss, float),
-                         self.sigma, self.unit, self.widths)
+                         self.sigma, self.unit, self.widths, self.upper)
 
 
 @dataclass
@@ -188,7 +201,8 @@ def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: 
 def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool,
               small_batch: bool = False, steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
     """(predicted loss - measured loss) / sigma for every cell: Newton steps on
-    ln E_model(L) = ln E from the measured loss."""
+    ln E_model(L) = ln E from the measured loss. An upper-bound cell (`data.upper`) counts
+    only where the model predicts more than its bound: a one-sided (censored) residual."""
     target = np.log(data.tokens)
     loss = data.loss.copy()
     floor = np.maximum(theta[:n_widths][data.width], 0.0) + 1e-9
@@ -197,7 +211,8 @@ def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool
                                         small_batch)
         slope = np.minimum(slope, -1e-6)  # a non-monotone model is pushed back, not followed
         loss = np.maximum(loss - (log_e - target) / slope, floor)
-    return (loss - data.loss) / data.sigma
+    chi = (loss - data.loss) / data.sigma
+    return np.where(data.upper, np.maximum(chi, 0.0), chi)
 
 
 def initial_guess(data: JointData, per_width: bool, gamma: float,
@@ -312,6 +327,7 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     rng = np.random.default_rng(seed)
     center = fit.predict_loss(data.width, data.batch, data.tokens)
     center = np.where(np.isfinite(center), center, data.loss)
+    center = np.where(data.upper, np.maximum(center, data.loss), center)  # a bound stays one
     scale = noise_scale(fit)
     gammas, log_b = [], []
     for _ in range(resamples):
