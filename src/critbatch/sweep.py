@@ -1,11 +1,13 @@
-"""Run a whole experiment: its Hydra multiruns, the noise measurement, and the report.
+"""Run a whole experiment: its runs, the noise measurement, and the report.
 
 `python -m critbatch.sweep batch --scale cpu --jobs 1 --opt adamw,muon` (what
 `make sweep-batch` calls; likewise widths, stability, schedules and local_cbs) runs, in order:
 
-1. the multiruns of the experiment (`sweeps/<stage>.yaml`, one per optimizer),
-   skipping every run whose directory already holds a valid summary.json; a stage
-   that carries a tuned lr gets the best lr of the tuning stage as `optim.lr`;
+1. the runs of the experiment's multiruns (`sweeps/<stage>.yaml`, one per optimizer), planned
+   as Hydra would and trained on the sweep's workers (critbatch.pool), or, with
+   `hydra/launcher=slurm`, as SLURM array tasks of worker pools (critbatch.slurm), skipping
+   every run whose directory already holds a valid summary.json; a stage that carries a
+   tuned lr gets the best lr of the tuning stage as `optim.lr`;
 2. `python -m critbatch.noise` on the baseline's largest-budget run, per optimizer
    (batch and widths);
 3. the experiment's analysis script over its run directories;
@@ -31,19 +33,22 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from critbatch import workers
+from critbatch import pool, slurm, workers
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, ResultsError, user_errors
+from critbatch.planned import Job
+from critbatch.pool import gpu_jobs, job_threads
 from critbatch.science.model_size import param_count
 from critbatch.training import branches as branching
 from critbatch.training import config as schema
 from critbatch.training.cli import sweep_jobs
 from critbatch.training.config import Config, KeepCheckpoint, micro_batch_size
+from critbatch.workers import makespan
 
 REPO = schema.CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
@@ -83,51 +88,6 @@ EXPERIMENTS = {
 RUN_OVERHEAD_S = 1.0  # per run or branch: set-up, W&B, evals, checkpoints (in a warm worker)
 NOISE_OVERHEAD_S = 10.0  # per noise measurement: a process start and its W&B run
 REPORT_S = 20.0  # the analysis and its plots
-
-
-@dataclass
-class Job:
-    stage: str
-    optimizer: str
-    overrides: list[str]  # the job's full override list, as Hydra launches it
-    run_dir: Path
-    cfg: Config
-    extra: list[str] = field(default_factory=list)  # the stage's own overrides (tuned lr, ...)
-
-    @property
-    def finished(self) -> bool:
-        """The run itself holds a valid summary.json (its branches aside)."""
-        try:
-            runs.read_summary(self.run_dir)
-            return True
-        except ResultsError:
-            return False
-
-    @property
-    def branches(self) -> list[branching.Branch]:
-        return branching.plan_branches(self.cfg, self.run_dir, self.overrides)
-
-    @property
-    def done(self) -> bool:
-        """The run and every branch it can have are finished."""
-        return self.finished and not branching.pending(self.cfg, self.run_dir, self.overrides)
-
-    @property
-    def tokens_to_train(self) -> int:
-        """Tokens still to train: the run (unless finished), its branches after their forks."""
-        left = 0 if self.finished else self.tokens
-        return left + sum(b.tokens - b.fork_tokens for b in self.branches if not b.done)
-
-    @property
-    def differences(self) -> list[str]:
-        """Keys in which the finished run already in `run_dir` differs from this job's config
-        (a grid changed since it was trained); empty when none is there or they agree."""
-        saved = runs.read_config(self.run_dir) if self.done else None
-        return schema.run_differences(saved, asdict(self.cfg)) if saved else []
-
-    @property
-    def tokens(self) -> int:
-        return schema.token_budget(self.cfg)
 
 
 def resolve_scale(scale: str) -> str:
@@ -236,15 +196,6 @@ def job_seconds(jobs: list[Job], threads: int | None = None) -> dict[Path, float
         runs_left = (not job.finished) + sum(not b.done for b in job.branches)
         seconds[job.run_dir] = job.tokens_to_train / rates[key] + RUN_OVERHEAD_S * runs_left
     return seconds
-
-
-def makespan(seconds: list[float], workers: int) -> float:
-    """Wall time of jobs of these lengths handed out longest first to `workers` workers,
-    each taking the next job when it is free (what `workers.run_jobs` does)."""
-    load = [0.0] * max(1, workers)
-    for s in sorted(seconds, reverse=True):
-        load[load.index(min(load))] += s
-    return max(load)
 
 
 def unplanned_runs(jobs: list[Job]) -> dict[Path, list[Path]]:
@@ -372,92 +323,48 @@ def _device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "the CPU"
 
 
-def job_threads(jobs_at_once: int) -> int:
-    """CPU threads each of `jobs_at_once` jobs gets: the cores split between them."""
-    return max(1, (os.cpu_count() or 1) // jobs_at_once)
-
-
 def hydra_launcher(jobs: list[Job]) -> bool:
-    """The user chose a Hydra launcher (`hydra/launcher=slurm`, ...): the stages go to it as
-    multiruns rather than to the sweep's own workers."""
+    """The user chose a Hydra launcher (`hydra/launcher=slurm`, ...): the runs train elsewhere,
+    as a submitit job array (`launcher_config`) or as Hydra multiruns, not on this machine."""
     return any(o.startswith(("hydra/launcher=", "hydra.launcher.")) for j in jobs
                for o in j.extra)
 
 
-def train_jobs(jobs: list[Job], jobs_at_once: int, device: str,
-               seconds: dict[Path, float]) -> list[workers.Outcome]:
-    """Train the jobs not done on `jobs_at_once` workers (workers.run_jobs), or as one Hydra
-    multirun per stage and optimizer when a Hydra launcher was chosen."""
+def submitit_array(jobs: list[Job], tasks: int | None = None) -> slurm.Array | None:
+    """The array the sweep shards its runs into when the chosen Hydra launcher is a submitit
+    one (`hydra/launcher=slurm`, `submitit_slurm`, `submitit_local`), with its fields
+    (hydra.launcher, resolved); None for no launcher or another one (joblib), whose stages go
+    to Hydra as multiruns."""
+    if not hydra_launcher(jobs):
+        return None
+    job = jobs[0]
+    with sweep_composer() as compose:
+        root = compose(job.stage, [f"scale={job.cfg.scale}", f"optim={job.optimizer}",
+                                   *job.extra])
+        launcher = OmegaConf.to_container(root.hydra.launcher, resolve=True)
+    return slurm.Array(launcher, tasks) if slurm.is_submitit(launcher) else None
+
+
+def train_jobs(jobs: list[Job], jobs_at_once: int, device: str, seconds: dict[Path, float],
+               array: slurm.Array | None = None) -> list[workers.Outcome]:
+    """Train the jobs not done on `jobs_at_once` workers here (pool.train_here), or as one
+    `array` of worker pools (slurm.train_array), or, with another Hydra launcher, as one
+    multirun per stage and optimizer."""
     todo = [j for j in jobs if not j.done]
     if not todo:
         return []
+    if array is not None:
+        return slurm.train_array(todo, array, device, seconds)
     if hydra_launcher(todo):
         for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in todo):
             part = next(j for j in todo if (j.stage, j.optimizer) == (stage, optimizer))
-            launch_stage(stage, part.cfg.scale, optimizer, part.extra, jobs_at_once, device)
+            code = launch_stage(stage, part.cfg.scale, optimizer, part.extra, jobs_at_once,
+                                device)
+            if code:
+                print(f"== the {stage} multirun (optim={optimizer}) exited with status {code}; "
+                      "the runs it did not finish are listed at the end", flush=True)
         return []
-    place = Placement(job_threads(jobs_at_once) if device == "cpu" else None,
-                      workers.visible_gpus() if device == "cuda" else None)
-    root = Path("runs").absolute()
-
-    def name(run_dir: Path) -> str:
-        return str(run_dir.relative_to(root)) if run_dir.is_relative_to(root) else str(run_dir)
-
-    split = [j for j in todo if any(b.fields for b in j.branches)]  # local-CBS bases
-    whole = [j for j in todo if j not in split]
-    outcomes = []
-    if whole:
-        outcomes += run_pool(f"{len(whole)} runs on {jobs_at_once} worker(s); each run's log is "
-                             "its train.log",
-                             [(j.cfg, j.run_dir, j.overrides, seconds.get(j.run_dir, 0.0))
-                              for j in whole], jobs_at_once, place, name)
-    if split:
-        outcomes += train_split(split, jobs_at_once, place, seconds, name)
-    return outcomes
-
-
-def train_split(jobs: list[Job], jobs_at_once: int, place: Placement,
-                seconds: dict[Path, float], name) -> list[workers.Outcome]:
-    """Runs with local-CBS branches: the base runs first (they fork the branches), then every
-    branch forked and not finished as a job of its own, so the workers share them."""
-    per_token = {j.run_dir: seconds.get(j.run_dir, 0.0) / max(1, j.tokens_to_train)
-                 for j in jobs}
-    bases = [j for j in jobs if not j.finished]
-    outcomes = []
-    if bases:
-        outcomes += run_pool(f"{len(bases)} base run(s) on {jobs_at_once} worker(s), forking "
-                             "their local-CBS branches; each run's log is its train.log",
-                             [(j.cfg, j.run_dir, j.overrides, per_token[j.run_dir] * j.tokens)
-                              for j in bases], jobs_at_once, place, name, with_branches=False)
-    forked = [(j, b) for j in jobs for b in branching.pending(j.cfg, j.run_dir, j.overrides)
-              if (b.run_dir / "checkpoint.pt").exists()]  # a failed base forked none
-    if forked:
-        outcomes += run_pool(f"{len(forked)} local-CBS branches on {jobs_at_once} worker(s)",
-                             [(b.cfg, b.run_dir, b.overrides,
-                               per_token[j.run_dir] * (b.tokens - b.fork_tokens))
-                              for j, b in forked], jobs_at_once, place, name)
-    for job in jobs:  # the base's own checkpoint under keep_checkpoint=none, now its branches ended
-        branching.retire(job.cfg, job.run_dir, job.overrides)
-    return outcomes
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where the workers run: torch threads each (CPU), or the GPUs they are pinned to."""
-
-    threads: int | None
-    gpus: list[str] | None
-
-
-def run_pool(title: str, items: list[tuple[Config, Path, list[str], float]],
-             jobs_at_once: int, place: Placement, name,
-             with_branches: bool = True) -> list[workers.Outcome]:
-    """Announce `title`, then train `items` (config, run folder, overrides, estimated
-    seconds) on the workers (`workers.run_jobs`)."""
-    print(f"\n== training {title}", flush=True)
-    return workers.run_jobs([(c, d.absolute(), o) for c, d, o, _ in items], jobs_at_once,
-                            place.threads, {d.absolute(): est for _, d, _, est in items}, name,
-                            with_branches, gpus=place.gpus)
+    return pool.train_here(todo, jobs_at_once, device, seconds)
 
 
 def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,
@@ -493,7 +400,7 @@ def hold_for_noise(exp: Experiment, plan: list[Job]) -> list[Job]:
                  and j.cfg.train.keep_checkpoint == "none"]
     for job in held:
         job.cfg.train.keep_checkpoint = KeepCheckpoint.final
-    if held and hydra_launcher(plan):
+    if held and hydra_launcher(plan) and submitit_array(plan) is None:  # a multirun
         raise ConfigError("train.keep_checkpoint=none under a Hydra launcher would delete the "
                           "checkpoint the noise program reads; use train.keep_checkpoint=final")
     return held
@@ -576,23 +483,16 @@ def missing_measurement(scale: str, extra: list[str]) -> Path | None:
     return fits if "measured" in arms and not fits.exists() else None
 
 
-def gpu_jobs(plan: list[Job]) -> int:
-    """JOBS=auto on CUDA: on every visible GPU as many workers as its widest planned model
-    allows (`workers.runs_per_gpu`), each pinned to its GPU."""
-    gpus = workers.visible_gpus()
-    per_gpu = workers.runs_per_gpu(max(j.cfg.model.width for j in plan))
-    print(f"JOBS=auto -> {per_gpu} run(s) on each of {len(gpus)} GPU(s)", flush=True)
-    return max(1, per_gpu * len(gpus))
-
-
 def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
-                   optimizers: list[str], extra: list[str], dry_run: bool = False) -> int:
+                   optimizers: list[str], extra: list[str], dry_run: bool = False,
+                   tasks: int | None = None) -> int:
     """Every stage of an experiment; returns how many runs or stages did not complete.
 
     The stages train together on one pool of workers, except that the stages after a tuning
-    stage wait for its best lr. The schedules experiment first runs the local_cbs one when
-    the report its measured arm follows is missing. A `dry_run` prints the plan and stops
-    before anything is trained, measured or written."""
+    stage wait for its best lr; with a submitit launcher the pools are the tasks of a job
+    array, `tasks` of them (slurm.train_array). The schedules experiment first runs the
+    local_cbs one when the report its measured arm follows is missing. A `dry_run` prints the
+    plan and stops before anything is trained, measured or written."""
     t0 = time.perf_counter()
     exp = EXPERIMENTS[experiment]
     scale = resolve_scale(scale)
@@ -600,7 +500,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     if experiment == "schedules" and (fits := missing_measurement(scale, extra)):
         print(f"== {fits} does not exist: the measured arm follows it, so the local_cbs "
               f"experiment runs first (make sweep-local-cbs SCALE={scale})", flush=True)
-        before = run_experiment("local_cbs", scale, jobs_at_once, optimizers, extra, dry_run)
+        before = run_experiment("local_cbs", scale, jobs_at_once, optimizers, extra, dry_run,
+                                tasks)
         if dry_run:
             print(f"dry run: the schedules plan follows {fits}, once that experiment wrote it")
             return before
@@ -608,7 +509,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     plan = plan_experiment(exp, scale, optimizers, extra)
     check_finished(plan)
     held = hold_for_noise(exp, plan)
-    jobs_at_once = jobs_at_once or gpu_jobs(plan)
+    array = submitit_array(plan, tasks)
+    jobs_at_once = jobs_at_once or (1 if hydra_launcher(plan) else gpu_jobs(plan))
     device = "cuda" if scale == "gpu" else "cpu"
     seconds = print_plan(experiment, scale, plan, jobs_at_once, device)
     if dry_run:
@@ -621,12 +523,13 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     problems, outcomes = [], []
     if exp.tuning_stage:
         outcomes += train_jobs([j for j in plan if j.stage == exp.tuning_stage], jobs_at_once,
-                               device, seconds)
+                               device, seconds, array)
         plan, problems = replan_after_tuning(exp, scale, optimizers, extra, plan)
-    outcomes += train_jobs(plan, jobs_at_once, device, seconds)
+    outcomes += train_jobs(plan, jobs_at_once, device, seconds, array)
     failed = [j for j in plan if not j.done]
-    problems += [f"run did not complete (see its train.log): {j.run_dir}" for j in failed]
-    problems += measure_noise(exp, plan, optimizers, jobs_at_once)
+    problems += [f"run did not complete: {j.run_dir} ({j.failure or 'no reason recorded'}; "
+                 "see its train.log)" for j in failed]
+    problems += measure_noise(exp, plan, optimizers, jobs_at_once, array)
     release_after_noise(held)
 
     notes = [f"{folder} holds {len(extra_runs)} finished run(s) outside this plan (e.g. "
@@ -640,7 +543,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     wall_s = time.perf_counter() - t0
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
           f"complete in {wall_s / 60:.1f} min")
-    use = workers.efficiency(outcomes, jobs_at_once, wall_s)
+    # an array's wall time holds its queue waits: no efficiency to state
+    use = workers.efficiency(outcomes, jobs_at_once, wall_s) if array is None else None
     if use:
         print(f"efficiency: {use['tokens'] / 1e6:,.2f}M tokens trained in {wall_s / 60:.1f} min "
               f"= {use['tokens_per_s'] / 1e3:,.1f}k tokens/s of wall time, "
@@ -678,12 +582,12 @@ def replan_after_tuning(exp: Experiment, scale: str, optimizers: list[str], extr
 
 
 def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
-                  jobs_at_once: int) -> list[str]:
+                  jobs_at_once: int, array: slurm.Array | None = None) -> list[str]:
     """`python -m critbatch.noise` on each optimizer's noise target, side by side (output in
-    the run's noise.log); returns the problems."""
+    the run's noise.log), here or as tasks of an `array`; returns the problems."""
     if not exp.noise_stage:
         return []
-    started = []
+    targets = []
     for optimizer in optimizers:
         target = noise_target(plan, exp.noise_stage, optimizer)
         if target is None:
@@ -692,15 +596,22 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
             print(f"== noise (optim={optimizer}): {target.run_dir}/noise.json exists, skipped")
             continue
         print(f"== noise (optim={optimizer}) on {target.run_dir} (log: noise.log)", flush=True)
+        targets.append(target)
+    if array is not None:
+        succeeded = slurm.measure_noise(array, [t.run_dir for t in targets])
+    else:
         env = dict(os.environ, OMP_NUM_THREADS=str(job_threads(min(jobs_at_once,
                                                                    len(optimizers)))))
-        with open(target.run_dir / "noise.log", "w") as log_file:
-            started.append((target, subprocess.Popen(
-                [sys.executable, "-m", "critbatch.noise", str(target.run_dir)],
-                stdout=log_file, stderr=subprocess.STDOUT, env=env)))
+        started = []
+        for target in targets:
+            with open(target.run_dir / "noise.log", "w") as log_file:
+                started.append(subprocess.Popen(
+                    [sys.executable, "-m", "critbatch.noise", str(target.run_dir)],
+                    stdout=log_file, stderr=subprocess.STDOUT, env=env))
+        succeeded = [proc.wait() == 0 for proc in started]
     problems = []
-    for target, proc in started:
-        if proc.wait():
+    for target, ok in zip(targets, succeeded, strict=True):
+        if not ok:
             problems.append(f"the noise measurement failed on {target.run_dir} (see its "
                             "noise.log)")
             continue
@@ -777,6 +688,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (runs, tokens, estimated time, disk) and exit "
                              "without training")
+    parser.add_argument("--tasks", default="auto",
+                        help="with hydra/launcher=slurm (or submitit_local): array tasks the "
+                             "runs are sharded into, each a worker pool on its node; auto: about "
+                             f"{slurm.RUNS_PER_WORKER} runs per worker (one task on "
+                             "submitit_local)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_intermixed_args(argv)
     if args.experiment == "report":
@@ -791,8 +707,11 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(f"SCALE={args.scale} is not one of auto, smoke, cpu, gpu")
         scale = resolve_scale(args.scale)
         check_cuda(scale, args.overrides)
+        if args.tasks != "auto" and (not args.tasks.isdigit() or int(args.tasks) < 1):
+            raise ConfigError(f"--tasks {args.tasks} must be a positive number or auto")
         failed = run_experiment(args.experiment, scale, parse_jobs(args.jobs, scale), optimizers,
-                                args.overrides, args.dry_run)
+                                args.overrides, args.dry_run,
+                                None if args.tasks == "auto" else int(args.tasks))
     raise SystemExit(1 if failed else 0)
 
 

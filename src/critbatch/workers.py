@@ -13,9 +13,10 @@ to this pool instead of launching one multirun per stage and optimizer:
 
 A run and its cooldown branches are one job (`loop.train_with_branches`); the local-CBS
 branches, many per run, train as jobs of their own once their base run has forked them
-(`sweep.train_split`). A failed run is reported by the progress line and the sweep goes on.
-`python -m critbatch.train -m ...` (Hydra's launchers: joblib, submitit, SLURM) trains the
-same runs into the same folders.
+(`pool.train_split`). A failed run is reported by the progress line, says why in its folder
+(`failures.record`: failed.txt) and the sweep goes on. On SLURM each array task runs such a
+pool on its share of the runs (`balance`, critbatch.slurm); `python -m critbatch.train -m ...`
+(Hydra's launchers) trains the same runs into the same folders.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from critbatch.errors import CritbatchError
+from critbatch.training import failures
 from critbatch.training.cli import disk_errors, finished_run
 from critbatch.training.config import Config
 from critbatch.training.loop import train, train_with_branches
@@ -69,6 +71,14 @@ def visible_gpus() -> list[str]:
     import torch
 
     return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (a SLURM task's allocation, a taskset), else all."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
 
 
 def runs_per_gpu(width: int) -> int:
@@ -118,6 +128,7 @@ def train_job(cfg: Config, run_dir: str, overrides: list[str],
     """Train a planned run and its branches (unless not `with_branches`) in this worker (a
     finished run is skipped, its missing branches trained); never raises."""
     start, folder = time.perf_counter(), Path(run_dir)
+    failures.clear(folder)
     with job_output(folder / "train.log"):
         try:
             with disk_errors():
@@ -129,12 +140,16 @@ def train_job(cfg: Config, run_dir: str, overrides: list[str],
                     summaries = [] if finished else [train(cfg, folder, overrides)]
         except CritbatchError as err:
             log.error(str(err))
-            return Outcome(run_dir, False, time.perf_counter() - start, error=str(err))
+            error = str(err)
         except Exception as err:  # a bug: the traceback goes to the log, one line here
             log.exception("the run failed")
             first = (str(err).splitlines() or [""])[0]
-            return Outcome(run_dir, False, time.perf_counter() - start,
-                           error=f"{type(err).__name__}: {first} (traceback in {folder}/train.log)")
+            error = f"{type(err).__name__}: {first} (traceback in {folder}/train.log)"
+        else:
+            error = None
+    if error is not None:
+        failures.record(folder, error)
+        return Outcome(run_dir, False, time.perf_counter() - start, error=error)
     trained = [{**{k: s[k] for k in ("tokens", "val_loss", "tokens_per_s", "status")},
                 "trained_tokens": s["tokens"] - (s.get("branch_at_tokens") or 0)}
                for s in summaries]
@@ -233,6 +248,26 @@ def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: 
             outcomes.append(outcome)
             print(progress.line(outcome, name(Path(outcome.run_dir))), flush=True)
     return outcomes
+
+
+def balance(costs: dict, parts: int) -> list[list]:
+    """Split the keys of `costs` (a job -> its estimated cost) into `parts` lists, longest
+    first, each to the list with the least cost so far: the greedy rule `run_jobs` follows
+    with its workers, used to shard a sweep into array tasks. Empty lists are dropped."""
+    shards: list[list] = [[] for _ in range(max(1, parts))]
+    load = [0.0] * len(shards)
+    for key in sorted(costs, key=lambda k: -costs[k]):
+        i = load.index(min(load))
+        shards[i].append(key)
+        load[i] += costs[key]
+    return [s for s in shards if s]
+
+
+def makespan(seconds: list[float], workers: int) -> float:
+    """Wall time of jobs of these lengths handed out longest first to `workers` workers,
+    each taking the next job when it is free (what `run_jobs` does)."""
+    costs = dict(enumerate(seconds))
+    return max((sum(costs[k] for k in part) for part in balance(costs, workers)), default=0.0)
 
 
 def efficiency(outcomes: list[Outcome], workers: int, wall_s: float) -> dict | None:
