@@ -129,3 +129,14 @@ def test_summary_says_when_the_numbers_are_not_a_measurement():
     assert any("unresolved" in w for w in reliability(row, wide, "gpu"))
     assert any("misfits" in w for w in reliability(row, {**good, "chi2_per_dof": 9.0}, "gpu"))
     assert any("held-out" in w for w in reliability({**row, "held_out_ok": False}, good, "gpu"))
+
+
+def test_the_scale_comes_from_the_summary_before_the_config(tmp_path):
+    """A table row (no run folder) says its scale, as does a run's summary.json; config.json
+    is read only when neither does."""
+    from critbatch.analysis.summary import scale_of
+
+    assert scale_of([{"scale": "smoke", "run_dir": str(tmp_path / "gone")}]) == "smoke"
+    (tmp_path / "config.json").write_text('{"config": {"scale": "cpu"}}')
+    assert scale_of([{"run_dir": str(tmp_path)}]) == "cpu"
+    assert scale_of([{"run_dir": None}]) is None

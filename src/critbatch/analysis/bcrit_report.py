@@ -228,7 +228,7 @@ def per_run_table(per_run: list[dict]) -> str:
 
 def noise_table(noise: list[dict]) -> str:
     """The noise program's measurements (noise.json); the runs' end-of-run online values only
-    when there is none (they are in fits.json `noise`, kind b_noise_online)."""
+    when there is none (the online values have their own section and fits.json `online_noise`)."""
     if not noise:
         return "No B_noise measurement (noise.json or online tracking) in these runs."
     measured = [p for p in noise if p["kind"] == "b_noise"]

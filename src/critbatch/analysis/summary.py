@@ -32,8 +32,11 @@ SMOKE_RESAMPLES = 20  # bootstrap refits at smoke scale
 
 
 def scale_of(runs: list[dict]) -> str | None:
-    """The `scale` preset the runs were trained at (config.json of the first that says)."""
+    """The `scale` preset the runs were trained at: the first run's summary.json (or table
+    row) that says, else its config.json."""
     for run in runs:
+        if run.get("scale"):
+            return str(run["scale"])
         config = read_config(run["run_dir"]) if run.get("run_dir") else None
         if config and config.get("scale"):
             return str(config["scale"])
