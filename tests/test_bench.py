@@ -1,5 +1,5 @@
 """`python -m critbatch.bench` at tiny size: every section runs and bench.json holds positive,
-finite figures under the keys the README and the issue's targets read. (Speed itself is
+finite figures under the keys the README and the speed targets read. (Speed itself is
 measured by the benchmark, not by timed tests.)"""
 
 from __future__ import annotations
