@@ -190,3 +190,16 @@ def test_make_sweep_on_submitit_local_reports_the_failed_run_from_its_folder(
     (line,) = [x for x in out.splitlines() if x.startswith("warning: run did not complete")]
     assert held.run_dir.name in line and f"in use by process {os.getpid()}" in line
     assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
+
+
+def test_a_dry_run_shows_the_split_and_submits_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no SLURM here: the plan needs none
+    with pytest.raises(SystemExit) as stop:
+        sweep.main(["batch", "--scale", "smoke", "--opt", "adamw", "--dry-run",
+                    "hydra/launcher=slurm", "--tasks", "2"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0, out
+    assert "SLURM array (submitit slurm) task 0: " in out and "task 1: " in out
+    assert "task 2: " not in out and "of the FLOPs" in out
+    assert list(tmp_path.iterdir()) == []

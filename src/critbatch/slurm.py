@@ -9,7 +9,8 @@ Hydra as a multirun of one job per run:
   nothing was timed -- a login node times nothing -- by the FLOPs left, `Job.flops_to_train`);
 - the shards are the tasks of one job array (`executor.map_array`); each task is a worker
   pool on its node (`pool.train_here`: k workers on each of its GPUs by width, or one per CPU
-  of the task), so Python, torch and compilation start once per worker, not once per run;
+  of the task), so a queue wait is paid per task and Python, torch and CUDA start once per
+  worker, not once per run;
 - the sweep waits for the array, printing a line per finished run (read from its folder) and
   per ended task. Everything the experiment can train at once is one array; stages that carry
   a tuned lr are a second array, after the tuning stage's alone. The noise measurements are
@@ -122,6 +123,18 @@ def run_task(jobs: list[Job], device: str, seconds: dict[Path, float], cwd: str,
     return pool.train_here(jobs, at_once, device, seconds, threads=max(1, cpus // at_once))
 
 
+def shard(todo: list[Job], array: Array, device: str,
+          seconds: dict[Path, float]) -> tuple[list[list[Job]], list[str]]:
+    """`todo` in `task_count` shards of about equal work (`workers.balance`: by the estimated
+    seconds when every job has one, else by the FLOPs left), and a line on each shard."""
+    timed = all(seconds.get(j.run_dir) for j in todo)
+    cost = {i: seconds[j.run_dir] if timed else j.flops_to_train for i, j in enumerate(todo)}
+    parts = workers.balance(cost, task_count(todo, array, device))
+    lines = [f"task {i}: {len(part)} run(s), {sum(cost[k] for k in part) / sum(cost.values()):.0%} "
+             f"of the {'estimated time' if timed else 'FLOPs'}" for i, part in enumerate(parts)]
+    return [[todo[i] for i in part] for part in parts], lines
+
+
 def train_array(todo: list[Job], array: Array, device: str,
                 seconds: dict[Path, float]) -> list[workers.Outcome]:
     """Train `todo` as one job array of worker pools (see the module docstring) and wait for
@@ -130,10 +143,7 @@ def train_array(todo: list[Job], array: Array, device: str,
     for note in shared_folder_notes(sorted({j.run_dir.parent for j in todo}), array.cluster):
         print(f"note: {note}", flush=True)
     workers.prepare_data_first([j.cfg for j in todo])  # here: compute nodes may be offline
-    timed = all(seconds.get(j.run_dir) for j in todo)  # else by FLOPs (nothing timed here)
-    cost = {i: seconds[j.run_dir] if timed else j.flops_to_train for i, j in enumerate(todo)}
-    parts = workers.balance(cost, task_count(todo, array, device))
-    shards = [[todo[i] for i in part] for part in parts]
+    shards, lines = shard(todo, array, device, seconds)
     for job in todo:  # a reason left by an earlier attempt is not this one's
         for folder in [job.run_dir, *(b.run_dir for b in job.branches if not b.done)]:
             failures.clear(folder)
@@ -145,10 +155,8 @@ def train_array(todo: list[Job], array: Array, device: str,
     logs = array.folder.parent if "%" in array.folder.name else array.folder
     print(f"\n== {len(todo)} runs in {len(tasks)} array task(s) (submitit {array.cluster}, job "
           f"{tasks[0].job_id.split('_')[0]}); each task's log is under {logs}", flush=True)
-    for i, part in enumerate(parts):
-        share = sum(cost[k] for k in part) / sum(cost.values())
-        print(f"  task {i}: {len(part)} run(s), {share:.0%} of the "
-              f"{'estimated time' if timed else 'FLOPs'}", flush=True)
+    for line in lines:
+        print(f"  {line}", flush=True)
     wait(tasks, shards, array.poll_s)
     return [o for task, part in zip(tasks, shards, strict=True) for o in task_outcomes(task, part)]
 

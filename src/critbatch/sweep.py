@@ -518,6 +518,9 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
                                     for o in optimizers):
             print(f"  {' and '.join(s for s in exp.stages if s != exp.tuning_stage)} wait for "
                   f"the best lr of {exp.tuning_stage}: estimated here at its grid's middle lr")
+        if array is not None and (todo := [j for j in plan if not j.done]):
+            for line in slurm.shard(todo, array, device, seconds)[1]:
+                print(f"  SLURM array (submitit {array.cluster}) {line}")
         print("dry run: nothing trained, no noise measured, no report written")
         return before
     problems, outcomes = [], []
