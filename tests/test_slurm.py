@@ -70,6 +70,9 @@ def test_the_slurm_launcher_fields_become_the_sbatch_script(monkeypatch, tmp_pat
     (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
     script = array.executor()._executor._make_submission_file_text("python -m x", "uid")
+    array.launcher["tasks_per_node"] = 2
+    with pytest.raises(ConfigError, match="tasks_per_node=2: each array task of the sweep is one"):
+        array.executor()
     for line in ("--partition=gpu", "--account=lab", "--gpus-per-node=1", "--cpus-per-task=8",
                  "--mem=32GB", "--time=90"):
         assert f"#SBATCH {line}\n" in script, script

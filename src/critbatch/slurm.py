@@ -80,6 +80,12 @@ class Array:
 
         params = {k: v for k, v in self.launcher.items()
                   if k not in ("_target_", "submitit_folder") and v is not None}
+        several = [k for k in ("nodes", "tasks_per_node") if (params.get(k) or 1) > 1]
+        if several:  # each process would train the whole shard: two pools on every run
+            raise ConfigError(f"hydra.launcher.{several[0]}={params[several[0]]}: each array task "
+                              "of the sweep is one worker pool on one node; keep nodes and "
+                              "tasks_per_node at 1 and ask for more GPUs with gpus_per_node or "
+                              "more tasks with --tasks")
         init = {f"{self.cluster}_max_num_timeout": params.pop("max_num_timeout")} \
             if "max_num_timeout" in params else {}
         try:
