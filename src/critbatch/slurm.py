@@ -47,7 +47,7 @@ PLUGIN = "hydra_plugins.hydra_submitit_launcher."
 # fields that hydra-submitit-launcher passes to submitit without a `<cluster>_` prefix
 BASE_FIELDS = ("timeout_min", "cpus_per_task", "gpus_per_node", "tasks_per_node", "mem_gb",
                "nodes", "name", "stderr_to_stdout")
-RUNS_PER_WORKER = 4  # --tasks auto: about this many runs per worker, to spread its start-up
+RUNS_PER_WORKER = 4  # --tasks auto: about this many runs per worker, sharing its start-up
 POLL_S = 10.0  # seconds between looks at the run folders and the tasks while the array runs
 
 
@@ -136,8 +136,9 @@ def shard(todo: list[Job], array: Array, device: str,
     timed = all(seconds.get(j.run_dir) for j in todo)
     cost = {i: seconds[j.run_dir] if timed else j.flops_to_train for i, j in enumerate(todo)}
     parts = workers.balance(cost, task_count(todo, array, device))
-    lines = [f"task {i}: {len(part)} run(s), {sum(cost[k] for k in part) / sum(cost.values()):.0%} "
-             f"of the {'estimated time' if timed else 'FLOPs'}" for i, part in enumerate(parts)]
+    total = sum(cost.values()) or 1.0
+    lines = [f"task {i}: {len(part)} run(s), {sum(cost[k] for k in part) / total:.0%} of the "
+             f"{'estimated time' if timed else 'FLOPs'}" for i, part in enumerate(parts)]
     return [[todo[i] for i in part] for part in parts], lines
 
 
