@@ -4,6 +4,7 @@ executor runs the tasks here as processes of their own, as SLURM would run them 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -165,6 +166,8 @@ def test_an_array_of_two_worker_pools_trains_the_plan_and_reads_failures_from_th
     shards = {frozenset(i for i in range(4) if name[i] in log.read_text()) for log in logs}
     assert shards == {frozenset({0, 3}), frozenset({1, 2})}
     assert not list(tmp_path.glob("runs/**/.critbatch-failed-*"))
+    saved = json.loads((plan[0].run_dir / "config.json").read_text())["overrides"]
+    assert "train.batch_size=4" in saved and not [o for o in saved if o.startswith("hydra")]
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from critbatch.training.config import Config
 class Job:
     stage: str
     optimizer: str
-    overrides: list[str]  # the job's full override list, as Hydra launches it
+    overrides: list[str]  # the job's task overrides, as a Hydra multirun job gets (no hydra.*)
     run_dir: Path
     cfg: Config
     extra: list[str] = field(default_factory=list)  # the stage's own overrides (tuned lr, ...)

@@ -144,8 +144,8 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
             cfg = compose(stage, overrides)
             run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
             del cfg.hydra
-            jobs.append(Job(stage, optimizer, overrides, run_dir, schema.to_config(cfg),
-                            list(extra)))
+            task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]  # as Hydra
+            jobs.append(Job(stage, optimizer, task, run_dir, schema.to_config(cfg), list(extra)))
     return jobs
 
 
