@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -418,3 +419,34 @@ def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, ca
         waits = "branch_check wait for the best lr of batch: estimated here at its grid's middle lr"
         assert (waits in out) == (experiment == "branches")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A corpus whose token cache is not built yet: the plan names it with its size and an
+    estimate, and the total includes it; once built, neither appears."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
+    with pytest.raises(SystemExit):
+        sweep.main(["batch", "--scale", "smoke", "--jobs", "1", "--opt", "adamw", "--dry-run",
+                    "grid.batch_sizes='4,8'", f"data.cache_dir={tmp_path / 'cache'}"])
+    out = capsys.readouterr().out
+    assert "data=stdlib V" in out and "its token cache is built first" in out, out
+    assert "MB of text" in out and "min to prepare data + " in out
+
+    from critbatch.training.config import DataConfig
+    from critbatch.training.data import prepare_data
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"{i}.txt").write_text(f"document {i}: " + "the quick brown fox " * 50)
+    data = DataConfig(name="text_files", paths=[str(corpus / "*.txt")], vocab_size=300,
+                      cache_dir=str(tmp_path / "cache"))
+    cfg = SimpleNamespace(data=data)
+    assert sweep.data_to_prepare([cfg, cfg]) > 0  # once per corpus
+    out = capsys.readouterr().out
+    assert out.count("its token cache is built first") == 1
+    prepare_data(data)
+    capsys.readouterr()
+    assert sweep.data_to_prepare([cfg]) == 0.0 and capsys.readouterr().out == ""

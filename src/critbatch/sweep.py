@@ -270,10 +270,38 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
     keep = ",".join(sorted({str(j.cfg.train.keep_checkpoint) for j in todo}))
     print(f"  disk: ~{need / 1e9:,.2f} GB of checkpoints at the peak, ~{kept / 1e9:,.2f} GB "
           f"kept after (train.keep_checkpoint={keep}), {free / 1e9:,.0f} GB free")
-    print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {training / 60:.1f} min of "
-          f"training + ~{(NOISE_OVERHEAD_S + REPORT_S) / 60:.1f} min of noise and report "
-          f"(tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
+    prepare = data_to_prepare([j.cfg for j in todo])
+    data_part = f"{prepare / 60:.1f} min to prepare data + " if prepare else ""
+    print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {data_part}{training / 60:.1f} "
+          f"min of training + ~{(NOISE_OVERHEAD_S + REPORT_S) / 60:.1f} min of noise and "
+          f"report (tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
           flush=True)
+    return seconds
+
+
+def data_to_prepare(cfgs: list[Config]) -> float:
+    """Print a line per corpus whose token cache is not built yet (the sweep builds it before
+    the first run) and return the estimated seconds of all of them (a hub download: none)."""
+    from dataclasses import asdict
+
+    from critbatch.training.data import is_prepared, prepare_estimate
+
+    seconds, seen = 0.0, set()
+    for cfg in cfgs:
+        key = repr(sorted(asdict(cfg.data).items()))
+        if key in seen or is_prepared(cfg.data):
+            seen.add(key)
+            continue
+        seen.add(key)
+        size, estimate = prepare_estimate(cfg.data)
+        what = f"data={cfg.data.name} V{cfg.data.vocab_size}: its token cache is built first"
+        if estimate is None:
+            print(f"  {what}: a hub download, not estimated (make data DATA={cfg.data.name} "
+                  "builds it ahead)")
+            continue
+        print(f"  {what}: {size / 1e6:,.1f} MB of text, ~{estimate / 60:.1f} min (BPE and "
+              "encoding)")
+        seconds += estimate
     return seconds
 
 
