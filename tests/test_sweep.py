@@ -162,6 +162,7 @@ def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_
     assert time.perf_counter() - start < 30
     assert "12 already complete, 0 to train" in out
     assert "step:" not in out  # nothing was trained
+    assert "report.md is up to date" in out  # nor analysed again
 
 
 def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():

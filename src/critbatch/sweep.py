@@ -38,7 +38,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from critbatch import pool, slurm, workers
+from critbatch import pool, report_inputs, slurm, workers
 from critbatch.analysis import results as runs
 from critbatch.errors import ConfigError, ResultsError, user_errors
 from critbatch.planned import Job
@@ -247,6 +247,8 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
               "estimate: a Hydra launcher trains them elsewhere", flush=True)
         return {}
     threads = job_threads(jobs_at_once) if device == "cpu" else None
+    print(f"  timing a few training steps per model on {_device_name()} for the estimate ...",
+          flush=True)
     seconds = job_seconds(todo, threads)
     training = makespan(list(seconds.values()), jobs_at_once)
     tokens = sum(j.tokens_to_train for j in todo)
@@ -654,16 +656,27 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
     return problems
 
 
-def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str) -> bool:
-    """Run the experiment's analysis script over `folders` into `out`; True if it succeeded."""
+def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str,
+                  force: bool = False) -> bool:
+    """Run the experiment's analysis script over `folders` into `out`, unless (without
+    `force`) the report there was written from the same inputs (`report_inputs`); True if it
+    succeeded or was up to date."""
     script = ANALYSIS_DIR / exp.analysis
     args = [*folders, "--out", str(out)]
     if exp.compare_with:  # out is <runs>/<stage>/<scale>/report
         other = out.parents[2] / exp.compare_with / out.parent.name
         if (other / "report" / "fits.json").is_file():
             args += ["--batch-sweep", str(other)]
+    stamp = report_inputs.fingerprint(folders, args, ANALYSIS_DIR)
+    if not force and report_inputs.up_to_date(out, stamp):
+        print(f"\n== {title}: {out / 'report.md'} is up to date (no run, noise measurement or "
+              f"analysis code changed since it was written; `make report` redoes it)", flush=True)
+        return True
     print(f"\n== {title}: python {script.relative_to(REPO)} {' '.join(args)}", flush=True)
-    return subprocess.call([sys.executable, str(script), *args]) == 0
+    if subprocess.call([sys.executable, "-u", str(script), *args]) != 0:  # lines as they come
+        return False
+    report_inputs.record(out, stamp)
+    return True
 
 
 def report_all(runs_root: Path = Path("runs")) -> int:
@@ -678,7 +691,7 @@ def report_all(runs_root: Path = Path("runs")) -> int:
                        if (runs_root / stage / scale).is_dir()]
             out = runs_root / exp.report_stage / scale / "report"
             done += 1
-            if not analyse_sweep(exp, folders, out, f"{name} at scale={scale}"):
+            if not analyse_sweep(exp, folders, out, f"{name} at scale={scale}", force=True):
                 failed += 1
                 print(f"warning: the {name} analysis at scale={scale} failed (its message is "
                       "above)")

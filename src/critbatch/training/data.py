@@ -545,9 +545,10 @@ def is_prepared(data: DataConfig) -> bool:
     return _manifest_ok(directory, key) is not None
 
 
-# Building a token cache (BPE training, then encoding) at 2,048 tokens, measured on 2 shared
-# cores: the stdlib corpus, 31.5 MB of text, in 54 s at load 5 (2026-12-01); a planning rate
-PREPARE_BYTES_PER_S = 0.6e6
+# Building a token cache (BPE training, then encoding) at 2,048 tokens on 2 cores: the stdlib
+# corpus, 31.5 MB of text, in 10 s at load 0.8 and 54 s at load 5 (2026-12-01); the plan
+# states the quiet machine's rate, as its training estimate does
+PREPARE_BYTES_PER_S = 3.0e6
 
 
 def prepare_estimate(data: DataConfig) -> tuple[int | None, float | None]:
