@@ -70,7 +70,7 @@ def test_a_run_killed_mid_way_resumes_and_nothing_is_deleted_before_the_end(
 @pytest.mark.slow
 def test_a_local_cbs_branch_trained_alone_drops_its_own_and_the_base_keeps_its_own(
         tiny_cfg, tmp_path):
-    """As the sweep trains them (`sweep.train_split`): the base alone, then each branch as a
+    """As the sweep trains them (`pool.train_split`): the base alone, then each branch as a
     job of its own. Under `final` a branch deletes its checkpoint when it ends; the base keeps
     its own, which `none` deletes once every branch is finished (not before)."""
     for keep in ("final", "none"):
