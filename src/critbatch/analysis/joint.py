@@ -165,6 +165,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
                             + "; train the baseline at two seeds for the seed noise")
             continue
         seq_len = mine[0]["key"]["seq_len"]
+        print(f"  joint model ({optimizer}): {len(used)} cells: the fit, {RESAMPLES} bootstrap "
+              "refits and the held-out refits ...", flush=True)
         data = build_data(used)
         plain = fit_joint(data)
         small = fit_joint(data, small_batch=True,  # from the plain fit, B_s half the smallest B

@@ -354,11 +354,14 @@ def run_study(study: Study, load: Callable[[], dict], inputs: list[str], out_dir
     extra = loaded.get("analyse_kwargs", {})
     if not loaded["runs"] and not loaded["left_out"] and not extra:
         raise no_runs(where, study.no_runs_fix)
+    print(f"analysing {len(loaded['runs'])} runs ...", flush=True)
     result = study.analyse(loaded["runs"], left_out=loaded["left_out"],
                            warnings=loaded["warnings"], **extra)
     if not result["groups"]:
         raise all_left_out(where, result["left_out"])
     out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"writing the plots and the report ({time.perf_counter() - t0:.0f} s so far) ...",
+          flush=True)
     plots = study.write_plots(result, out_dir)
     document = json_clean(study.document(result, inputs))
     write_json_atomic(out_dir / study.document_file, document)

@@ -82,6 +82,7 @@ def sweep_summary(runs: list[dict], joint: dict, tolerance: float = DEFAULT_TOLE
     rows = []
     for optimizer, sweep in sized_sweeps(runs, []).items():
         doc = joint.get(optimizer)
+        print(f"  summary ({optimizer}): the recommendation's fit and bootstrap ...", flush=True)
         size = max(sweep.sizes)
         mine = [c for c, p in zip(sweep.cells, sweep.params, strict=True) if p == size]
         top = max(c.budget for c in mine)
