@@ -30,6 +30,36 @@ def restore_logging():
         lg.propagate, lg.disabled = propagate, disabled
 
 
+@pytest.fixture
+def dynamo_warnings():
+    """The messages torch._dynamo logs during the test (a fallback to eager mode says so)."""
+    from critbatch.gpu_check import FallbackWatch
+
+    recorder, logger = FallbackWatch(), logging.getLogger("torch._dynamo")
+    logger.addHandler(recorder)
+    yield recorder.messages
+    logger.removeHandler(recorder)
+
+
+@pytest.fixture
+def train_cli(monkeypatch, capsys):
+    """critbatch-train's main() run in this process: args -> (exit status, stderr)."""
+    import sys
+
+    from critbatch.training import cli
+
+    def run(args: list[str]) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["critbatch.train", *args])
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code
+        return code, capsys.readouterr().err.strip()
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
     """A small corpus of real UTF-8 text files (copied from the stdlib)."""

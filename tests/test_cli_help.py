@@ -32,19 +32,6 @@ def test_tab_completion_does_not_import_torch(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def _main(monkeypatch, capsys, args: list[str]) -> tuple[int, list[str]]:
-    """Run the CLI in this process; (exit status, stderr lines)."""
-    from critbatch.training import cli
-
-    monkeypatch.setattr(sys, "argv", ["critbatch.train", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip().splitlines()
-
-
 @pytest.mark.parametrize(("args", "named"), [
     (["train.batch_size=0,-3,8"], ["train.batch_size=0 ", "train.batch_size=-3 "]),
     (["optim.name=adam,muon,sgd"], ["optim.name=adam ", "optim.name=sgd "]),
@@ -54,10 +41,11 @@ def _main(monkeypatch, capsys, args: list[str]) -> tuple[int, list[str]]:
     # width 30 with 3 heads is a good pair; only the batch is bad
     (["model.width=30", "model.heads=3", "train.batch_size=8,0"], ["train.batch_size=0 "]),
 ])
-def test_every_bad_value_of_a_multirun_is_named_on_its_own_line(
-        tmp_path, monkeypatch, capsys, args, named):
+def test_every_bad_value_of_a_multirun_is_named_on_its_own_line(tmp_path, train_cli, args,
+                                                                named):
     sweep = tmp_path / "sweep"
-    code, lines = _main(monkeypatch, capsys, ["-m", *args, f"hydra.sweep.dir={sweep}"])
+    code, err = train_cli(["-m", *args, f"hydra.sweep.dir={sweep}"])
+    lines = err.splitlines()
     assert code == 2 and len(lines) == len(named), lines
     for line, value in zip(lines, named, strict=True):
         assert line.startswith(f"critbatch: error: {value}"), lines

@@ -15,20 +15,8 @@ from pathlib import Path
 import pytest
 
 from critbatch.analysis import results as runs
-from critbatch.training import cli as train_module
 from critbatch.training.checkpoint import RunInUse, sole_writer
 from critbatch.training.cli import sweep_jobs
-
-
-def _main(monkeypatch, capsys, args: list[str]) -> tuple[int, str]:
-    """Run the CLI in this process; (exit status, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["critbatch.train", *args])
-    try:
-        train_module.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    return code, capsys.readouterr().err.strip()
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -37,26 +25,25 @@ def _main(monkeypatch, capsys, args: list[str]) -> tuple[int, str]:
     (["-m", "train.batch_size=8,sixteen"], "bad value for 'train.batch_size'"),
     (["train.seed=0", "train.batch_size=8,16"], "add -m (--multirun)"),
 ])
-def test_multirun_mistakes_are_one_line_before_any_job(tiny_overrides, tmp_path, monkeypatch,
-                                                       capsys, args, message):
+def test_multirun_mistakes_are_one_line_before_any_job(tiny_overrides, tmp_path, train_cli,
+                                                       args, message):
     sweep = tmp_path / "sweep"
-    code, err = _main(monkeypatch, capsys, [args[0], *tiny_overrides, *args[1:],
-                                            f"hydra.sweep.dir={sweep}"])
+    code, err = train_cli([args[0], *tiny_overrides, *args[1:], f"hydra.sweep.dir={sweep}"])
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not sweep.exists()
 
 
 def test_a_multirun_whose_runs_failed_exits_non_zero_after_the_others(
-        tiny_overrides, tmp_path, monkeypatch, capsys):
+        tiny_overrides, tmp_path, train_cli):
     """The batch-8 folder holds a finished run of another seed: that job fails, 16 trains."""
     sweep = tmp_path / "sweep"
     args = ["-m", *tiny_overrides, "train.tokens=2048", f"hydra.sweep.dir={sweep}"]
-    assert _main(monkeypatch, capsys, [*args, "train.batch_size=8"])[0] == 0
+    assert train_cli([*args, "train.batch_size=8"])[0] == 0
     (done,) = sweep.glob("*/config.json")
     saved = json.loads(done.read_text())
     saved["config"]["train"]["seed"] = 5
     done.write_text(json.dumps(saved))
-    code, err = _main(monkeypatch, capsys, [*args, "train.batch_size=8,16"])
+    code, err = train_cli([*args, "train.batch_size=8,16"])
     lines = err.splitlines()  # the failed job's own line as it fails, then the verdict
     assert code == 1 and len(lines) == 2, err
     assert all(line.startswith("critbatch: error: ") for line in lines)
@@ -66,9 +53,8 @@ def test_a_multirun_whose_runs_failed_exits_non_zero_after_the_others(
                   for p in sweep.glob("*/summary.json")) == [False, True]
 
 
-def test_an_output_folder_the_os_refuses_is_one_line(tiny_overrides, monkeypatch, capsys):
-    code, err = _main(monkeypatch, capsys, [*tiny_overrides,
-                                            "hydra.run.dir=/proc/critbatch-not-writable"])
+def test_an_output_folder_the_os_refuses_is_one_line(tiny_overrides, train_cli):
+    code, err = train_cli([*tiny_overrides, "hydra.run.dir=/proc/critbatch-not-writable"])
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "cannot write the output folder /proc/critbatch-not-writable" in err
 
@@ -120,13 +106,13 @@ def test_two_processes_on_one_run_folder_write_it_once_and_a_killed_holder_frees
 
 
 def test_without_a_terminal_a_run_logs_progress_lines_and_train_log_has_times(
-        tiny_overrides, tmp_path, monkeypatch, capsys):
+        tiny_overrides, tmp_path, monkeypatch, train_cli):
     from critbatch.training.loop import Heartbeat
 
     monkeypatch.setattr(Heartbeat, "HEARTBEAT_S", 0.0)  # a line at every flush
     run_dir = tmp_path / "run"
-    assert _main(monkeypatch, capsys, [*tiny_overrides, "train.tokens=4096",
-                                       "train.batch_size=8", f"hydra.run.dir={run_dir}"])[0] == 0
+    assert train_cli([*tiny_overrides, "train.tokens=4096", "train.batch_size=8",
+                      f"hydra.run.dir={run_dir}"])[0] == 0
     lines = (run_dir / "train.log").read_text().splitlines()
     assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\] ", line) for line in lines)
     beats = [line for line in lines if "min left" in line]

@@ -4,23 +4,10 @@ cheap `eager` backend: dynamo traces and guards as with inductor, without genera
 
 from __future__ import annotations
 
-import logging
-
-import pytest
-
-from critbatch.gpu_check import FallbackWatch
 from critbatch.training.cli import check_overrides
 from critbatch.training.loop import train
 
 WIDTHS = (16, 24, 32, 40, 48, 56, 64, 72, 80, 88)  # > recompile_limit (8) shapes
-
-
-@pytest.fixture
-def dynamo_warnings():
-    recorder, logger = FallbackWatch(), logging.getLogger("torch._dynamo")
-    logger.addHandler(recorder)
-    yield recorder.messages
-    logger.removeHandler(recorder)
 
 
 def test_a_widths_grid_in_one_process_trains_every_width_compiled(tiny_overrides, tmp_path,

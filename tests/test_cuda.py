@@ -9,7 +9,6 @@ at auto: they train what a gpu-scale run trains, on the tiny model of the CPU te
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from datetime import datetime
@@ -21,21 +20,12 @@ from test_branches import Interrupted, interrupt_at
 
 from critbatch import workers
 from critbatch.analysis import results as runs
-from critbatch.gpu_check import FallbackWatch
 from critbatch.training.cli import check_overrides
 from critbatch.training.loop import train
 from critbatch.training.noise_program import measure_run
 from critbatch.training.step import resolve_device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.fixture
-def dynamo_warnings():
-    recorder, logger = FallbackWatch(), logging.getLogger("torch._dynamo")
-    logger.addHandler(recorder)
-    yield recorder.messages
-    logger.removeHandler(recorder)
 
 
 @pytest.mark.parametrize("optim", ["adamw", "muon"])
