@@ -49,7 +49,7 @@ endif
 FORCE:
 
 test: install ## run every test (slow end-to-end ones included)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: install ## run the fast tests only
 	$(PY) -m pytest -q -m "not slow"
