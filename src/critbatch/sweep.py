@@ -284,21 +284,14 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
 def data_to_prepare(cfgs: list[Config]) -> float:
     """Print a line per corpus whose token cache is not built yet (the sweep builds it before
     the first run) and return the estimated seconds of all of them (a hub download: none)."""
-    from dataclasses import asdict
+    from critbatch.training.data import prepare_estimate
 
-    from critbatch.training.data import is_prepared, prepare_estimate
-
-    seconds, seen = 0.0, set()
-    for cfg in cfgs:
-        key = repr(sorted(asdict(cfg.data).items()))
-        if key in seen or is_prepared(cfg.data):
-            seen.add(key)
-            continue
-        seen.add(key)
-        size, estimate = prepare_estimate(cfg.data)
-        what = f"data={cfg.data.name} V{cfg.data.vocab_size}: its token cache is built first"
+    seconds = 0.0
+    for data in workers.unprepared_corpora(cfgs):
+        size, estimate = prepare_estimate(data)
+        what = f"data={data.name} V{data.vocab_size}: its token cache is built first"
         if estimate is None:
-            print(f"  {what}: a hub download, not estimated (make data DATA={cfg.data.name} "
+            print(f"  {what}: a hub download, not estimated (make data DATA={data.name} "
                   "builds it ahead)")
             continue
         print(f"  {what}: {size / 1e6:,.1f} MB of text, ~{estimate / 60:.1f} min (BPE and "

@@ -195,26 +195,27 @@ class Progress:
                 f"elapsed {elapsed / 60:.1f} min{eta}")
 
 
+def unprepared_corpora(cfgs: list[Config]) -> list:
+    """The distinct data configs of `cfgs` whose token cache is not built yet."""
+    from dataclasses import asdict
+
+    from critbatch.training.data import is_prepared
+
+    distinct = {repr(sorted(asdict(cfg.data).items())): cfg.data for cfg in cfgs}
+    return [data for data in distinct.values() if not is_prepared(data)]
+
+
 def prepare_data_first(cfgs: list[Config]) -> None:
     """Build each corpus's token cache (BPE, encoding) here, before the workers start, so its
     progress lines (with an ETA) reach the console instead of the first runs' train.logs and
     the runs' timings exclude it; a cache that exists is only checked."""
-    from dataclasses import asdict
+    from critbatch.training.data import prepare_data
 
-    from critbatch.training.data import is_prepared, prepare_data
-
-    seen = set()
-    for cfg in cfgs:
-        key = repr(sorted(asdict(cfg.data).items()))
-        if key in seen:
-            continue
-        seen.add(key)
-        if is_prepared(cfg.data):
-            continue
-        print(f"== data={cfg.data.name} V{cfg.data.vocab_size}: building its token cache "
+    for data in unprepared_corpora(cfgs):
+        print(f"== data={data.name} V{data.vocab_size}: building its token cache "
               "first (once per corpus and vocabulary; progress below)", flush=True)
         t0 = time.perf_counter()
-        tokens = prepare_data(cfg.data)
+        tokens = prepare_data(data)
         print(f"== data ready in {time.perf_counter() - t0:.0f} s: "
               f"{tokens.manifest['train_tokens']:,} train tokens in {tokens.directory}",
               flush=True)
