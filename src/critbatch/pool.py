@@ -48,11 +48,7 @@ def train_here(jobs: list[Job], jobs_at_once: int, device: str, seconds: dict[Pa
     todo = [j for j in jobs if not j.done]
     place = Placement((threads or job_threads(jobs_at_once)) if device == "cpu" else None,
                       workers.visible_gpus() if device == "cuda" else None)
-    root = Path("runs").absolute()
-
-    def name(run_dir: Path) -> str:
-        return str(run_dir.relative_to(root)) if run_dir.is_relative_to(root) else str(run_dir)
-
+    name = workers.run_name
     split = [j for j in todo if any(b.fields for b in j.branches)]  # local-CBS bases
     whole = [j for j in todo if j not in split]
     outcomes = []

@@ -212,11 +212,8 @@ def wait(tasks: list, shards: list[list[Job]], poll_s: float) -> None:
 
 def run_line(job: Job) -> str:
     summary = runs.read_summary(job.run_dir)
-    root = Path("runs").absolute()
-    folder = job.run_dir.absolute()
-    name = folder.relative_to(root) if folder.is_relative_to(root) else folder
     branches = len(job.branches)
-    return (f"{name}: {summary.get('status', 'completed')}, val_loss "
+    return (f"{workers.run_name(job.run_dir)}: {summary.get('status', 'completed')}, val_loss "
             f"{summary['val_loss']:.4f} nats/token"
             + (f", +{branches} branch(es)" if branches else ""))
 

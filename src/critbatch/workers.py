@@ -195,6 +195,12 @@ class Progress:
                 f"elapsed {elapsed / 60:.1f} min{eta}")
 
 
+def run_name(run_dir: Path) -> str:
+    """A run folder as the progress lines name it: relative to ./runs when inside it."""
+    folder, root = Path(run_dir).absolute(), Path("runs").absolute()
+    return str(folder.relative_to(root)) if folder.is_relative_to(root) else str(folder)
+
+
 def unprepared_corpora(cfgs: list[Config]) -> list:
     """The distinct data configs of `cfgs` whose token cache is not built yet."""
     from dataclasses import asdict
