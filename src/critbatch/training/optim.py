@@ -16,6 +16,21 @@ def used_lr(optim: OptimConfig, batch_size: int) -> float:
     return optim.lr * lr_multiplier(optim.lr_scaling, batch_size, optim.base_batch_size)
 
 
+def used_beta2(optim: OptimConfig, batch_size: int) -> float:
+    """AdamW's beta2 at `batch_size`: `optim.beta2` as given, or with `optim.beta2_scaling`
+    = tokens, beta2^(batch_size / base_batch_size), whose half-life in steps shrinks as the
+    batch grows so that it spans the same tokens (Marek et al. 2025)."""
+    if optim.beta2_scaling == "tokens" and batch_size != optim.base_batch_size:
+        return optim.beta2 ** (batch_size / optim.base_batch_size)
+    return optim.beta2
+
+
+def beta2_half_life_tokens(beta2: float, batch_size: int, seq_len: int) -> float:
+    """Tokens over which the second moment's weight on a gradient halves: ln 0.5 / ln beta2
+    steps of batch_size x seq_len tokens."""
+    return math.log(0.5) / math.log(beta2) * batch_size * seq_len if 0 < beta2 < 1 else math.inf
+
+
 def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_type: str) -> list:
     """The optimizers of a run; every param group carries its `peak_lr` for the schedule.
 
@@ -35,7 +50,7 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
     hidden = model.hidden_matrices()
     hidden_ids = {id(p) for p in hidden}
     rest = [p for p in model.parameters() if id(p) not in hidden_ids]
-    adam_kw = adamw_options(optim, device_type)
+    adam_kw = adamw_options(optim, device_type, batch_size)
     if optim.name == "adamw":
         lr = optim.lr * scale
         groups = [
@@ -58,13 +73,15 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
     return [muon, aux]
 
 
-def adamw_options(optim: OptimConfig, device_type: str) -> dict:
-    """AdamW's keyword arguments: betas, eps, and the fused (one kernel over every tensor)
-    or foreach (a few ops per tensor list) implementation -- fused unless `optim.fused`
-    says otherwise; `make bench` measures both on the current device."""
+def adamw_options(optim: OptimConfig, device_type: str, batch_size: int | None = None) -> dict:
+    """AdamW's keyword arguments: betas (beta2 by `used_beta2` at `batch_size`; None: as
+    given), eps, and the fused (one kernel over every tensor) or foreach (a few ops per tensor
+    list) implementation -- fused unless `optim.fused` says otherwise; `make bench` measures
+    both on the current device."""
     fused = optim.fused if optim.fused is not None else device_type in ("cpu", "cuda")
     impl = {"fused": True} if fused else {"foreach": True}
-    return dict(betas=(optim.beta1, optim.beta2), eps=optim.eps, **impl)
+    beta2 = optim.beta2 if batch_size is None else used_beta2(optim, batch_size)
+    return dict(betas=(optim.beta1, beta2), eps=optim.eps, **impl)
 
 
 def lr_factor(step: int, total_steps: int, train: TrainConfig) -> float:

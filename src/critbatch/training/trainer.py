@@ -30,7 +30,7 @@ from critbatch.training.data import (
 )
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
-from critbatch.training.optim import used_lr
+from critbatch.training.optim import beta2_half_life_tokens, used_beta2, used_lr
 from critbatch.training.step import Stepper, build_stepper, resolve_device
 
 log = logging.getLogger("critbatch")
@@ -141,6 +141,7 @@ def log_start(tr: Trainer) -> None:
         f"{tr.params / 1e6:.3f}M params ({tr.params_nonembedding / 1e6:.3f}M non-embedding)"
     )
     log.info(f"optim: {cfg.optim.name}, {lr_words(cfg, tr.lr, lr_batch_size(cfg))}; "
+             f"{beta2_words(cfg, lr_batch_size(cfg))}; "
              f"{t.schedule} schedule, warmup {t.warmup_steps} steps")
     micro, local = tr.stepper.micro, t.batch_size // tr.ranks.world
     where = f"device {tr.device}, {dtype_name(tr.dtype)}, compile {tr.compile}"
@@ -187,6 +188,18 @@ def lr_words(cfg: Config, lr: float, batch_size: int) -> str:
         return f"lr {lr:.3g} (optim.lr, trained as given at its base batch {batch_size})"
     return (f"base lr {o.lr:g} (optim.lr, at batch {o.base_batch_size}), trained at {lr:.3g} "
             f"by the {o.lr_scaling} rule at batch {batch_size}")
+
+
+def beta2_words(cfg: Config, batch_size: int) -> str:
+    """AdamW's beta2 at `batch_size`, its half-life in tokens, and where it came from."""
+    o = cfg.optim
+    beta2 = used_beta2(o, batch_size)
+    half = beta2_half_life_tokens(beta2, batch_size, cfg.model.seq_len)
+    which = "AdamW" if o.name == "adamw" else "AdamW on embeddings and gains"
+    source = ("optim.beta2" if o.beta2_scaling == "none" or batch_size == o.base_batch_size
+              else f"optim.beta2 {o.beta2:g} at batch {o.base_batch_size}, carried by "
+                   "optim.beta2_scaling=tokens")
+    return f"{which} beta2 {beta2:.4g} ({source}; half-life {half:,.0f} tokens)"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

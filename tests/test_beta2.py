@@ -1,0 +1,49 @@
+"""AdamW's beta2 by optim.beta2_scaling=tokens: the same half-life in tokens at every batch."""
+
+import math
+
+import pytest
+import torch
+
+from critbatch.errors import ConfigError
+from critbatch.sweep import plan_stage
+from critbatch.training.cli import check_overrides
+from critbatch.training.config import OptimConfig
+from critbatch.training.model import GPT
+from critbatch.training.optim import beta2_half_life_tokens, build_optimizers, used_beta2
+
+
+def test_the_half_life_in_tokens_is_the_same_at_every_batch():
+    optim = OptimConfig(beta2=0.999, beta2_scaling="tokens", base_batch_size=8)
+    halves = [beta2_half_life_tokens(used_beta2(optim, b), b, 64) for b in (4, 8, 16, 128)]
+    assert halves[1] == pytest.approx(math.log(0.5) / math.log(0.999) * 8 * 64)
+    assert halves == pytest.approx([halves[1]] * 4, rel=1e-9)
+    assert used_beta2(optim, 16) == pytest.approx(0.999**2)
+    assert used_beta2(OptimConfig(beta2=0.95), 128) == 0.95  # none: as given
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_the_optimizers_are_built_with_the_batch_s_beta2(name):
+    optim = OptimConfig(name=name, beta2=0.99, beta2_scaling="tokens", base_batch_size=8)
+    model = GPT(check_overrides(["scale=smoke"]).model, 260)
+    adamw = [o for o in build_optimizers(model, optim, 32, "cpu")
+             if isinstance(o, torch.optim.AdamW)]
+    assert len(adamw) == 1
+    assert adamw[0].defaults["betas"] == (0.9, pytest.approx(0.99**4))
+
+
+def test_the_batch_sweep_carries_beta2_to_each_batch():
+    jobs = plan_stage("batch", "cpu", "adamw", [])
+    grid = check_overrides(["scale=cpu"]).grid
+    for job in jobs:
+        o = job.cfg.optim
+        assert (o.beta2, o.beta2_scaling, o.base_batch_size) == (grid.beta2, "tokens", 8)
+    big = next(j for j in jobs if j.cfg.train.batch_size == 128)
+    assert used_beta2(big.cfg.optim, 128) == pytest.approx(grid.beta2**16)
+    assert check_overrides(["scale=cpu"]).optim.beta2_scaling == "none"  # single runs: as given
+
+
+def test_a_batch_schedule_with_token_scaled_beta2_is_refused_by_name():
+    with pytest.raises(ConfigError, match="optim.beta2_scaling=none"):
+        check_overrides(["scale=smoke", "optim.beta2_scaling=tokens", "train.batch_schedule=ramp",
+                         "train.batch_size_start=4"])
