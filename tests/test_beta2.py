@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from critbatch.errors import ConfigError
+from critbatch.science.rules import beta2_half_life_tokens
 from critbatch.sweep import plan_stage
 from critbatch.training.cli import check_overrides
 from critbatch.training.config import OptimConfig
 from critbatch.training.model import GPT
-from critbatch.training.optim import beta2_half_life_tokens, build_optimizers, used_beta2
+from critbatch.training.optim import build_optimizers, used_beta2
 
 
 def test_the_half_life_in_tokens_is_the_same_at_every_batch():
@@ -47,3 +48,16 @@ def test_a_batch_schedule_with_token_scaled_beta2_is_refused_by_name():
     with pytest.raises(ConfigError, match="optim.beta2_scaling=none"):
         check_overrides(["scale=smoke", "optim.beta2_scaling=tokens", "train.batch_schedule=ramp",
                          "train.batch_size_start=4"])
+
+
+def test_a_run_records_the_beta2_it_trained_with(tiny_cfg, tmp_path, caplog):
+    from critbatch.training.loop import train
+
+    cfg = tiny_cfg("train.tokens=4096", "train.batch_size=8", "train.eval_points=1",
+                   "optim.beta2=0.99", "optim.beta2_scaling=tokens", "optim.base_batch_size=2")
+    with caplog.at_level("INFO", logger="critbatch"):
+        summary = train(cfg, tmp_path / "run")
+    assert summary["beta2"] == pytest.approx(0.99**4)
+    assert summary["beta2_scaling"] == "tokens"
+    log = caplog.text
+    assert "AdamW beta2 0.9606 (optim.beta2 0.99 at batch 2, carried by optim.beta2_scaling" in log

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from critbatch.errors import ResultsError
 from critbatch.files import write_text_atomic
+from critbatch.science.rules import beta2_at
 
 if TYPE_CHECKING:
     from critbatch.science.noise import NoiseEMA
@@ -283,6 +284,10 @@ def build_summary(
         "lr_scaling": o["lr_scaling"],
         "base_lr": o["lr"],  # the lr at base_batch_size, before lr_scaling
         "base_batch_size": o["base_batch_size"],
+        # AdamW's beta2 as trained (Muon: its AdamW on embeddings and gains), and its rule
+        "beta2": beta2_at(o["beta2"], o.get("beta2_scaling", "none"), t["batch_size"],
+                          o["base_batch_size"]),
+        "beta2_scaling": o.get("beta2_scaling", "none"),
         # batch schedule (constant: start = final = mean = batch_size, no changes)
         "batch_schedule": t["batch_schedule"],
         "batch_size_start": batch_size_start,

@@ -110,3 +110,18 @@ def lr_multiplier(rule: str, batch_size: int, base_batch_size: int) -> float:
     """f(B / B_base) of `optim.lr_scaling`: 1, sqrt(B / B_base) or B / B_base."""
     ratio = batch_size / base_batch_size
     return {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]
+
+
+def beta2_at(beta2: float, rule: str, batch_size: int, base_batch_size: int) -> float:
+    """Adam's beta2 at `batch_size` by `optim.beta2_scaling`: as given (none), or
+    beta2^(B / B_base) (tokens), whose half-life ln 0.5 / ln beta2 steps of B sequences is the
+    same number of tokens at every B (Marek et al. 2025)."""
+    if rule == "tokens" and batch_size != base_batch_size:
+        return beta2 ** (batch_size / base_batch_size)
+    return beta2
+
+
+def beta2_half_life_tokens(beta2: float, batch_size: int, seq_len: int) -> float:
+    """Tokens over which the second moment's weight on a gradient halves (inf at beta2 = 0 or
+    1): ln 0.5 / ln beta2 steps of batch_size x seq_len tokens."""
+    return math.log(0.5) / math.log(beta2) * batch_size * seq_len if 0 < beta2 < 1 else math.inf

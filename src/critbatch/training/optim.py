@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from critbatch.science.rules import lr_multiplier
+from critbatch.science.rules import beta2_at, lr_multiplier
 from critbatch.training.config import OptimConfig, TrainConfig
 from critbatch.training.model import GPT
 
@@ -17,18 +17,8 @@ def used_lr(optim: OptimConfig, batch_size: int) -> float:
 
 
 def used_beta2(optim: OptimConfig, batch_size: int) -> float:
-    """AdamW's beta2 at `batch_size`: `optim.beta2` as given, or with `optim.beta2_scaling`
-    = tokens, beta2^(batch_size / base_batch_size), whose half-life in steps shrinks as the
-    batch grows so that it spans the same tokens (Marek et al. 2025)."""
-    if optim.beta2_scaling == "tokens" and batch_size != optim.base_batch_size:
-        return optim.beta2 ** (batch_size / optim.base_batch_size)
-    return optim.beta2
-
-
-def beta2_half_life_tokens(beta2: float, batch_size: int, seq_len: int) -> float:
-    """Tokens over which the second moment's weight on a gradient halves: ln 0.5 / ln beta2
-    steps of batch_size x seq_len tokens."""
-    return math.log(0.5) / math.log(beta2) * batch_size * seq_len if 0 < beta2 < 1 else math.inf
+    """AdamW's beta2 at `batch_size` by `optim.beta2_scaling` (`science.rules.beta2_at`)."""
+    return beta2_at(optim.beta2, optim.beta2_scaling, batch_size, optim.base_batch_size)
 
 
 def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_type: str) -> list:

@@ -11,6 +11,7 @@ import torch
 from critbatch.errors import ConfigError
 from critbatch.science.model_size import param_count
 from critbatch.science.noise import NoiseEMA
+from critbatch.science.rules import beta2_half_life_tokens
 from critbatch.training import checkpoint
 from critbatch.training.batching import BatchPlan
 from critbatch.training.checkpoint import TrainState
@@ -30,7 +31,7 @@ from critbatch.training.data import (
 )
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
-from critbatch.training.optim import beta2_half_life_tokens, used_beta2, used_lr
+from critbatch.training.optim import used_beta2, used_lr
 from critbatch.training.step import Stepper, build_stepper, resolve_device
 
 log = logging.getLogger("critbatch")
