@@ -22,7 +22,11 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0(capsys):
 @pytest.mark.slow
 def test_the_check_runs_end_to_end_on_the_cpu(tiny_overrides, tmp_path, capsys):
     out = tmp_path / "gpu_check.json"
-    data = [o for o in tiny_overrides if o.startswith("data.")]
+    # the embedded corpus at the smoke vocabulary, as gpu-check trains it: its token cache in
+    # the session's cache_dir is the one test_sweep's and test_train's smoke runs read, so the
+    # suite builds it once (the tiny corpus's data.paths and vocab 512 made a stdlib cache of
+    # its own, built for this test alone)
+    data = [o for o in tiny_overrides if o.startswith("data.cache_dir=")]
     assert gpu_check.main(["--device", "cpu", "--quick", "--json", str(out), *data]) == 0
     results = json.loads(out.read_text())
     assert [w["width"] for w in results["widths"]] == list(gpu_check.QUICK_WIDTHS)
