@@ -278,7 +278,11 @@ def test_stability_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
 def test_schedule_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
     """The local-CBS report the measured arm follows is made first; every arm's final loss is
     compared with the annealed small batch (its cooldown branches)."""
-    proc = _study("schedules", tmp_path, cache_dir)
+    # half the smoke budgets: the local-CBS base runs (their two forks and five-rung ladders at
+    # both seeds kept, each window 4 steps of the largest branch) and the arms
+    tokens = 32768
+    proc = _study("schedules", tmp_path, cache_dir, "grid.local_cbs.tokens=65536",
+                  "grid.local_cbs.window_tokens=8192", f"grid.schedules.tokens={tokens}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "so the local_cbs experiment runs first" in proc.stdout
     assert (tmp_path / "runs/local_cbs/smoke/report/fits.json").exists()
@@ -292,9 +296,9 @@ def test_schedule_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
         arms = {a["arm"]: a for a in group["arms"]}
         assert set(arms) == {"constant small", "constant large", "ramp", "adaptive",
                              "measured"}
-        assert {a["tokens"] for a in arms.values()} == {65536}  # equal tokens, exactly
+        assert {a["tokens"] for a in arms.values()} == {tokens}  # equal tokens, exactly
         small = arms["constant small"]["steps"]
-        assert small == 65536 // (4 * 32)
+        assert small == tokens // (4 * 32)
         assert group["s_small_reference"] == "annealed"
         for name in ("ramp", "adaptive", "constant large", "measured"):
             assert arms[name]["steps"] <= small and arms[name]["s_small_kind"]
