@@ -61,3 +61,35 @@ def test_a_run_records_the_beta2_it_trained_with(tiny_cfg, tmp_path, caplog):
     assert summary["beta2_scaling"] == "tokens"
     log = caplog.text
     assert "AdamW beta2 0.9606 (optim.beta2 0.99 at batch 2, carried by optim.beta2_scaling" in log
+
+
+def test_recommend_reads_the_sweep_s_beta2_rule_from_its_runs():
+    from critbatch.analysis.recommend import beta2_of, beta2_rule
+
+    kept = [{"beta2": 0.999 ** (b / 8), "beta2_scaling": "tokens", "batch_size": b,
+             "seq_len": 64} for b in (8, 16, 128)]
+    rule = beta2_rule(kept)
+    assert rule["scaling"] == "tokens"
+    assert rule["half_life_tokens"] == pytest.approx(math.log(0.5) / math.log(0.999) * 512,
+                                                     rel=1e-5)
+    assert beta2_of(rule, 32, 64) == pytest.approx(0.999**4, rel=1e-6)
+    fixed = [{"beta2": 0.95, "beta2_scaling": "none", "batch_size": b, "seq_len": 64}
+             for b in (8, 128)]
+    assert beta2_of(beta2_rule(fixed), 64, 64) == 0.95
+    assert beta2_rule(kept + fixed) is None  # two rules: no answer rather than a wrong one
+    assert beta2_rule([{"batch_size": 8, "seq_len": 64}]) is None  # older folders
+    assert beta2_of(None, 64, 64) is None
+
+
+def test_a_table_with_a_bad_beta2_is_refused_by_row_and_column(tmp_path):
+    from critbatch.analysis.tables import read_table
+    from critbatch.errors import ResultsError
+
+    path = tmp_path / "runs.csv"
+    path.write_text("optimizer,batch_size,seq_len,tokens,loss,beta2\nadamw,8,64,1000,4.0,1.5\n")
+    with pytest.raises(ResultsError, match="row 2, column beta2: 1.5 is not a number in"):
+        read_table(path)
+    path.write_text("optimizer,batch_size,seq_len,tokens,loss,beta2_scaling\n"
+                    "adamw,8,64,1000,4.0,sqrt\n")
+    with pytest.raises(ResultsError, match="column beta2_scaling: 'sqrt' is not one of"):
+        read_table(path)

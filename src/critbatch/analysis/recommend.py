@@ -36,6 +36,7 @@ from critbatch.science.recommend import (
     starts_from,
     to_target_loss,
 )
+from critbatch.science.rules import beta2_for_half_life, beta2_half_life_tokens
 
 RESAMPLES = 100  # bootstrap refits (the joint model's number)
 DEFAULT_TOLERANCE = 0.01  # nats/token
@@ -56,6 +57,7 @@ class SizedSweep:
     params: list[float]  # non-embedding parameters of the cell's model
     depth: int | None  # the sweep's depth (for --width), when one
     notes: list[str] = field(default_factory=list)
+    beta2_rule: dict | None = None  # `beta2_rule` of its runs
 
     @property
     def sizes(self) -> list[float]:
@@ -85,6 +87,36 @@ def run_params(run: dict) -> float | None:
         return float(param_count(run["width"], run["depth"], run["seq_len"] or 0,
                                  run.get("vocab_size") or 0)[1])
     return None
+
+
+def beta2_rule(runs: list[dict]) -> dict | None:
+    """How the runs set AdamW's beta2 (summary.json `beta2`, `beta2_scaling`): {"scaling":
+    "tokens", "half_life_tokens": H} when every run kept one half-life in tokens, {"scaling":
+    "none", "beta2": b} when every run trained at one beta2; None when the runs do not
+    record it (folders from before it was recorded, tables without it) or disagree."""
+    seen = set()
+    for r in runs:
+        if r.get("beta2") is None or not r.get("seq_len"):
+            return None
+        if r.get("beta2_scaling") == "tokens":
+            half = beta2_half_life_tokens(r["beta2"], r["batch_size"], r["seq_len"])
+            seen.add(("tokens", float(f"{half:.6g}")))
+        else:
+            seen.add(("none", float(r["beta2"])))
+    if len(seen) != 1:
+        return None
+    scaling, value = seen.pop()
+    return ({"scaling": "tokens", "half_life_tokens": value} if scaling == "tokens"
+            else {"scaling": "none", "beta2": value})
+
+
+def beta2_of(rule: dict | None, batch_size: int | None, seq_len: int) -> float | None:
+    """The beta2 the sweep's rule gives at `batch_size` (None without a rule or a batch)."""
+    if rule is None or batch_size is None:
+        return None
+    if rule["scaling"] == "tokens":
+        return beta2_for_half_life(rule["half_life_tokens"], batch_size, seq_len)
+    return rule["beta2"]
 
 
 def width_params(width: int, depth: int) -> float:
@@ -131,6 +163,7 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
                 sweep.params.append(size)
         if not sweep.cells:
             continue
+        sweep.beta2_rule = beta2_rule([r for m in corpora[corpus] for r in m])
         if not any(math.isfinite(s) for s in sweep.sigma):
             warnings.append(f"{optimizer}: no run was repeated at another seed, so the loss "
                             "noise is unknown: every cell weighs the same and the intervals "
@@ -153,6 +186,7 @@ class Model:
     smallest_batch: int
     max_tokens: float
     min_loss: float
+    beta2_rule: dict | None = None  # the sweep's (`beta2_rule`), carried to the answer
 
 
 def lr_points(sweep: SizedSweep, keep: np.ndarray) -> tuple[list, list, list]:
@@ -185,7 +219,7 @@ def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int 
     refits = bootstrap_scaling(data, sizes, fit, resamples, seed=seed)
     lr_law = fit_lr_law(*lr_points(sweep, keep))
     return Model(fit, refits, lr_law, term, sizes, int(data.batch.min()),
-                 float(data.tokens.max()), float(data.loss.min()))
+                 float(data.tokens.max()), float(data.loss.min()), sweep.beta2_rule)
 
 
 def extrapolation(model: Model, params: float, tokens: float, loss: float | None) -> dict:
@@ -247,6 +281,9 @@ def answer(model: Model, optimizer: str, params: float, tokens: float, seq_len: 
                                          "predicted_loss", "predicted_loss_low",
                                          "predicted_loss_high", "b_crit", "b_crit_low",
                                          "b_crit_high", "steps")},
+           # AdamW's beta2 at the batch by the sweep's rule (None: the runs did not record it)
+           "beta2": beta2_of(model.beta2_rule, chosen.get("batch_size"), seq_len),
+           "beta2_rule": model.beta2_rule,
            "candidates": rows, "extrapolation": extra, "warnings": warnings,
            "model": model_summary(model)}
     if target_loss is not None:

@@ -66,6 +66,8 @@ def headline(doc: dict) -> str:
             else f"{doc['params']:,.0f} params")
     lr = ("" if doc["lr"] is None else
           f" at lr {doc['lr']:.3g} {fmt_range(doc['lr_low'], doc['lr_high'], '.3g')}")
+    if doc.get("beta2") is not None:
+        lr += f", AdamW beta2 {doc['beta2']:.4g} ({beta2_words(doc['beta2_rule'])})"
     return (f"{doc['optimizer']}: batch {doc['batch_size']} sequences{lr} for {size} on "
             f"{doc['tokens']:,.0f} tokens: {doc['steps']:,} steps, predicted loss "
             f"{doc['predicted_loss']:.4f} "
@@ -147,6 +149,12 @@ def plot(docs: list[dict], sweeps: dict[str, SizedSweep], path: Path,
         plotting.label_axes(ax, "batch size (sequences)", "loss (nats/token)",
                             f"{doc['optimizer']}")
     plotting.save_figure(fig, path)
+
+
+def beta2_words(rule: dict) -> str:
+    if rule["scaling"] == "tokens":
+        return f"the sweep's half-life of {rule['half_life_tokens']:,.0f} tokens"
+    return "the sweep's, fixed at every batch"
 
 
 def recommend_all(sweeps: dict[str, SizedSweep], optimizer: str | None, params: float,

@@ -102,7 +102,7 @@ def sweep_summary(runs: list[dict], joint: dict, tolerance: float = DEFAULT_TOLE
             continue
         row.update({k: ans[k] for k in (
             "batch_size", "lr", "lr_low", "lr_high", "predicted_loss", "predicted_loss_low",
-            "predicted_loss_high", "b_crit", "b_crit_low", "b_crit_high", "steps")})
+            "predicted_loss_high", "b_crit", "b_crit_low", "b_crit_high", "steps", "beta2")})
         row["seq_len"] = sweep.seq_len
         row["held_out"], row["held_out_ok"] = held_out_verdict(doc)
         row["why"] = reliability(row, doc, scale)
@@ -132,18 +132,24 @@ def markdown(rows: list[dict]) -> list[str]:
             continue
         lr = fmt_interval(r["lr"], r["lr_low"], r["lr_high"], ".3g")
         table.append([
-            r["optimizer"], b_crit_text(r), f"batch {r['batch_size']}, lr {lr}",
+            r["optimizer"], b_crit_text(r), f"batch {r['batch_size']}, lr {lr}{beta2_text(r)}",
             r["held_out"], "yes" if r["reliable"] else "no: " + "; ".join(r["why"])])
     return ["## Summary", "",
             f"Per optimizer, at the sweep's largest model ({rows[0]['params']:,.0f} "
             f"non-embedding params) and largest budget ({rows[0]['tokens']:,.0f} tokens): "
             "B_crit at the loss the joint law predicts there (95% parametric bootstrap), the "
             f"batch `recommend` gives (the largest within {DEFAULT_TOLERANCE} nats/token of the "
-            "best; lr from the lr law, 95% fit interval), the held-out check and whether the "
+            "best; lr from the lr law, 95% fit interval; AdamW's beta2 at that batch by the runs' "
+            "rule), the held-out check and whether the "
             "numbers are a measurement. `python analysis/recommend.py` answers for a larger "
             "run.", "",
             md_table(["optimizer", "B_crit at the final loss (sequences) [95%]", "recommended here",
                       "held out", "a measurement?"], table), ""]
+
+
+def beta2_text(row: dict) -> str:
+    """", beta2 X" (AdamW's, by the sweep's rule) when the runs recorded it, else ""."""
+    return f", beta2 {row['beta2']:.4g}" if row.get("beta2") is not None else ""
 
 
 def lines(rows: list[dict]) -> list[str]:
@@ -156,7 +162,8 @@ def lines(rows: list[dict]) -> list[str]:
         loss = r["predicted_loss"]
         out.append(
             f"  {r['optimizer']}: B_crit {b_crit_text(r)} at {fmt(loss, '.4f')} nats/token; "
-            f"recommended here: batch {r['batch_size']}, lr {fmt(r['lr'], '.3g')}; "
+            f"recommended here: batch {r['batch_size']}, lr {fmt(r['lr'], '.3g')}"
+            f"{beta2_text(r)}; "
             + ("a measurement" if r["reliable"] else "NOT a measurement: " + r["why"][0]))
     return out
 

@@ -39,6 +39,9 @@ gives the same fits and intervals:
   the noise program's measurement (noise.json's object, as JSON); `curve`, the run's eval
   points (summary.json's curve, as JSON), whose `b_noise` is the online B_noise(L) series.
   A CSV cell holds JSON text, a JSON Lines row the object or list itself.
+- `beta2` (AdamW's beta2 as trained at the row's batch) and `beta2_scaling` (`tokens`: the
+  runs kept its half-life in tokens; `none`: one beta2 at every batch): `recommend` gives the
+  beta2 of its batch by the same rule.
 
 Other columns are ignored. A bad table stops with one line naming the file, the row (the
 file's line: a CSV header is row 1), the column and how to fix it.
@@ -80,7 +83,7 @@ MODEL_COLUMNS = ("data_name", "vocab_size", "width", "depth")
 EXPORT_COLUMNS = ("run", "group", "optimizer", "lr", "seed", "status", "batch_size", "seq_len",
                   "tokens", "loss", "bytes_per_token", "params", *MODEL_COLUMNS,
                   "data_fingerprint", "warmup_steps", "branch_of", "b_noise", "b_noise_loss",
-                  "noise", "curve")
+                  "noise", "curve", "beta2", "beta2_scaling")
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 DEFAULT_GROUP = "table"
 STATUSES = ("completed", "diverged")
@@ -116,10 +119,13 @@ NUMBERS = {
     "b_noise_loss": ("a positive number", "write the training loss (nats/token) the online "
                                           "B_noise was measured at, e.g. 3.97, or leave it "
                                           "blank"),
+    "beta2": ("a number in [0, 1)", "write AdamW's beta2 as trained at the row's batch, e.g. "
+                                    "0.99, or leave it blank"),
 }
 OPTIONAL_NUMBERS = ("lr", "seed", "bytes_per_token", "params", *MODEL_COLUMNS[1:],
-                    "warmup_steps", "b_noise", "b_noise_loss")
-OPTIONAL_TEXTS = ("data_name", "data_fingerprint", "branch_of")
+                    "warmup_steps", "b_noise", "b_noise_loss", "beta2")
+OPTIONAL_TEXTS = ("data_name", "data_fingerprint", "branch_of", "beta2_scaling")
+BETA2_SCALINGS = ("none", "tokens")
 WHOLE = ("batch_size", "seq_len", "tokens", "seed", "params", "vocab_size", "width", "depth",
          "warmup_steps")
 POSITIVE = ("batch_size", "seq_len", "tokens", "target_loss", "steps", "lr", "bytes_per_token",
@@ -294,6 +300,13 @@ def parse_row(record: dict, where: str, header_where: str, has_lr: bool) -> dict
             row[column] = number(record[column], column, where)
     for column in OPTIONAL_TEXTS:
         row[column] = text(record, column, None)
+    if "beta2" in row and not 0 <= row["beta2"] < 1:
+        raise ResultsError(f"{where}, column beta2: {row['beta2']} is not {NUMBERS['beta2'][0]}; "
+                           f"{NUMBERS['beta2'][1]}")
+    if row["beta2_scaling"] not in (None, *BETA2_SCALINGS):
+        raise ResultsError(f"{where}, column beta2_scaling: {row['beta2_scaling']!r} is not one "
+                           f"of {', '.join(BETA2_SCALINGS)}; write tokens or none, or leave it "
+                           "blank")
     for column in JSON_CELLS:
         if not is_blank(record.get(column)):
             row[column] = json_cell(record[column], column, where)
@@ -336,6 +349,7 @@ def run_from_row(row: dict, source: str) -> dict:
         "noise": row.get("noise"),
         "b_noise": b_noise, "b_noise_tokens": None if b_noise is None else b_noise * seq_len,
         "b_noise_loss": row.get("b_noise_loss"), "status_reason": None, "diverged_step": None,
+        "beta2": row.get("beta2"), "beta2_scaling": row.get("beta2_scaling"),
         "curve": [] if row["status"] == "diverged" else row.get("curve") or [
             {"step": steps, "tokens": tokens, "val_loss": loss, "val_loss_per_byte": per_byte}]}
 
@@ -409,6 +423,7 @@ def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
                      "b_noise": run["b_noise"] if online else None,
                      "b_noise_loss": run["b_noise_loss"] if online else None,
                      "noise": run.get("noise"),
+                     "beta2": run.get("beta2"), "beta2_scaling": run.get("beta2_scaling"),
                      "curve": run["curve"] if any(p.get("b_noise") is not None
                                                   for p in run["curve"]) else None})
     return rows, skipped

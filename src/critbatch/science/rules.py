@@ -125,3 +125,9 @@ def beta2_half_life_tokens(beta2: float, batch_size: int, seq_len: int) -> float
     """Tokens over which the second moment's weight on a gradient halves (inf at beta2 = 0 or
     1): ln 0.5 / ln beta2 steps of batch_size x seq_len tokens."""
     return math.log(0.5) / math.log(beta2) * batch_size * seq_len if 0 < beta2 < 1 else math.inf
+
+
+def beta2_for_half_life(half_life_tokens: float, batch_size: int, seq_len: int) -> float:
+    """The beta2 whose second-moment half-life is `half_life_tokens` at batch_size x seq_len
+    tokens a step (the inverse of `beta2_half_life_tokens`)."""
+    return 0.5 ** (batch_size * seq_len / half_life_tokens)
