@@ -93,3 +93,20 @@ def test_a_table_with_a_bad_beta2_is_refused_by_row_and_column(tmp_path):
                     "adamw,8,64,1000,4.0,sqrt\n")
     with pytest.raises(ResultsError, match="column beta2_scaling: 'sqrt' is not one of"):
         read_table(path)
+
+
+def test_an_older_run_folder_gets_its_beta2_from_its_config(tiny_cfg, tmp_path):
+    import json
+
+    from critbatch.analysis.results import load_runs
+    from critbatch.training.loop import train
+
+    cfg = tiny_cfg("train.tokens=4096", "train.batch_size=8", "train.eval_points=1",
+                   "optim.beta2=0.99", "optim.beta2_scaling=tokens", "optim.base_batch_size=2")
+    train(cfg, tmp_path / "run")
+    path = tmp_path / "run" / "summary.json"
+    older = {k: v for k, v in json.loads(path.read_text()).items()
+             if k not in ("beta2", "beta2_scaling")}
+    path.write_text(json.dumps(older))  # as written before the keys existed
+    run = load_runs([tmp_path])["runs"][0]
+    assert run["beta2"] == pytest.approx(0.99**4) and run["beta2_scaling"] == "tokens"

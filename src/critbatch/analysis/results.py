@@ -393,8 +393,23 @@ def load_runs(paths: list[str | Path], progress: bool | None = None) -> dict:
         except ResultsError as err:
             noise = None
             warnings.append(f"noise.json ignored: {err}")
-        runs.append({**summary, "run_dir": str(run_dir), "noise": noise})
+        runs.append({**summary, **beta2_from_config(summary, run_dir), "run_dir": str(run_dir),
+                     "noise": noise})
     return {"runs": runs, "left_out": left_out, "warnings": warnings}
+
+
+def beta2_from_config(summary: dict, run_dir: str | Path) -> dict:
+    """`beta2` and `beta2_scaling` for a summary.json written before they were recorded,
+    from the run's config.json (its beta2 was then the same at every batch); {} when the
+    summary has them or the config is unreadable."""
+    if "beta2" in summary:
+        return {}
+    optim = (read_config(run_dir) or {}).get("optim") or {}
+    if optim.get("beta2") is None or not optim.get("base_batch_size"):
+        return {}
+    scaling = optim.get("beta2_scaling", "none")
+    return {"beta2": beta2_at(optim["beta2"], scaling, summary["batch_size"],
+                              optim["base_batch_size"]), "beta2_scaling": scaling}
 
 
 # W&B config paths (nested dicts of the resolved config) for summary keys that a W&B run
