@@ -150,3 +150,19 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_upper_bounds():
         assert boot.exponent_low is not None
         covered += boot.exponent_low <= world.gamma <= boot.exponent_high
     assert covered >= 8, covered  # measured: 10 of 10 (2026-12-01)
+
+
+def test_the_prediction_spreads_more_where_it_extrapolates():
+    """A refit's bootstrap spread at cells beyond its data (a 4x larger budget) exceeds its
+    spread at cells it was fitted to, and the latter is about the seed noise or below."""
+    from critbatch.science.joint import prediction_spread
+
+    world = PlantedWorld(l_inf=(1.0,), a=(3.3,), alpha=(0.16,))
+    data = planted_world(world, sigma=0.0125, rng=np.random.default_rng(3))
+    fit = fit_joint(data)
+    inside = prediction_spread(data, fit, data.width, data.batch, data.tokens, resamples=30)
+    beyond = prediction_spread(data, fit, data.width, data.batch, 4 * data.tokens,
+                               resamples=30)
+    assert np.all(np.isfinite(inside)) and np.all(np.isfinite(beyond))
+    assert np.median(inside) < 0.0125
+    assert np.median(beyond) > np.median(inside)

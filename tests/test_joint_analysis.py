@@ -51,6 +51,11 @@ def test_held_out_budget_is_predicted(sweep):
         (held,) = doc["held_out"]
         assert held["held_out"] == "the largest budget" and held["n_cells"] == 5
         assert held["within_2_sigma"] == held["n_cells"]
+        # the refit's own spread only widens the test: never fewer cells agree with it
+        assert held["within_2_predictive_sigma"] >= held["within_2_sigma"]
+        for row in held["rows"]:
+            assert row["predicted_loss_sd"] > 0
+            assert abs(row["residual_predictive_sigmas"]) <= abs(row["residual_sigmas"])
         assert doc["chi2_per_dof"] < 1
         assert doc["loss_alone"] is None  # one width: nothing to test
 
@@ -91,7 +96,7 @@ def test_verdict_names_misfit_and_missed_held_out_cells():
            "chi2_per_dof": 11.3,
            "held_out": [{"held_out": "the largest budget", "n_cells": 5, "within_2_sigma": 1}]}
     text = verdict(doc)
-    assert "unresolved" in text and "chi2/dof 11.3" in text and "1 of 5 within 2 sigma" in text
+    assert "unresolved" in text and "chi2/dof 11.3" in text and "1 of 5 within 2 seed sigma" in text
     doc.update(chi2_per_dof=1.1, held_out=[{"held_out": "the largest budget", "n_cells": 5,
                                             "within_2_sigma": 5}])
     assert "unresolved" not in verdict(doc)

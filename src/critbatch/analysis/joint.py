@@ -27,12 +27,14 @@ from critbatch.science.joint import (
     fit_joint,
     loss_alone_test,
     noise_scale,
+    prediction_spread,
 )
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 
 RESAMPLES = 100  # parametric bootstrap refits per optimizer (the coverage test's number)
 MIN_CELLS = 8  # cells below which the joint model (>= 5 parameters) is not fitted
 HELD_OUT_SIGMAS = 2.0  # a held-out cell "agrees" within this many seed sigmas
+HELD_OUT_RESAMPLES = 40  # bootstrap refits per held-out set for the prediction's own spread
 
 
 def width_label(key: dict) -> str:
@@ -106,26 +108,36 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
     seed sigmas per cell, and how many lie within HELD_OUT_SIGMAS."""
     if keep.all() or keep.sum() < MIN_CELLS or len(set(data.width[keep])) < len(data.widths):
         return None
-    fit = fit_joint(data.subset(keep), small_batch=small_batch)
+    kept = data.subset(keep)
+    fit = fit_joint(kept, small_batch=small_batch)
     out = np.flatnonzero(~keep)
-    predicted = fit.predict_loss(data.width[out], data.batch[out], data.tokens[out])
+    where = (data.width[out], data.batch[out], data.tokens[out])
+    predicted = fit.predict_loss(*where)
+    spread = prediction_spread(kept, fit, *where, resamples=HELD_OUT_RESAMPLES)
     rows = []
-    for i, p in zip(out, predicted, strict=True):
+    for i, p, sd in zip(out, predicted, spread, strict=True):
         _, c, sigma = used[i]
-        z = (data.loss[i] - p) / sigma if math.isfinite(p) else None
+        ok = math.isfinite(p)
+        both = math.hypot(sigma, sd) if ok and math.isfinite(sd) else None
         rows.append({"width": data.widths[data.width[i]], "batch_size": c.batch_size,
-                     "tokens": c.tokens, "val_loss": c.loss, "predicted_loss": float(p)
-                     if math.isfinite(p) else None, "loss_sigma": sigma, "residual_sigmas": z,
+                     "tokens": c.tokens, "val_loss": c.loss,
+                     "predicted_loss": float(p) if ok else None, "loss_sigma": sigma,
+                     "residual_sigmas": (data.loss[i] - p) / sigma if ok else None,
+                     "predicted_loss_sd": float(sd) if ok and math.isfinite(sd) else None,
+                     "residual_predictive_sigmas": (data.loss[i] - p) / both if both else None,
                      "upper_bound": bool(data.upper[i])})
-    within = sum(1 for r in rows if agrees(r))
-    return {"held_out": what, "n_cells": len(rows), "within_2_sigma": within,
+    return {"held_out": what, "n_cells": len(rows),
+            "within_2_sigma": sum(1 for r in rows if agrees(r)),
+            "within_2_predictive_sigma": sum(1 for r in rows
+                                             if agrees(r, "residual_predictive_sigmas")),
             "fit_exponent": fit.exponent, "rows": rows}
 
 
-def agrees(row: dict) -> bool:
-    """A held-out cell within HELD_OUT_SIGMAS of its prediction; an upper-bound cell agrees
+def agrees(row: dict, key: str = "residual_sigmas") -> bool:
+    """A held-out cell within HELD_OUT_SIGMAS of its prediction (`key`: in seed sigmas, or
+    in the predictive sigma that adds the refit's own spread); an upper-bound cell agrees
     unless it lies that far below the prediction (a bound above it says nothing)."""
-    z = row["residual_sigmas"]
+    z = row.get(key)
     if z is None:
         return False
     return z >= -HELD_OUT_SIGMAS if row.get("upper_bound") else abs(z) <= HELD_OUT_SIGMAS

@@ -36,7 +36,9 @@ def verdict(doc: dict) -> str:
         why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
     missed = [h for h in doc.get("held_out", []) if h["within_2_sigma"] < 0.8 * h["n_cells"]]
     why += [f"held out {h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} within "
-            f"{HELD_OUT_SIGMAS:g} sigma" for h in missed]
+            f"{HELD_OUT_SIGMAS:g} seed sigma"
+            + (f", {h['within_2_predictive_sigma']} with the refit's own spread added"
+               if "within_2_predictive_sigma" in h else "") for h in missed]
     if high - low > RESOLVED_WIDTH:
         return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
                 f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({'; '.join(why)}; "
@@ -56,7 +58,10 @@ def headline(documents: dict) -> list[str]:
 
 def held_out_summary(doc: dict) -> str:
     return "; ".join(f"{h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} cells within "
-                     f"{HELD_OUT_SIGMAS:g} sigma" for h in doc["held_out"]) or "none possible"
+                     f"{HELD_OUT_SIGMAS:g} seed sigma"
+                     + (f" ({h['within_2_predictive_sigma']} within {HELD_OUT_SIGMAS:g} "
+                        "predictive sigma)" if "within_2_predictive_sigma" in h else "")
+                     for h in doc["held_out"]) or "none possible"
 
 
 def joint_section(documents: dict) -> list[str]:
@@ -103,14 +108,20 @@ def joint_section(documents: dict) -> list[str]:
     lines += ["Example curves (L = L_N + A (E_min / 1e6 tokens)^-alpha; nats/token):", "",
               md_table(["optimizer", "width", "L_N", "A", "alpha"], curves), ""]
     held = [[doc["optimizer"], h["held_out"], r["width"], str(r["batch_size"]),
-             f"{r['tokens']:,}", f"{r['val_loss']:.4f}", fmt(r["predicted_loss"], ".4f"),
-             fmt(r["residual_sigmas"], "+.2f") + (" (bound)" if r.get("upper_bound") else "")]
+             f"{r['tokens']:,}", f"{r['val_loss']:.4f}",
+             fmt(r["predicted_loss"], ".4f") + (f" +- {r['predicted_loss_sd']:.4f}"
+                                                if r.get("predicted_loss_sd") else ""),
+             fmt(r["residual_sigmas"], "+.2f") + (" (bound)" if r.get("upper_bound") else ""),
+             fmt(r.get("residual_predictive_sigmas"), "+.2f")]
             for doc in documents.values() for h in doc["held_out"] for r in h["rows"]]
     if held:
-        lines += ["Held-out cells: measured against predicted loss (nats/token), residual in "
-                  "seed sigmas (measured - predicted):", "",
+        lines += ["Held-out cells: measured against predicted loss (nats/token; +- the "
+                  "refit's own spread, sd over its parametric bootstrap), residual "
+                  "(measured - predicted) in seed sigmas, the verdict's test, and in the "
+                  "predictive sigma sqrt(seed sigma^2 + spread^2):", "",
                   md_table(["optimizer", "held out", "width", "batch", "tokens", "measured",
-                            "predicted", "residual (sigma)"], held), ""]
+                            "predicted", "residual (seed sigma)",
+                            "residual (predictive sigma)"], held), ""]
     return lines
 
 

@@ -349,6 +349,32 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
                      np.array(gammas), label)
 
 
+def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,
+                      resamples: int = 40, seed: int = 0,
+                      shared: float = SHARED_FRACTION) -> np.ndarray:
+    """Standard deviation of the loss `fit` predicts at (width, batch, tokens) over a
+    parametric bootstrap of `fit` on `data` (`bootstrap_joint`'s draws): the prediction's
+    own uncertainty, beside the seed noise of the cells it is compared with. NaN where fewer
+    than half the refits converged to a finite prediction."""
+    rng = np.random.default_rng(seed)
+    center = fit.predict_loss(data.width, data.batch, data.tokens)
+    center = np.where(np.isfinite(center), center, data.loss)
+    center = np.where(data.upper, np.maximum(center, data.loss), center)
+    scale = noise_scale(fit)
+    predictions = []
+    for _ in range(resamples):
+        again = fit_joint(data.with_loss(draw_losses(rng, data, center, scale, shared)),
+                          fit.per_width, start=fit.as_vector(), small_batch=fit.small_batch)
+        if again.success and np.isfinite(again.chi2):
+            predictions.append(again.predict_loss(width, batch, tokens))
+    if not predictions:
+        return np.full(np.shape(np.atleast_1d(tokens)), np.nan)
+    stack = np.array(predictions)
+    enough = np.isfinite(stack).sum(axis=0) >= max(2, resamples // 2)
+    with np.errstate(invalid="ignore"):
+        return np.where(enough, np.nanstd(stack, axis=0, ddof=1), np.nan)
+
+
 def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
     """Do the data demand the small-batch term? The chi-square drop from `plain` to `richer`
     (one more parameter), the noise scaled by the richer fit's chi2/dof when that exceeds 1;
