@@ -44,12 +44,15 @@ def scale_of(runs: list[dict]) -> str | None:
 
 
 def held_out_verdict(doc: dict | None) -> tuple[str, bool | None]:
-    """("k of n held-out cells within 2 sigma; ...", whether each set reached HELD_OUT_SHARE)."""
+    """("<set>: k of n within 2 seed sigma (k2 with the refit's spread); ...", whether each
+    set reached HELD_OUT_SHARE within 2 seed sigma)."""
     sets = (doc or {}).get("held_out") or []
     if not sets:
         return "no held-out check possible", None
     text = "; ".join(f"{h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} within "
-                     f"{HELD_OUT_SIGMAS:g} sigma" for h in sets)
+                     f"{HELD_OUT_SIGMAS:g} seed sigma"
+                     + (f" ({h['within_2_predictive_sigma']} with the refit's spread)"
+                        if "within_2_predictive_sigma" in h else "") for h in sets)
     return text, all(h["within_2_sigma"] >= HELD_OUT_SHARE * h["n_cells"] for h in sets)
 
 
