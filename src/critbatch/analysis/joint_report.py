@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.analysis import plotting
-from critbatch.analysis.joint import HELD_OUT_SIGMAS
+from critbatch.analysis.joint import HELD_OUT_SHARE, HELD_OUT_SIGMAS
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.science.joint import JointFit
 
@@ -34,11 +34,12 @@ def verdict(doc: dict) -> str:
     why = [f"ln L spans {doc['log_loss_span']:.2f}"]
     if doc.get("chi2_per_dof", 0) > 2:
         why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
-    missed = [h for h in doc.get("held_out", []) if h["within_2_sigma"] < 0.8 * h["n_cells"]]
+    missed = [h for h in doc.get("held_out", [])
+              if h["within_2_sigma"] < HELD_OUT_SHARE * h["n_cells"]]
     why += [f"held out {h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} within "
             f"{HELD_OUT_SIGMAS:g} seed sigma"
             + (f", {h['within_2_predictive_sigma']} with the refit's own spread added"
-               if "within_2_predictive_sigma" in h else "") for h in missed]
+               if h.get("within_2_predictive_sigma") is not None else "") for h in missed]
     if high - low > RESOLVED_WIDTH:
         return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
                 f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({'; '.join(why)}; "
@@ -60,7 +61,8 @@ def held_out_summary(doc: dict) -> str:
     return "; ".join(f"{h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} cells within "
                      f"{HELD_OUT_SIGMAS:g} seed sigma"
                      + (f" ({h['within_2_predictive_sigma']} within {HELD_OUT_SIGMAS:g} "
-                        "predictive sigma)" if "within_2_predictive_sigma" in h else "")
+                        "predictive sigma)" if h.get("within_2_predictive_sigma") is not None
+                        else "")
                      for h in doc["held_out"]) or "none possible"
 
 

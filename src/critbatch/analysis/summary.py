@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from critbatch.analysis.joint import HELD_OUT_SIGMAS
+from critbatch.analysis.joint import HELD_OUT_SHARE, HELD_OUT_SIGMAS
 from critbatch.analysis.recommend import (
     DEFAULT_TOLERANCE,
     RESAMPLES,
@@ -27,7 +27,6 @@ from critbatch.errors import ResultsError
 
 RESOLVED_WIDTH = 3.0  # an exponent interval wider than this leaves the law unresolved
 MISFIT = 2.0  # chi2/dof above which the model does not describe the losses
-HELD_OUT_SHARE = 0.8  # held-out cells that must land within HELD_OUT_SIGMAS
 SMOKE_RESAMPLES = 20  # bootstrap refits at smoke scale
 
 
@@ -52,7 +51,8 @@ def held_out_verdict(doc: dict | None) -> tuple[str, bool | None]:
     text = "; ".join(f"{h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} within "
                      f"{HELD_OUT_SIGMAS:g} seed sigma"
                      + (f" ({h['within_2_predictive_sigma']} with the refit's spread)"
-                        if "within_2_predictive_sigma" in h else "") for h in sets)
+                        if h.get("within_2_predictive_sigma") is not None else "")
+                     for h in sets)
     return text, all(h["within_2_sigma"] >= HELD_OUT_SHARE * h["n_cells"] for h in sets)
 
 
