@@ -114,26 +114,26 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
     out = np.flatnonzero(~keep)
     where = (data.width[out], data.batch[out], data.tokens[out])
     predicted = fit.predict_loss(*where)
-    seed_only = [{"residual_sigmas": (data.loss[i] - p) / used[i][2] if math.isfinite(p)
-                  else None, "upper_bound": bool(data.upper[i])}
-                 for i, p in zip(out, predicted, strict=True)]
-    # the refit's own spread says whether a miss is a wrong law or an uncertain refit: it is
-    # computed (40 refits) only where the seed-sigma test misses
-    passed = sum(map(agrees, seed_only)) >= HELD_OUT_SHARE * len(out)
-    spread = (np.full(len(out), np.nan) if passed else
-              prediction_spread(kept, fit, *where, resamples=HELD_OUT_RESAMPLES))
     rows = []
-    for i, p, sd in zip(out, predicted, spread, strict=True):
+    for i, p in zip(out, predicted, strict=True):
         _, c, sigma = used[i]
         ok = math.isfinite(p)
-        both = math.hypot(sigma, sd) if ok and math.isfinite(sd) else None
         rows.append({"width": data.widths[data.width[i]], "batch_size": c.batch_size,
                      "tokens": c.tokens, "val_loss": c.loss,
                      "predicted_loss": float(p) if ok else None, "loss_sigma": sigma,
                      "residual_sigmas": (data.loss[i] - p) / sigma if ok else None,
-                     "predicted_loss_sd": float(sd) if ok and math.isfinite(sd) else None,
-                     "residual_predictive_sigmas": (data.loss[i] - p) / both if both else None,
+                     "predicted_loss_sd": None, "residual_predictive_sigmas": None,
                      "upper_bound": bool(data.upper[i])})
+    # the refit's own spread says whether a miss is a wrong law or an uncertain refit: it is
+    # computed (40 refits) only where the seed-sigma test misses
+    passed = sum(map(agrees, rows)) >= HELD_OUT_SHARE * len(rows)
+    if not passed:
+        spread = prediction_spread(kept, fit, *where, resamples=HELD_OUT_RESAMPLES)
+        for row, sd in zip(rows, spread, strict=True):
+            if row["predicted_loss"] is not None and math.isfinite(sd):
+                row["predicted_loss_sd"] = float(sd)
+                row["residual_predictive_sigmas"] = (
+                    (row["val_loss"] - row["predicted_loss"]) / math.hypot(row["loss_sigma"], sd))
     return {"held_out": what, "n_cells": len(rows),
             "within_2_sigma": sum(1 for r in rows if agrees(r)),
             "within_2_predictive_sigma": None if passed else sum(

@@ -116,9 +116,7 @@ def beta2_at(beta2: float, rule: str, batch_size: int, base_batch_size: int) -> 
     """Adam's beta2 at `batch_size` by `optim.beta2_scaling`: as given (none), or
     beta2^(B / B_base) (tokens), whose half-life ln 0.5 / ln beta2 steps of B sequences is the
     same number of tokens at every B (Marek et al. 2025)."""
-    if rule == "tokens" and batch_size != base_batch_size:
-        return beta2 ** (batch_size / base_batch_size)
-    return beta2
+    return beta2 ** (batch_size / base_batch_size) if rule == "tokens" else beta2
 
 
 def beta2_half_life_tokens(beta2: float, batch_size: int, seq_len: int) -> float:
