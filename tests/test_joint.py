@@ -9,6 +9,7 @@ import pytest
 from critbatch.science.joint import (
     JointData,
     PlantedWorld,
+    above_baseline,
     bootstrap_joint,
     extra_term_test,
     fit_joint,
@@ -83,6 +84,16 @@ def test_build_indexes_widths_and_trunks():
                            [0.01] * 3, ["runA", "runB", "runA"])
     assert data.widths == (32, 64)
     assert data.width.tolist() == [1, 0, 1] and data.unit.tolist() == [0, 1, 0]
+
+
+def test_above_baseline_is_per_width_against_its_smallest_batch():
+    """Width 32's baseline (batch 8) reaches 5.2 at most, width 64's (batch 16, its smallest)
+    5.0: a cell counts as above only against its own width's baseline."""
+    data = JointData.build([32, 32, 32, 64, 64, 64], [8, 8, 64, 16, 16, 64],
+                           [1e5, 2e5, 1e5, 1e5, 2e5, 2e5], [5.2, 4.9, 5.3, 5.0, 4.7, 5.1],
+                           [0.01] * 6, ["a", "a", "b", "c", "c", "d"])
+    assert above_baseline(data).tolist() == [False, False, True, False, False, True]
+    assert not above_baseline(data.with_loss([5.2, 4.9, 5.2, 5.0, 4.7, 4.99])).any()
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ import pytest
 
 from critbatch.analysis import bcrit
 from critbatch.analysis.bcrit_report import run_analysis
-from critbatch.analysis.joint_report import RESOLVED_WIDTH, verdict
+from critbatch.analysis.joint import RESOLVED_WIDTH
+from critbatch.analysis.joint_report import verdict
 from critbatch.analysis.results import load_runs
 from critbatch.analysis.synthetic import synthetic_branched_sweep
 from critbatch.science.synthetic import SyntheticTruth
@@ -56,6 +57,33 @@ def test_held_out_budget_is_predicted(sweep):
         assert all(row["predicted_loss_sd"] is None for row in held["rows"])
         assert doc["chi2_per_dof"] < 1
         assert doc["loss_alone"] is None  # one width: nothing to test
+
+
+def test_range_check_refits_without_the_cells_above_the_baseline(sweep):
+    """Larger batches at the smallest budgets lose more than the baseline ever did; without
+    them the planted law (exponent 0) comes back too, inside the interval."""
+    _, result = sweep
+    for doc in result["fits"]["joint"].values():
+        check = doc["above_baseline_range"]
+        flagged = [c for c in doc["cells"] if c["above_baseline_range"]]
+        top = max(c["val_loss"] for c in doc["cells"] if c["batch_size"] == min(
+            x["batch_size"] for x in doc["cells"]))
+        assert check["n_cells"] == len(flagged) > 0
+        assert all(c["val_loss"] > top for c in flagged)
+        assert abs(check["exponent"]) < 0.3
+        assert doc["exponent_low"] <= check["exponent"] <= doc["exponent_high"]
+        assert "leans on" not in verdict(doc)
+
+
+def test_verdict_says_unresolved_when_the_law_leans_on_cells_above_the_baseline():
+    doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 1.8, "exponent_low": 0.5,
+           "exponent_high": 3.1, "log_loss_span": 0.4, "interval": "95% ...",
+           "above_baseline_range": {"n_cells": 6, "exponent": 5.2, "chi2_per_dof": 0.5}}
+    text = verdict(doc)
+    assert "unresolved" in text and "leans on losses the baseline batch never reached" in text
+    assert "without the 6 cell(s) above the baseline's loss range 1/alpha_B is 5.20" in text
+    doc["above_baseline_range"]["exponent"] = 2.0
+    assert "unresolved" not in verdict(doc)
 
 
 def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):

@@ -13,11 +13,15 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.analysis import plotting
-from critbatch.analysis.joint import HELD_OUT_SHARE, HELD_OUT_SIGMAS
+from critbatch.analysis.joint import (
+    HELD_OUT_SHARE,
+    HELD_OUT_SIGMAS,
+    RESOLVED_WIDTH,
+    leans_on_extrapolation,
+)
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.science.joint import JointFit
 
-RESOLVED_WIDTH = 3.0  # an exponent interval wider than this does not pin the law
 PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 seed sigma) "
                 "against tokens, per batch size, with the model's curve; held-out cells hollow, "
                 "upper bounds (best lr on the grid's edge) as triangles")
@@ -40,6 +44,9 @@ def verdict(doc: dict) -> str:
             f"{HELD_OUT_SIGMAS:g} seed sigma"
             + (f", {h['within_2_predictive_sigma']} with the refit's own spread added"
                if h.get("within_2_predictive_sigma") is not None else "") for h in missed]
+    leans = leans_on_extrapolation(doc)
+    if leans:
+        why.append(leans)
     if high - low > RESOLVED_WIDTH:
         return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
                 f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({'; '.join(why)}; "
@@ -47,6 +54,9 @@ def verdict(doc: dict) -> str:
     if missed:
         return (f"**{doc['optimizer']}: unresolved**: the law does not predict the held-out "
                 f"cells ({'; '.join(why)}; fit {law}).")
+    if leans:
+        return (f"**{doc['optimizer']}: unresolved**: the law leans on losses the baseline "
+                f"batch never reached ({'; '.join(why)}; fit {law}).")
     return f"**{doc['optimizer']}**: {law} (95% parametric bootstrap; {'; '.join(why)})."
 
 
@@ -66,6 +76,18 @@ def held_out_summary(doc: dict) -> str:
                      for h in doc["held_out"]) or "none possible"
 
 
+def range_summary(doc: dict) -> str:
+    """The range check in a few words: the refit's exponent and how many cells it left out."""
+    check = doc.get("above_baseline_range")
+    if not check:
+        return "-"  # a fits.json from before the check
+    if not check["n_cells"]:
+        return "no such cell"
+    if check["exponent"] is None:
+        return f"{check['n_cells']} cells; too few left to refit"
+    return f"{check['exponent']:.2f} ({check['n_cells']} cells left out)"
+
+
 def joint_section(documents: dict) -> list[str]:
     """The section: fit table, loss-alone test, curves, held-out cells."""
     lines = ["## The joint model", "",
@@ -83,7 +105,11 @@ def joint_section(documents: dict) -> list[str]:
              "(chi-square difference; p < 0.05 rejects \"B_crit depends on the loss alone\"). "
              "Held out: the model refitted without the largest budget (and, with several "
              "widths, without the widest model's batches above its smallest), then asked to "
-             "predict those cells; residuals in seed sigmas.", ""]
+             "predict those cells; residuals in seed sigmas. Range check: the law refitted "
+             "(point estimate) without the cells whose loss lies above every loss of their "
+             "width's smallest batch, where E_min comes from the example curve's form rather "
+             "than from baseline data; an exponent outside the interval leaves the law "
+             "unresolved.", ""]
     if not documents:
         return lines + ["No joint model (see the warnings).", ""]
     rows = []
@@ -101,10 +127,11 @@ def joint_section(documents: dict) -> list[str]:
             f"{doc['log_loss_span']:.3f}",
             "-" if test is None else ("holds" if test["holds"] else "rejected")
             + f" (p = {test['p_value']:.3g})",
-            held_out_summary(doc)])
+            held_out_summary(doc), range_summary(doc)])
     lines += [md_table(["optimizer", "1/alpha_B [95%]", "B* (tokens) [95%]", "chi2/dof",
                         "cells (runs)", "widths", "ln L span", "loss alone",
-                        "held out"], rows), ""]
+                        "held out", "1/alpha_B without cells above the baseline's losses"],
+                       rows), ""]
     curves = [[doc["optimizer"], c["width"], f"{c['l_inf']:.3f}", f"{c['a']:.3f}",
                f"{c['alpha']:.3f}"] for doc in documents.values() for c in doc["curves"]]
     lines += ["Example curves (L = L_N + A (E_min / 1e6 tokens)^-alpha; nats/token):", "",
@@ -173,4 +200,5 @@ def summary_line(doc: dict) -> str:
             f", B* = {doc['b_star_tokens']:.3g} tokens, chi2/dof = {doc['chi2_per_dof']:.2f}"
             + ("" if test is None or not math.isfinite(test["p_value"]) else
                f", loss alone p = {test['p_value']:.3g}")
-            + f"; held out: {held_out_summary(doc)}")
+            + f"; held out: {held_out_summary(doc)}; without cells above the baseline's "
+              f"losses: {range_summary(doc)}")

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from critbatch.analysis.joint import HELD_OUT_SHARE, HELD_OUT_SIGMAS
+from critbatch.analysis.joint import (
+    HELD_OUT_SHARE,
+    HELD_OUT_SIGMAS,
+    RESOLVED_WIDTH,
+    leans_on_extrapolation,
+)
 from critbatch.analysis.recommend import (
     DEFAULT_TOLERANCE,
     RESAMPLES,
@@ -25,7 +30,6 @@ from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import read_config
 from critbatch.errors import ResultsError
 
-RESOLVED_WIDTH = 3.0  # an exponent interval wider than this leaves the law unresolved
 MISFIT = 2.0  # chi2/dof above which the model does not describe the losses
 SMOKE_RESAMPLES = 20  # bootstrap refits at smoke scale
 
@@ -69,6 +73,9 @@ def reliability(row: dict, doc: dict | None, scale: str | None) -> list[str]:
         if low is None or high is None or high - low > RESOLVED_WIDTH:
             why.append("the B_crit(L) law is unresolved: 1/alpha_B "
                        f"{fmt_interval(doc['exponent'], low, high, '.2f')}")
+        if leans_on_extrapolation(doc):
+            why.append(f"the B_crit(L) law leans on losses the baseline never reached "
+                       f"({leans_on_extrapolation(doc)})")
         if doc.get("chi2_per_dof", 0) > MISFIT:
             why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f}): "
                        "its intervals are widened, its shape is in doubt")

@@ -288,6 +288,21 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
         b_small=float(theta[-1]) if small_batch else 0.0)
 
 
+def above_baseline(data: JointData) -> np.ndarray:
+    """Cells whose loss lies above the highest loss the smallest batch of their width
+    measured (bool per cell). The baseline's cells are the data closest to E_min(L), so
+    above them the tokens E_min needs come from the example curve's form, fitted to lower
+    losses: at cpu scale the baseline's loss falls slowly over its first doublings and then
+    faster (docs/results/cpu.md), which a power law does not follow."""
+    out = np.zeros(len(data), dtype=bool)
+    for w in range(len(data.widths)):
+        mine = data.width == w
+        if mine.any():
+            baseline = mine & (data.batch == data.batch[mine].min())
+            out |= mine & (data.loss > data.loss[baseline].max())
+    return out
+
+
 def noise_scale(fit: JointFit) -> float:
     """How much to widen the stated loss noise: sqrt(chi2/dof) when the model misfits it,
     else 1 (a model that fits better than the noise does not narrow the intervals)."""
