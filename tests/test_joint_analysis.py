@@ -11,7 +11,7 @@ import pytest
 from critbatch.analysis import bcrit
 from critbatch.analysis.bcrit_report import run_analysis
 from critbatch.analysis.joint import RESOLVED_WIDTH
-from critbatch.analysis.joint_report import verdict
+from critbatch.analysis.joint_report import held_out_summary, verdict
 from critbatch.analysis.results import load_runs
 from critbatch.analysis.synthetic import synthetic_branched_sweep
 from critbatch.science.synthetic import SyntheticTruth
@@ -51,6 +51,8 @@ def test_held_out_budget_is_predicted(sweep):
     for doc in result["fits"]["joint"].values():
         (held,) = doc["held_out"]
         assert held["held_out"] == "the largest budget" and held["n_cells"] == 5
+        assert held["tokens_reach"] == pytest.approx(2.0, rel=0.01)
+        assert "the largest budget (x2 the refit's tokens)" in held_out_summary(doc)
         assert held["within_2_sigma"] == held["n_cells"]
         # the seed test passed: the refit's spread (a diagnosis of misses) is not computed
         assert held["within_2_predictive_sigma"] is None
@@ -145,6 +147,12 @@ def test_several_widths_are_one_model_with_the_loss_alone_test(tmp_path):
         "the largest budget", "width 64 depth 2 above its smallest batch"]
     for held in doc["held_out"]:
         assert held["within_2_sigma"] == held["n_cells"] > 0
+    # the largest budget is one doubling beyond the refit's; the widest model's larger
+    # batches are held out whole: a reach in width, not in tokens
+    budget, width = doc["held_out"]
+    assert budget["tokens_reach"] == pytest.approx(2.0, rel=0.01)
+    assert width["tokens_reach"] is None
+    assert all(r["tokens_reach"] is None for r in width["rows"])
     assert doc["b_star_tokens"] == pytest.approx(200 * TRUTH.seq_len, rel=0.05)
 
 

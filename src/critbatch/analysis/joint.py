@@ -123,7 +123,8 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
         _, c, sigma = used[i]
         ok = math.isfinite(p)
         rows.append({"width": data.widths[data.width[i]], "batch_size": c.batch_size,
-                     "tokens": c.tokens, "val_loss": c.loss,
+                     "tokens": c.tokens, "tokens_reach": tokens_reach(kept, data, i),
+                     "val_loss": c.loss,
                      "predicted_loss": float(p) if ok else None, "loss_sigma": sigma,
                      "residual_sigmas": (data.loss[i] - p) / sigma if ok else None,
                      "predicted_loss_sd": None, "residual_predictive_sigmas": None,
@@ -142,7 +143,17 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
             "within_2_sigma": sum(1 for r in rows if agrees(r)),
             "within_2_predictive_sigma": None if passed else sum(
                 1 for r in rows if agrees(r, "residual_predictive_sigmas")),
+            "tokens_reach": max((r["tokens_reach"] for r in rows if r["tokens_reach"]),
+                                default=None),
             "fit_exponent": fit.exponent, "rows": rows}
+
+
+def tokens_reach(kept: JointData, data: JointData, i: int) -> float | None:
+    """How far held-out cell i extrapolates in tokens: its tokens over the most the refit saw
+    at its width and batch (None where the refit saw none there: a reach in width, not
+    tokens). A held-out budget one doubling beyond the rest is 2.0."""
+    same = (kept.width == data.width[i]) & (kept.batch == data.batch[i])
+    return float(data.tokens[i] / kept.tokens[same].max()) if same.any() else None
 
 
 def agrees(row: dict, key: str = "residual_sigmas") -> bool:

@@ -40,7 +40,7 @@ def verdict(doc: dict) -> str:
         why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
     missed = [h for h in doc.get("held_out", [])
               if h["within_2_sigma"] < HELD_OUT_SHARE * h["n_cells"]]
-    why += [f"held out {h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} within "
+    why += [f"held out {h['held_out']}{reach(h)}: {h['within_2_sigma']} of {h['n_cells']} within "
             f"{HELD_OUT_SIGMAS:g} seed sigma"
             + (f", {h['within_2_predictive_sigma']} with the refit's own spread added"
                if h.get("within_2_predictive_sigma") is not None else "") for h in missed]
@@ -67,9 +67,15 @@ def headline(documents: dict) -> list[str]:
     return [verdict(doc) for doc in documents.values()]
 
 
+def reach(held: dict) -> str:
+    """How far a held-out set extrapolates in tokens, as " (x2 the refit's tokens)"."""
+    return (f" (x{held['tokens_reach']:.3g} the refit's tokens)" if held.get("tokens_reach")
+            else "")
+
+
 def held_out_summary(doc: dict) -> str:
-    return "; ".join(f"{h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} cells within "
-                     f"{HELD_OUT_SIGMAS:g} seed sigma"
+    return "; ".join(f"{h['held_out']}{reach(h)}: {h['within_2_sigma']} of {h['n_cells']} "
+                     f"cells within {HELD_OUT_SIGMAS:g} seed sigma"
                      + (f" ({h['within_2_predictive_sigma']} within {HELD_OUT_SIGMAS:g} "
                         "predictive sigma)" if h.get("within_2_predictive_sigma") is not None
                         else "")

@@ -19,6 +19,7 @@ from critbatch.analysis.joint import (
     RESOLVED_WIDTH,
     leans_on_extrapolation,
 )
+from critbatch.analysis.joint_report import reach
 from critbatch.analysis.recommend import (
     DEFAULT_TOLERANCE,
     RESAMPLES,
@@ -52,7 +53,7 @@ def held_out_verdict(doc: dict | None) -> tuple[str, bool | None]:
     sets = (doc or {}).get("held_out") or []
     if not sets:
         return "no held-out check possible", None
-    text = "; ".join(f"{h['held_out']}: {h['within_2_sigma']} of {h['n_cells']} within "
+    text = "; ".join(f"{h['held_out']}{reach(h)}: {h['within_2_sigma']} of {h['n_cells']} within "
                      f"{HELD_OUT_SIGMAS:g} seed sigma"
                      + (f" ({h['within_2_predictive_sigma']} with the refit's spread)"
                         if h.get("within_2_predictive_sigma") is not None else "")
