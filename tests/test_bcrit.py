@@ -355,8 +355,12 @@ def test_thousand_runs_analysed_fast(tmp_path):
     t0 = time.perf_counter()
     result = synthetic.benchmark(tmp_path, n_runs=1000)
     assert result["n_runs"] >= 1000
-    assert result["load_s"] + result["analyse_s"] < 10, result
-    assert time.perf_counter() - t0 < 30
+    # 7.1-8.1 s on an idle 2-core machine (2026-12-02), 14.6 s inside a full `make test` at
+    # load 1.5: most of it is the joint model (100 bootstrap refits per optimizer, and the
+    # held-out refits' spread where this world's held-out set misses), a cost per cell, not
+    # per run. The bound catches a regression by a factor of 2.5, not the machine's noise.
+    assert result["load_s"] + result["analyse_s"] < 20, result
+    assert time.perf_counter() - t0 < 40
 
 
 def test_single_lr_cells_are_named(tmp_path):
