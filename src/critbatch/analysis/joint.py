@@ -131,7 +131,8 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
                      "upper_bound": bool(data.upper[i])})
     # the refit's own spread says whether a miss is a wrong law or an uncertain refit: it is
     # computed (40 refits) only where the seed-sigma test misses
-    passed = sum(map(agrees, rows)) >= HELD_OUT_SHARE * len(rows)
+    within = sum(1 for r in rows if agrees(r))
+    passed = passes({"within_2_sigma": within, "n_cells": len(rows)})
     if not passed:
         spread = prediction_spread(kept, fit, *where, resamples=HELD_OUT_RESAMPLES)
         for row, sd in zip(rows, spread, strict=True):
@@ -139,13 +140,18 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
                 row["predicted_loss_sd"] = float(sd)
                 row["residual_predictive_sigmas"] = (
                     (row["val_loss"] - row["predicted_loss"]) / math.hypot(row["loss_sigma"], sd))
-    return {"held_out": what, "n_cells": len(rows),
-            "within_2_sigma": sum(1 for r in rows if agrees(r)),
+    return {"held_out": what, "n_cells": len(rows), "within_2_sigma": within,
             "within_2_predictive_sigma": None if passed else sum(
                 1 for r in rows if agrees(r, "residual_predictive_sigmas")),
             "tokens_reach": max((r["tokens_reach"] for r in rows if r["tokens_reach"]),
                                 default=None),
             "fit_exponent": fit.exponent, "rows": rows}
+
+
+def passes(held: dict) -> bool:
+    """The verdict's test of a held-out set: at least HELD_OUT_SHARE of its cells within
+    HELD_OUT_SIGMAS seed sigmas."""
+    return held["within_2_sigma"] >= HELD_OUT_SHARE * held["n_cells"]
 
 
 def tokens_reach(kept: JointData, data: JointData, i: int) -> float | None:
@@ -279,8 +285,9 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             warnings.append(f"joint model ({optimizer}): chi2/dof = {fit.chi2_per_dof:.2f}: "
                             "the losses scatter about the model more than the seed noise "
                             "says; intervals are widened by sqrt(chi2/dof)")
-        if leans_on_extrapolation(doc):
-            warnings.append(f"joint model ({optimizer}): {leans_on_extrapolation(doc)}: the "
+        leans = leans_on_extrapolation(doc)
+        if leans:
+            warnings.append(f"joint model ({optimizer}): {leans}: the "
                             "law leans on losses the baseline batch never reached; train the "
                             "baseline at smaller budgets (more cooldown branches)")
         if test and test["holds"] is False:

@@ -14,10 +14,10 @@ import numpy as np
 
 from critbatch.analysis import plotting
 from critbatch.analysis.joint import (
-    HELD_OUT_SHARE,
     HELD_OUT_SIGMAS,
     RESOLVED_WIDTH,
     leans_on_extrapolation,
+    passes,
 )
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.science.joint import JointFit
@@ -38,12 +38,8 @@ def verdict(doc: dict) -> str:
     why = [f"ln L spans {doc['log_loss_span']:.2f}"]
     if doc.get("chi2_per_dof", 0) > 2:
         why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
-    missed = [h for h in doc.get("held_out", [])
-              if h["within_2_sigma"] < HELD_OUT_SHARE * h["n_cells"]]
-    why += [f"held out {h['held_out']}{reach(h)}: {h['within_2_sigma']} of {h['n_cells']} within "
-            f"{HELD_OUT_SIGMAS:g} seed sigma"
-            + (f", {h['within_2_predictive_sigma']} with the refit's own spread added"
-               if h.get("within_2_predictive_sigma") is not None else "") for h in missed]
+    missed = [h for h in doc.get("held_out", []) if not passes(h)]
+    why += [f"held out {held_out_text(h)}" for h in missed]
     leans = leans_on_extrapolation(doc)
     if leans:
         why.append(leans)
@@ -67,19 +63,20 @@ def headline(documents: dict) -> list[str]:
     return [verdict(doc) for doc in documents.values()]
 
 
-def reach(held: dict) -> str:
-    """How far a held-out set extrapolates in tokens, as " (x2 the refit's tokens)"."""
-    return (f" (x{held['tokens_reach']:.3g} the refit's tokens)" if held.get("tokens_reach")
-            else "")
+def held_out_text(held: dict) -> str:
+    """One held-out set in words: "<set> (x2 the refit's tokens): k of n within 2 seed sigma
+    (k2 within 2 predictive sigma)", the reach and the second count where known."""
+    reach = (f" (x{held['tokens_reach']:.3g} the refit's tokens)" if held.get("tokens_reach")
+             else "")
+    predictive = held.get("within_2_predictive_sigma")
+    return (f"{held['held_out']}{reach}: {held['within_2_sigma']} of {held['n_cells']} within "
+            f"{HELD_OUT_SIGMAS:g} seed sigma"
+            + (f" ({predictive} within {HELD_OUT_SIGMAS:g} predictive sigma)"
+               if predictive is not None else ""))
 
 
 def held_out_summary(doc: dict) -> str:
-    return "; ".join(f"{h['held_out']}{reach(h)}: {h['within_2_sigma']} of {h['n_cells']} "
-                     f"cells within {HELD_OUT_SIGMAS:g} seed sigma"
-                     + (f" ({h['within_2_predictive_sigma']} within {HELD_OUT_SIGMAS:g} "
-                        "predictive sigma)" if h.get("within_2_predictive_sigma") is not None
-                        else "")
-                     for h in doc["held_out"]) or "none possible"
+    return "; ".join(map(held_out_text, doc["held_out"])) or "none possible"
 
 
 def range_summary(doc: dict) -> str:

@@ -13,13 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from critbatch.analysis.joint import (
-    HELD_OUT_SHARE,
-    HELD_OUT_SIGMAS,
-    RESOLVED_WIDTH,
-    leans_on_extrapolation,
-)
-from critbatch.analysis.joint_report import reach
+from critbatch.analysis.joint import RESOLVED_WIDTH, leans_on_extrapolation, passes
+from critbatch.analysis.joint_report import held_out_text
 from critbatch.analysis.recommend import (
     DEFAULT_TOLERANCE,
     RESAMPLES,
@@ -53,12 +48,7 @@ def held_out_verdict(doc: dict | None) -> tuple[str, bool | None]:
     sets = (doc or {}).get("held_out") or []
     if not sets:
         return "no held-out check possible", None
-    text = "; ".join(f"{h['held_out']}{reach(h)}: {h['within_2_sigma']} of {h['n_cells']} within "
-                     f"{HELD_OUT_SIGMAS:g} seed sigma"
-                     + (f" ({h['within_2_predictive_sigma']} with the refit's spread)"
-                        if h.get("within_2_predictive_sigma") is not None else "")
-                     for h in sets)
-    return text, all(h["within_2_sigma"] >= HELD_OUT_SHARE * h["n_cells"] for h in sets)
+    return "; ".join(map(held_out_text, sets)), all(map(passes, sets))
 
 
 def reliability(row: dict, doc: dict | None, scale: str | None) -> list[str]:
@@ -74,9 +64,9 @@ def reliability(row: dict, doc: dict | None, scale: str | None) -> list[str]:
         if low is None or high is None or high - low > RESOLVED_WIDTH:
             why.append("the B_crit(L) law is unresolved: 1/alpha_B "
                        f"{fmt_interval(doc['exponent'], low, high, '.2f')}")
-        if leans_on_extrapolation(doc):
-            why.append(f"the B_crit(L) law leans on losses the baseline never reached "
-                       f"({leans_on_extrapolation(doc)})")
+        leans = leans_on_extrapolation(doc)
+        if leans:
+            why.append(f"the B_crit(L) law leans on losses the baseline never reached ({leans})")
         if doc.get("chi2_per_dof", 0) > MISFIT:
             why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f}): "
                        "its intervals are widened, its shape is in doubt")

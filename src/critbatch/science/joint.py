@@ -319,6 +319,23 @@ def draw_losses(rng: np.random.Generator, data: JointData, center: np.ndarray,
     return center + scale * data.sigma * z
 
 
+def redrawn_refits(data: JointData, fit: JointFit, resamples: int, seed: int,
+                   shared: float = SHARED_FRACTION):
+    """The parametric bootstrap's converged refits: `resamples` times, every cell's loss
+    redrawn around the fit's prediction (`draw_losses`, noise scaled by `noise_scale`; an
+    upper bound stays at least its bound) and refitted from the fit's parameters."""
+    rng = np.random.default_rng(seed)
+    center = fit.predict_loss(data.width, data.batch, data.tokens)
+    center = np.where(np.isfinite(center), center, data.loss)
+    center = np.where(data.upper, np.maximum(center, data.loss), center)  # a bound stays one
+    scale = noise_scale(fit)
+    for _ in range(resamples):
+        again = fit_joint(data.with_loss(draw_losses(rng, data, center, scale, shared)),
+                          fit.per_width, start=fit.as_vector(), small_batch=fit.small_batch)
+        if again.success and np.isfinite(again.chi2):
+            yield again
+
+
 @dataclass
 class Bootstrap:
     """The parametric bootstrap of one fit: percentile intervals of gamma and B_star."""
@@ -336,21 +353,13 @@ class Bootstrap:
 def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: int = 0,
                     confidence: float = CONFIDENCE,
                     shared: float = SHARED_FRACTION) -> Bootstrap:
-    """Redraw every cell's loss around the fitted model's prediction (`draw_losses`, noise
-    scaled by `noise_scale`), refit from the fit's parameters, and take the central
-    `confidence` percentiles of gamma and B_star (the shared law, or the first width's)."""
-    rng = np.random.default_rng(seed)
-    center = fit.predict_loss(data.width, data.batch, data.tokens)
-    center = np.where(np.isfinite(center), center, data.loss)
-    center = np.where(data.upper, np.maximum(center, data.loss), center)  # a bound stays one
+    """The central `confidence` percentiles of gamma and B_star (the shared law, or the first
+    width's) over `redrawn_refits`."""
     scale = noise_scale(fit)
     gammas, log_b = [], []
-    for _ in range(resamples):
-        again = fit_joint(data.with_loss(draw_losses(rng, data, center, scale, shared)),
-                          fit.per_width, start=fit.as_vector(), small_batch=fit.small_batch)
-        if again.success and np.isfinite(again.chi2):
-            gammas.append(again.exponent)
-            log_b.append(math.log(again.b_star[0]))
+    for again in redrawn_refits(data, fit, resamples, seed, shared):
+        gammas.append(again.exponent)
+        log_b.append(math.log(again.b_star[0]))
     label = (f"{confidence:.0%} parametric bootstrap: every cell's loss redrawn with its seed "
              f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}, a trunk and its "
              f"branches sharing {shared:.0%} of the variance, refitted {len(gammas)} times")
@@ -371,17 +380,8 @@ def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,
     parametric bootstrap of `fit` on `data` (`bootstrap_joint`'s draws): the prediction's
     own uncertainty, beside the seed noise of the cells it is compared with. NaN where fewer
     than half the refits converged to a finite prediction."""
-    rng = np.random.default_rng(seed)
-    center = fit.predict_loss(data.width, data.batch, data.tokens)
-    center = np.where(np.isfinite(center), center, data.loss)
-    center = np.where(data.upper, np.maximum(center, data.loss), center)
-    scale = noise_scale(fit)
-    predictions = []
-    for _ in range(resamples):
-        again = fit_joint(data.with_loss(draw_losses(rng, data, center, scale, shared)),
-                          fit.per_width, start=fit.as_vector(), small_batch=fit.small_batch)
-        if again.success and np.isfinite(again.chi2):
-            predictions.append(again.predict_loss(width, batch, tokens))
+    predictions = [again.predict_loss(width, batch, tokens)
+                   for again in redrawn_refits(data, fit, resamples, seed, shared)]
     if not predictions:
         return np.full(np.shape(np.atleast_1d(tokens)), np.nan)
     stack = np.array(predictions)
