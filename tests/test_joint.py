@@ -177,3 +177,28 @@ def test_the_prediction_spreads_more_where_it_extrapolates():
     assert np.all(np.isfinite(inside)) and np.all(np.isfinite(beyond))
     assert np.median(inside) < 0.0125
     assert np.median(beyond) > np.median(inside)
+
+
+@pytest.mark.slow
+def test_the_predictive_sigma_covers_held_out_cells_of_a_correct_law():
+    """15 planted worlds (one width, branched, seed noise 0.0125): the refit without the
+    largest budget predicts those 75 cells within 2 predictive sigmas (seed sigma and the
+    refit's spread in quadrature) about as often as 2 sigmas should (95%). Measured
+    (2026-12-02): 74 of 75; within 2 seed sigmas alone only 60 of 75, the issue's 80%
+    threshold, though the law is exactly right: the seed test alone undercovers."""
+    from critbatch.science.joint import prediction_spread
+
+    world = PlantedWorld(l_inf=(1.0,), a=(3.3,), alpha=(0.16,))
+    inside = total = 0
+    for k in range(15):
+        data = planted_world(world, sigma=0.0125, rng=np.random.default_rng(100 + k))
+        largest = data.tokens == data.tokens.max()
+        kept = data.subset(~largest)
+        fit = fit_joint(kept)
+        where = (data.width[largest], data.batch[largest], data.tokens[largest])
+        spread = prediction_spread(kept, fit, *where, resamples=40, seed=k)
+        z = (data.loss[largest] - fit.predict_loss(*where)) / np.hypot(data.sigma[largest],
+                                                                        spread)
+        inside += int(np.sum(np.abs(z) <= 2))
+        total += len(z)
+    assert total == 75 and inside >= 68, inside  # >= 90%
