@@ -78,9 +78,9 @@ class GridConfig:
     """What the sweeps in `sweeps/` vary at this scale, in Hydra's sweep syntax ("8,32,128").
 
     The batch and widths sweeps train every (batch size, lr) once at `train.tokens` with a
-    wsd schedule, and each run yields three more budgets by cooldown branches
-    (`branch_budgets`); the baseline batch (the first) is also trained at `baseline_seeds`,
-    whose scatter is the loss noise of every cell.
+    wsd schedule, and each run yields more budgets by cooldown branches (`branch_budgets`);
+    the baseline batch (the first) is also trained at `baseline_seeds`
+    (`widths_baseline_seeds`), whose scatter is the loss noise of every cell.
     """
 
     batch_sizes: str = "8,16,32,64,128"  # sequences, doubling; the first is the baseline b
@@ -106,6 +106,8 @@ class GridConfig:
     beta2_scaling: str = "tokens"
     branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
     baseline_seeds: str = "1"  # more seeds of the baseline batch (seed 0 is in the grid)
+    # the widths sweep's, per width (each seed costs a run per width and lr)
+    widths_baseline_seeds: str = "${grid.baseline_seeds}"
     # make sweep-branches: the budgets of the branches and the main run (tokens)
     branch_check_tokens: str = "187500,375000,750000,1500000"
     micro_batches: int = 2  # per step in every sweep run: the online B_noise needs two
