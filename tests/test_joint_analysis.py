@@ -47,18 +47,42 @@ def bcrit_row_keys():
 
 
 def test_held_out_budget_is_predicted(sweep):
+    """Two held-out sets of one width: the whole largest budget (five batches), and its four
+    batches above the baseline with the baseline's cell there kept in the refit."""
     _, result = sweep
     for doc in result["fits"]["joint"].values():
-        (held,) = doc["held_out"]
+        held, anchored = doc["held_out"]
         assert held["held_out"] == "the largest budget" and held["n_cells"] == 5
-        assert held["tokens_reach"] == pytest.approx(2.0, rel=0.01)
+        assert anchored["held_out"] == "the largest budget above its smallest batch"
+        assert anchored["n_cells"] == 4
+        assert 8 not in {r["batch_size"] for r in anchored["rows"]}
+        for one in (held, anchored):
+            assert one["tokens_reach"] == pytest.approx(2.0, rel=0.01)
+            assert one["within_2_sigma"] == one["n_cells"]
+            # the seed test passed: the refit's spread (a diagnosis of misses) is not computed
+            assert one["within_2_predictive_sigma"] is None
+            assert all(row["predicted_loss_sd"] is None for row in one["rows"])
         assert "the largest budget (x2 the refit's tokens)" in held_out_summary(doc)
-        assert held["within_2_sigma"] == held["n_cells"]
-        # the seed test passed: the refit's spread (a diagnosis of misses) is not computed
-        assert held["within_2_predictive_sigma"] is None
-        assert all(row["predicted_loss_sd"] is None for row in held["rows"])
         assert doc["chi2_per_dof"] < 1
         assert doc["loss_alone"] is None  # one width: nothing to test
+
+
+def test_a_missed_budget_whose_larger_batches_are_predicted_names_the_curve():
+    """The verdict says which part failed: the whole largest budget missed, its larger
+    batches (baseline kept) predicted: the example curve, not the law."""
+    from critbatch.analysis.joint import curve_not_law
+
+    whole = {"held_out": "the largest budget", "n_cells": 5, "within_2_sigma": 1}
+    anchored = {"held_out": "the largest budget above its smallest batch", "n_cells": 4,
+                "within_2_sigma": 4}
+    assert "4 of 4 larger batches" in curve_not_law([whole, anchored])
+    assert curve_not_law([whole, {**anchored, "within_2_sigma": 2}]) is None
+    assert curve_not_law([{**whole, "within_2_sigma": 5}, anchored]) is None
+    doc = {"optimizer": "muon", "b_star_tokens": 1e5, "exponent": 2.0, "exponent_low": 1.5,
+           "exponent_high": 2.5, "interval": "95% parametric bootstrap", "log_loss_span": 0.3,
+           "chi2_per_dof": 1.1, "held_out": [whole, anchored]}
+    text = verdict(doc)
+    assert "unresolved" in text and "example curve's extrapolation" in text
 
 
 def test_range_check_refits_without_the_cells_above_the_baseline(sweep):
@@ -144,12 +168,13 @@ def test_several_widths_are_one_model_with_the_loss_alone_test(tmp_path):
     assert doc["widths"] == ["width 32 depth 2", "width 64 depth 2"]
     assert doc["loss_alone"]["holds"] and doc["loss_alone"]["extra_parameters"] == 2
     assert [h["held_out"] for h in doc["held_out"]] == [
-        "the largest budget", "width 64 depth 2 above its smallest batch"]
+        "the largest budget", "the largest budget above its smallest batch",
+        "width 64 depth 2 above its smallest batch"]
     for held in doc["held_out"]:
         assert held["within_2_sigma"] == held["n_cells"] > 0
     # the largest budget is one doubling beyond the refit's; the widest model's larger
     # batches are held out whole: a reach in width, not in tokens
-    budget, width = doc["held_out"]
+    budget, _, width = doc["held_out"]
     assert budget["tokens_reach"] == pytest.approx(2.0, rel=0.01)
     assert width["tokens_reach"] is None
     assert all(r["tokens_reach"] is None for r in width["rows"])

@@ -16,6 +16,7 @@ from critbatch.analysis import plotting
 from critbatch.analysis.joint import (
     HELD_OUT_SIGMAS,
     RESOLVED_WIDTH,
+    curve_not_law,
     leans_on_extrapolation,
     passes,
 )
@@ -40,6 +41,9 @@ def verdict(doc: dict) -> str:
         why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
     missed = [h for h in doc.get("held_out", []) if not passes(h)]
     why += [f"held out {held_out_text(h)}" for h in missed]
+    curve = curve_not_law(doc.get("held_out", []))
+    if curve:
+        why.append(curve)
     leans = leans_on_extrapolation(doc)
     if leans:
         why.append(leans)
