@@ -352,15 +352,17 @@ def test_summary_from_wandb_matches_local_summary(tmp_path):
 
 @pytest.mark.slow
 def test_thousand_runs_analysed_fast(tmp_path):
-    t0 = time.perf_counter()
+    """The analysis of 1,020 runs (17 widths, 170 cells per optimizer) in CPU seconds of this
+    process, which waiting for a busy machine's cores does not add to (wall time did: this
+    test failed at 20 s inside a `make test` beside other work). 16.6 CPU s (24 s wall)
+    beside a two-worker sweep at load 2.7 (2026-12-02); most of it is the joint model (100
+    bootstrap refits per optimizer, the held-out refits and their spread where a set
+    misses), a cost per cell, not per run. A held-out refit with no cell to pin the law
+    took 546 s until `analysis.joint.held_out` skipped it: the bound catches that kind."""
+    t0 = time.process_time()
     result = synthetic.benchmark(tmp_path, n_runs=1000)
     assert result["n_runs"] >= 1000
-    # 7.1-8.1 s on an idle 2-core machine (2026-12-02), 14.6 s inside a full `make test` at
-    # load 1.5: most of it is the joint model (100 bootstrap refits per optimizer, and the
-    # held-out refits' spread where this world's held-out set misses), a cost per cell, not
-    # per run. The bound catches a regression by a factor of 2.5, not the machine's noise.
-    assert result["load_s"] + result["analyse_s"] < 20, result
-    assert time.perf_counter() - t0 < 40
+    assert time.process_time() - t0 < 60, result
 
 
 def test_single_lr_cells_are_named(tmp_path):

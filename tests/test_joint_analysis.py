@@ -228,3 +228,24 @@ def test_a_missed_held_out_set_gets_the_refit_s_spread():
     for row in held["rows"]:
         assert row["predicted_loss_sd"] > 0
         assert abs(row["residual_predictive_sigmas"]) <= abs(row["residual_sigmas"])
+
+
+def test_a_held_out_refit_with_only_baseline_cells_left_is_skipped():
+    """Where the larger batches were trained at the largest budget only, holding it out
+    leaves nothing that pins B_crit: no refit (it ran to its evaluation limit, 546 s on the
+    thousand-run benchmark), no held-out set."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from critbatch.analysis.joint import MIN_CELLS, held_out, smallest_batch
+    from critbatch.science.joint import PlantedWorld, planted_world
+
+    data = planted_world(PlantedWorld(), sigma=0.0125, rng=np.random.default_rng(5))
+    baseline = smallest_batch(data)
+    assert set(data.batch[baseline]) == {data.batch.min()} and baseline.sum() >= MIN_CELLS
+    used = [(None, SimpleNamespace(batch_size=int(b), tokens=int(e), loss=float(v)), float(s))
+            for b, e, v, s in zip(data.batch, data.tokens, data.loss, data.sigma, strict=True)]
+    assert held_out(data, used, baseline, "x", small_batch=False) is None
+    one_more = baseline | (np.arange(len(data)) == np.flatnonzero(~baseline)[0])
+    assert held_out(data, used, one_more, "x", small_batch=False) is None

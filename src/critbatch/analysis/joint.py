@@ -113,6 +113,8 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
     seed sigmas per cell, and how many lie within HELD_OUT_SIGMAS."""
     if keep.all() or keep.sum() < MIN_CELLS or len(set(data.width[keep])) < len(data.widths):
         return None
+    if (keep & ~smallest_batch(data)).sum() < 2:  # only baselines: nothing pins the law
+        return None
     kept = data.subset(keep)
     fit = fit_joint(kept, small_batch=small_batch)
     out = np.flatnonzero(~keep)
@@ -183,16 +185,22 @@ def held_out_sets(data: JointData, used: list[tuple], small_batch: bool) -> list
     with several widths, the widest model above its smallest batch (the law across sizes)."""
     largest_budget = np.array([c.budget == max(x.budget for x in g["cells"])
                                for g, c, _ in used])
-    smallest_batch = np.array([data.batch[i] == data.batch[data.width == data.width[i]].min()
-                               for i in range(len(data))])
+    baseline = smallest_batch(data)
     sets = [held_out(data, used, ~largest_budget, BUDGET_SET, small_batch),
-            held_out(data, used, ~(largest_budget & ~smallest_batch), ANCHORED_BUDGET_SET,
+            held_out(data, used, ~(largest_budget & ~baseline), ANCHORED_BUDGET_SET,
                      small_batch)]
     if len(data.widths) >= 2:
         widest = data.width == len(data.widths) - 1
-        sets.append(held_out(data, used, ~(widest & ~smallest_batch),
+        sets.append(held_out(data, used, ~(widest & ~baseline),
                              f"{data.widths[-1]} above its smallest batch", small_batch))
     return [s for s in sets if s]
+
+
+def smallest_batch(data: JointData) -> np.ndarray:
+    """Cells of their width's smallest batch, the baseline (bool per cell)."""
+    lowest = {w: data.batch[data.width == w].min() for w in set(data.width.tolist())}
+    return np.array([b == lowest[w] for w, b in zip(data.width.tolist(), data.batch,
+                                                    strict=True)])
 
 
 def curve_not_law(sets: list[dict]) -> str | None:
