@@ -249,3 +249,33 @@ def test_a_held_out_refit_with_only_baseline_cells_left_is_skipped():
     assert held_out(data, used, baseline, "x", small_batch=False) is None
     one_more = baseline | (np.arange(len(data)) == np.flatnonzero(~baseline)[0])
     assert held_out(data, used, one_more, "x", small_batch=False) is None
+
+
+def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sweep):
+    """The planted sweep's two baseline seeds sit +-0.002 from the loss at every budget: no
+    trend, one pooled sd (0.002 sqrt 2) in fits.json. Baseline cells whose three seeds
+    scatter 4x more at 1/8 of the budget than at the full one get a falling sd, and every
+    cell of the group its sd at its own tokens."""
+    from types import SimpleNamespace
+
+    from critbatch.analysis.joint import cells_of, seed_noise
+
+    _, result = sweep
+    for doc in result["fits"]["joint"].values():
+        (noise,) = doc["seed_noise"]
+        assert noise["slope"] == 0 and noise["sd_ref"] == pytest.approx(0.002 * 2**0.5)
+    budgets = [187_500, 375_000, 750_000, 1_500_000]
+    sds = [0.08, 0.04, 0.03, 0.02]
+    cells = [SimpleNamespace(batch_size=8, tokens=e, loss=4.0, n_seeds=3, sigma_source="seeds",
+                             loss_sigma=sd / 3**0.5, few_steps=False)
+             for e, sd in zip(budgets * 4, sds * 4, strict=True)]
+    cells.append(SimpleNamespace(batch_size=64, tokens=187_500, loss=5.0, n_seeds=1,
+                                 sigma_source=None, loss_sigma=float("nan"), few_steps=False))
+    group = {"cells": cells}
+    trend = seed_noise(group)
+    assert trend.slope < -0.5 and trend.p_value < 0.05
+    used, _ = cells_of([group])
+    sigma = {(c.batch_size, c.tokens): s for _, c, s in used}
+    assert sigma[(64, 187_500)] == pytest.approx(float(trend.sd(187_500)))
+    assert sigma[(8, 1_500_000)] == pytest.approx(float(trend.sd(1_500_000)) / 3**0.5)
+    assert sigma[(64, 187_500)] > 3 * sigma[(8, 1_500_000)]

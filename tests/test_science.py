@@ -134,3 +134,42 @@ def test_kaplan_prediction_survives_a_wild_fit():
     assert kaplan_prediction_tokens(0.5, 1e10, 2000.0) is None
     assert kaplan_prediction_tokens(3.0, None, 4.8) is None
     assert kaplan_prediction_tokens(3.0, 1e5, None) is None
+
+
+def test_noise_trend_recovers_a_planted_slope_and_pools_a_flat_noise():
+    """Sample variances drawn from sd(E) = 0.05 (E / 5e5)^-0.8 (6 dof per budget, 5 budgets):
+    the slope comes back within its scatter and is kept; from a flat sd of 0.02 the test
+    keeps no slope in about 95% of draws and the sd is the pooled one."""
+    from critbatch.science.fits import fit_noise_trend
+
+    rng = np.random.default_rng(0)
+    tokens = np.array([187_500, 375_000, 750_000, 1_125_000, 1_500_000], dtype=float)
+    truth = 0.05 * (tokens / 5e5) ** -0.8
+    slopes, kept = [], 0
+    for _ in range(200):
+        v = truth**2 * rng.chisquare(6, size=5) / 6
+        trend = fit_noise_trend(tokens, v, [6] * 5)
+        kept += trend.slope != 0
+        slopes.append(trend.slope)
+    assert kept >= 190
+    assert np.median(slopes) == pytest.approx(-0.8, abs=0.1)
+    flat_kept = 0
+    for _ in range(400):
+        v = 0.02**2 * rng.chisquare(6, size=5) / 6
+        trend = fit_noise_trend(tokens, v, [6] * 5)
+        flat_kept += trend.slope != 0
+    assert flat_kept <= 40  # nominal 5% of 400 = 20
+    v = [4e-4, 1e-4]
+    flat = fit_noise_trend([1e5, 4e5], v, [1, 1])  # 2 dof: too few to test a slope
+    assert flat.slope == 0 and flat.p_value is None
+    assert flat.sd(1e5) == pytest.approx(np.sqrt(np.mean(v)))
+
+
+def test_noise_trend_holds_its_end_values_outside_the_measured_budgets():
+    from critbatch.science.fits import NoiseTrend
+
+    trend = NoiseTrend(sd_ref=0.02, slope=-1.0, ref_tokens=4e5, low_tokens=2e5,
+                       high_tokens=8e5, dof=10, p_value=0.01)
+    assert trend.sd(4e5) == pytest.approx(0.02)
+    assert trend.sd(1e5) == pytest.approx(0.04) == trend.sd(2e5)
+    assert trend.sd(1.6e6) == pytest.approx(0.01)

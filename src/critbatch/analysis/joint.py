@@ -21,6 +21,7 @@ from collections import Counter
 
 import numpy as np
 
+from critbatch.science.fits import NoiseTrend, fit_noise_trend
 from critbatch.science.joint import (
     JointData,
     JointFit,
@@ -71,18 +72,32 @@ def comparable_groups(groups: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def seed_noise(group: dict) -> NoiseTrend | None:
+    """The group's seed noise against tokens (`science.fits.fit_noise_trend`) from its cells
+    trained at several seeds at their best lr (the baseline's), or None without any. With no
+    significant trend it is the pooled scatter of `bcrit.seed_scatter`."""
+    seeded = [c for c in group["cells"] if c.sigma_source == "seeds" and c.n_seeds > 1]
+    if not seeded:
+        return None
+    return fit_noise_trend([c.tokens for c in seeded],
+                           [c.loss_sigma**2 * c.n_seeds for c in seeded],
+                           [c.n_seeds - 1 for c in seeded])
+
+
 def cells_of(groups: list[dict]) -> tuple[list[tuple], list[str]]:
-    """(group, cell) pairs the model can use, and why the others cannot."""
+    """(group, cell, sigma) triples the model can use, and why the others cannot."""
     used, notes = [], Counter()
     for g in groups:
-        scatter = g.get("seed_scatter")
+        trend = seed_noise(g)
         for c in g["cells"]:
             if getattr(c, "few_steps", False):
                 notes["fewer steps than 3x the warmup"] += 1
                 continue
-            # the group's pooled seed scatter (the sd of two seeds alone has one degree of
-            # freedom: at cpu scale 0.004 beside a pooled 0.017)
-            sigma = scatter / math.sqrt(c.n_seeds) if scatter else c.loss_sigma
+            # the group's seed noise at the cell's tokens, pooled over the budgets where no
+            # trend is significant (the sd of two seeds alone has one degree of freedom: at
+            # cpu scale 0.004 beside a pooled 0.017)
+            sigma = (float(trend.sd(c.tokens)) / math.sqrt(c.n_seeds) if trend
+                     else c.loss_sigma)
             if not (math.isfinite(sigma) and sigma > 0):
                 notes["no seed noise"] += 1
                 continue
@@ -300,6 +315,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             "b_star_tokens_high": None if interval["b_star_high"] is None
             else interval["b_star_high"] * seq_len,
             "log_loss_span": float(np.ptp(np.log(data.loss))),
+            "seed_noise": [{"width": width_label(g["key"]), **trend.as_dict()}
+                           for g in mine if (trend := seed_noise(g))],
             "curves": [{"width": w, "l_inf": float(fit.l_inf[i]), "a": float(fit.a[i]),
                         "alpha": float(fit.alpha[i]), "e_ref_tokens": 1e6}
                        for i, w in enumerate(data.widths)],

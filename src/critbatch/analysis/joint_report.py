@@ -102,7 +102,9 @@ def joint_section(documents: dict) -> list[str]:
              "averaged) fitted at once: E = E_min(L; N) (1 + B / B_crit(L)), one example curve "
              "L = L_N + A_N (E_min / 1e6 tokens)^-alpha_N per width N, one "
              "B_crit(L) = B* / L^(1/alpha_B) for all widths. Weighted least squares on the "
-             "losses (weights: the group's seed scatter). Cells of fewer than 3x the warmup "
+             "losses (weights: the group's seed noise at the cell's tokens: one pooled sd, or "
+             "a power of the tokens where a likelihood-ratio test keeps one at p < 0.05). "
+             "Cells of fewer than 3x the warmup "
              "steps are left out; a cell whose best lr is on the grid's edge counts as an "
              "upper bound (a one-sided residual: only a prediction above it costs). "
              "Interval: 95% parametric bootstrap (every loss redrawn around the model with "
@@ -110,9 +112,11 @@ def joint_section(documents: dict) -> list[str]:
              "half the variance, widened by sqrt(chi2/dof) when the model misfits). The "
              "loss-alone test compares the shared law against one law per width "
              "(chi-square difference; p < 0.05 rejects \"B_crit depends on the loss alone\"). "
-             "Held out: the model refitted without the largest budget (and, with several "
-             "widths, without the widest model's batches above its smallest), then asked to "
-             "predict those cells; residuals in seed sigmas. Range check: the law refitted "
+             "Held out: the model refitted without the largest budget; without its batches "
+             "above the smallest (the baseline's cell there kept: the law alone "
+             "extrapolates); with several widths, without the widest model's batches above "
+             "its smallest; each refit predicts the cells it left out; residuals in seed "
+             "sigmas. Range check: the law refitted "
              "(point estimate) without the cells whose loss lies above every loss of their "
              "width's smallest batch, where E_min comes from the example curve's form rather "
              "than from baseline data; an exponent outside the interval leaves the law "
@@ -139,6 +143,15 @@ def joint_section(documents: dict) -> list[str]:
                         "cells (runs)", "widths", "ln L span", "loss alone",
                         "held out", "1/alpha_B without cells above the baseline's losses"],
                        rows), ""]
+    noise = [[doc["optimizer"], n["width"], f"{n['sd_ref']:.4f}", f"{n['ref_tokens']:,.0f}",
+              f"{n['slope']:+.2f}", str(n["dof"]),
+              "-" if n["p_value"] is None else f"{n['p_value']:.3g}"]
+             for doc in documents.values() for n in doc.get("seed_noise", [])]
+    if noise:
+        lines += ["Seed noise of one run (sd = sd_ref (E / E_ref)^slope, from the cells "
+                  "trained at several seeds; slope 0: pooled, no trend at p < 0.05):", "",
+                  md_table(["optimizer", "width", "sd_ref (nats/token)", "E_ref (tokens)",
+                            "slope", "dof", "p (slope 0)"], noise), ""]
     curves = [[doc["optimizer"], c["width"], f"{c['l_inf']:.3f}", f"{c['a']:.3f}",
                f"{c['alpha']:.3f}"] for doc in documents.values() for c in doc["curves"]]
     lines += ["Example curves (L = L_N + A (E_min / 1e6 tokens)^-alpha; nats/token):", "",

@@ -1,9 +1,11 @@
 """Curve fits: the best lr of a grid, loss versus tokens (power law and monotone inverse),
-log-linear least squares and the lr-scaling power law. numpy/scipy only."""
+log-linear least squares, the lr-scaling power law and the seed noise against tokens.
+numpy/scipy only."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from warnings import catch_warnings, simplefilter
 
 import numpy as np
@@ -238,3 +240,68 @@ def fit_lr_scaling(batch_sizes, lrs) -> dict | None:
         out.update(exponent_low=fit["slope"] - fit["t"] * fit["slope_sd"],
                    exponent_high=fit["slope"] + fit["t"] * fit["slope_sd"])
     return out
+
+
+NOISE_TREND_P = 0.05  # a trend in the seed noise is kept when its likelihood ratio says so
+
+
+@dataclass(frozen=True)
+class NoiseTrend:
+    """One run's loss sd (nats/token) against its tokens: sd(E) = sd_ref (E / ref_tokens)^slope
+    inside the measured budgets, the end value outside them; `slope` 0 is one pooled sd."""
+
+    sd_ref: float
+    slope: float
+    ref_tokens: float
+    low_tokens: float
+    high_tokens: float
+    dof: int
+    p_value: float | None  # the likelihood-ratio test of slope 0; None: not testable
+
+    def sd(self, tokens) -> np.ndarray:
+        e = np.clip(np.asarray(tokens, dtype=float), self.low_tokens, self.high_tokens)
+        return self.sd_ref * (e / self.ref_tokens) ** self.slope
+
+    def as_dict(self) -> dict:
+        return {"sd_ref": self.sd_ref, "slope": self.slope, "ref_tokens": self.ref_tokens,
+                "low_tokens": self.low_tokens, "high_tokens": self.high_tokens,
+                "dof": self.dof, "p_value": self.p_value}
+
+
+def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> NoiseTrend:
+    """The seed noise as a power of the tokens, from per-budget sample variances.
+
+    `variances[j]` is a sample variance of one run's loss at `tokens[j]` with `dofs[j]`
+    degrees of freedom (seeds - 1), so v_j dof_j / sd(E_j)^2 is chi-square with dof_j. The
+    slope is the maximum-likelihood one; it is kept only where the likelihood ratio against
+    a single pooled sd (slope 0, one degree of freedom) gives p < `p_keep`, else the pooled
+    sd stands. ref_tokens is the dof-weighted geometric mean of the budgets."""
+    from scipy.optimize import minimize
+    from scipy.stats import chi2
+
+    e = np.asarray(tokens, dtype=float)
+    v = np.asarray(variances, dtype=float)
+    n = np.asarray(dofs, dtype=float)
+    ok = (n > 0) & np.isfinite(v) & (v > 0) & (e > 0)
+    e, v, n = e[ok], v[ok], n[ok]
+    if not len(e):
+        raise ValueError("fit_noise_trend needs a budget with a positive variance and dof")
+    ref = float(np.exp(np.sum(n * np.log(e)) / n.sum()))
+    pooled = float(np.sum(n * v) / n.sum())
+    flat = NoiseTrend(math.sqrt(pooled), 0.0, ref, float(e.min()), float(e.max()),
+                      int(n.sum()), None)
+    x = np.log(e / ref)
+    if np.ptp(x) == 0 or n.sum() < 3:
+        return flat
+
+    def nll(theta):  # -2 log L up to a constant: sum n (log s2 + v / s2)
+        log_s2 = theta[0] + 2 * theta[1] * x
+        return float(np.sum(n * (log_s2 + v * np.exp(-log_s2))))
+
+    best = minimize(nll, [math.log(pooled), 0.0], method="Nelder-Mead",
+                    options={"xatol": 1e-8, "fatol": 1e-10, "maxiter": 4000})
+    p = float(chi2.sf(max(nll([math.log(pooled), 0.0]) - best.fun, 0.0), 1))
+    if p >= p_keep:
+        return NoiseTrend(**{**flat.__dict__, "p_value": p})
+    return NoiseTrend(float(math.exp(best.x[0] / 2)), float(best.x[1]), ref, float(e.min()),
+                      float(e.max()), int(n.sum()), p)
