@@ -256,7 +256,7 @@ def test_an_offset_of_1e_3_is_detected():
     # under bf16 autocast the same offset is rounding
     bf16 = stability.accum_tolerance("bfloat16")
     assert stability.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS, bf16) == MATCHES
-    assert stability.accum_tolerance(None) == stability.accum_tolerance("float32") == 1e-5
+    assert stability.accum_tolerance(None) == stability.accum_tolerance("float32") == 1e-4
     # the same offset from step 20 on: the first 10 steps still match, the separation is found
     late = [x + (1e-3 if i >= 19 else 0.0) for i, x in enumerate(loss)]
     c = compare_curves(rows_of(late), rows_of(loss))

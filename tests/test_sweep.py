@@ -274,7 +274,7 @@ def test_stability_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
         assert all(r["steps"] == 40 and r["verdict"] for r in group["per_batch"])
         (accum,) = group["accumulation"]
         assert accum["verdict"].startswith("matches")
-        assert accum["first_steps_max_rel_diff"] < 1e-5
+        assert accum["first_steps_max_rel_diff"] < 1e-4  # stability_rules.ACCUM_TOLERANCE
         assert group["base_lr"] == group["lr_tuning"]["best_lr"]  # the tuned lr was carried
 
 
