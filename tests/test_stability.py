@@ -389,7 +389,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
                  "### Learning-rate tuning at batch 64", "### Per batch size",
                  "### Gradient accumulation versus the plain batch", "## Plots", "## Warnings",
                  "## Runs left out", "the last 100 steps", "**matches to float tolerance**",
-                 "below 1e-05", "![", "broken", "is not valid JSON"):
+                 "below 0.0001", "![", "broken", "is not valid JSON"):
         assert part in text, part
 
 
