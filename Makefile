@@ -48,8 +48,10 @@ endif
 .PHONY: FORCE
 FORCE:
 
-test: install ## run every test (slow end-to-end ones included)
-	$(PY) -m pytest -q --durations=15
+TEST_JOBS ?= auto  # pytest workers (pytest-xdist): one per core; TEST_JOBS=0 runs them in one process
+
+test: install ## run every test (slow end-to-end ones included), one worker per core
+	$(PY) -m pytest -q --durations=15 -n $(TEST_JOBS)
 
 test-fast: install ## run the fast tests only
 	$(PY) -m pytest -q -m "not slow"

@@ -15,6 +15,7 @@ from critbatch.science.joint import (
     fit_joint,
     loss_alone_test,
     planted_world,
+    prediction_spread,
 )
 
 # Two optimizers as the issue planted them: Kaplan's 4.8 and a flatter 3.5, each with
@@ -31,6 +32,26 @@ def test_noiseless_world_gives_the_planted_exponent(optimizer):
     assert abs(fit.exponent - world.gamma) < 0.3
     assert fit.b_star[0] == pytest.approx(world.b_star, rel=0.05)
     assert fit.chi2_per_dof < 1e-6
+
+
+def test_a_fit_on_the_exponents_bound_gets_no_interval():
+    """gamma on its fitting bound is unresolved: no percentile interval (one cut by the bound
+    would look like a measurement), no prediction spread; off the bound both exist."""
+    from dataclasses import replace
+
+    from critbatch.science.joint import GAMMA_BOUNDS
+
+    data = planted_world(WORLDS["muon"], rng=np.random.default_rng(3))
+    fit = fit_joint(data)
+    assert not fit.at_bound
+    for edge in GAMMA_BOUNDS:
+        stuck = replace(fit, gamma=np.array([edge]))
+        assert stuck.at_bound
+        boot = bootstrap_joint(data, stuck, resamples=50)
+        assert boot.exponent_low is None and boot.resamples == 0
+        assert boot.interval.startswith("none: 1/alpha_B sits on its bound")
+        assert np.isnan(prediction_spread(data, stuck, 0, 64, 1e6)).all()
+    assert bootstrap_joint(data, fit, resamples=12).exponent_low is not None
 
 
 def test_predicted_loss_inverts_the_model():
