@@ -65,6 +65,42 @@ def test_muon_gets_exactly_the_2d_hidden_matrices():
     assert all(g["weight_decay"] == 0.0 for g in aux.param_groups)
 
 
+def _muon_steps(make, steps=4):
+    """Parameters (one wide, one tall matrix) after `steps` Muon steps on fixed gradients."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(32, 96)), torch.nn.Parameter(torch.randn(96, 32))]
+    opt = make(params, lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
+               adjust_lr_fn="original")
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    return [p.detach() for p in params], opt
+
+
+def test_muon_in_bfloat16_is_torchs_step_and_float32_is_close():
+    """critbatch's Muon in bfloat16 is torch.optim.Muon bit for bit, state included; in
+    float32 (the CPU default) it moves the weights by at most 1e-3 from it over 4 steps,
+    a tenth of one step's update (lr 0.02)."""
+    from functools import partial
+
+    from critbatch.training.optim import Muon, ns_dtype
+
+    want, theirs = _muon_steps(torch.optim.Muon)
+    got, mine = _muon_steps(partial(Muon, ns_dtype=torch.bfloat16))
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+    assert mine.state_dict()["param_groups"] == theirs.state_dict()["param_groups"]
+    close, _ = _muon_steps(partial(Muon, ns_dtype=torch.float32))
+    drift = max((a - b).abs().max().item() for a, b in zip(want, close, strict=True))
+    assert 0 < drift < 1e-3
+    assert ns_dtype(OptimConfig(name="muon"), "cpu") == torch.float32
+    assert ns_dtype(OptimConfig(name="muon"), "cuda") == torch.bfloat16
+    assert ns_dtype(OptimConfig(name="muon", ns_dtype="bfloat16"), "cpu") == torch.bfloat16
+    muon, _ = build_optimizers(_model(), OptimConfig(name="muon"), 32, "cpu")
+    assert muon.ns_dtype == torch.float32
+
+
 def test_adamw_decays_only_hidden_matrices():
     model = _model()
     (adamw,) = build_optimizers(model, OptimConfig(name="adamw", weight_decay=0.1), 32, "cpu")

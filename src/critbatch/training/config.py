@@ -127,6 +127,11 @@ class OptimConfig:
     fused: bool | None = None  # AdamW fused kernel; null = on (faster on CPU and CUDA, make bench)
     momentum: float = 0.95  # Muon momentum (Nesterov)
     aux_lr: float = 3e-3  # Muon only: AdamW lr for embeddings and gains
+    # Muon's Newton-Schulz precision: auto | float32 | bfloat16. auto = bfloat16 on CUDA (as
+    # torch.optim.Muon and Jordan et al.), float32 elsewhere: a CPU without bf16 instructions
+    # runs bf16 matmuls ~20x slower (2-vCPU AMD EPYC: 3.7 vs 0.18 ms for 64x256), which made
+    # them half of a cpu-scale Muon step
+    ns_dtype: Dtype = Dtype.auto
     # none | sqrt | linear: lr used = lr * f(batch_size / base_batch_size)
     lr_scaling: LrScaling = LrScaling.none
     # none | tokens: with tokens, `beta2` applies at base_batch_size and the beta2 used is

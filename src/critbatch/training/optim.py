@@ -27,10 +27,10 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
     adamw: one AdamW over everything; weight decay only on the 2D hidden matrices
     (never on gains or embeddings).
 
-    muon: `torch.optim.Muon` (Jordan et al. 2024) on the 2D hidden matrices of the
+    muon: `Muon` (`torch.optim.Muon`, Jordan et al. 2024) on the 2D hidden matrices of the
     blocks -- Nesterov momentum whose update is orthogonalised by five Newton-Schulz
-    iterations, scaled by sqrt(max(1, rows/cols)) ("original" adjustment), with
-    decoupled weight decay. Muon assumes 2D parameters and is not meant for
+    iterations (in `optim.ns_dtype`), scaled by sqrt(max(1, rows/cols)) ("original"
+    adjustment), with decoupled weight decay. Muon assumes 2D parameters and is not meant for
     embeddings or the (tied) output layer, whose rows are per-token vectors, nor
     for gains; those go to an AdamW with its own lr (`optim.aux_lr`) and no decay.
     The attention's fused qkv matrix is orthogonalised as one (3d x d) matrix.
@@ -49,8 +49,9 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
         ]
         return [torch.optim.AdamW(groups, **adam_kw)]
     muon_lr, aux_lr = optim.lr * scale, optim.aux_lr * scale
-    muon = torch.optim.Muon(
+    muon = Muon(
         [{"params": hidden, "lr": muon_lr, "peak_lr": muon_lr}],
+        ns_dtype=ns_dtype(optim, device_type),
         lr=muon_lr,
         weight_decay=optim.weight_decay,
         momentum=optim.momentum,
@@ -61,6 +62,68 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
         [{"params": rest, "weight_decay": 0.0, "lr": aux_lr, "peak_lr": aux_lr}], **adam_kw
     )
     return [muon, aux]
+
+
+def ns_dtype(optim: OptimConfig, device_type: str) -> torch.dtype:
+    """Muon's Newton-Schulz precision: `optim.ns_dtype`, auto = bfloat16 on CUDA, else float32."""
+    name = str(optim.ns_dtype)
+    if name == "auto":
+        name = "bfloat16" if device_type == "cuda" else "float32"
+    return getattr(torch, name)
+
+
+class Muon(torch.optim.Muon):
+    """`torch.optim.Muon` with its Newton-Schulz iteration in `ns_dtype`; the same step
+    otherwise (momentum, lr adjustment, decay, state), so checkpoints load either way.
+    torch's own iterates in bfloat16, which a CPU without bf16 instructions emulates."""
+
+    def __init__(self, params, ns_dtype: torch.dtype = torch.bfloat16, **kw) -> None:
+        super().__init__(params, **kw)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, momentum = float(group["lr"]), group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"],
+                                       group["eps"], self.ns_dtype)
+                rows, cols = p.shape[:2]
+                scale = (math.sqrt(max(1, rows / cols))
+                         if group["adjust_lr_fn"] in (None, "original")
+                         else 0.2 * math.sqrt(max(rows, cols)))
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(update, alpha=-lr * scale)
+        return loss
+
+
+def newton_schulz(grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
+                  eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """The quintic Newton-Schulz iteration of Muon (Jordan et al. 2024) in `dtype`: an
+    approximate orthogonalisation U S' V^T of grad = U S V^T, S' near 1. As torch's, on the
+    wide orientation of the matrix, after scaling its Frobenius norm to at most 1."""
+    a, b, c = coefficients
+    x = grad.to(dtype)
+    tall = grad.size(0) > grad.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
 
 
 def adamw_options(optim: OptimConfig, device_type: str, batch_size: int | None = None) -> dict:
