@@ -84,11 +84,13 @@ def seed_noise(group: dict) -> NoiseTrend | None:
                            [c.n_seeds - 1 for c in seeded])
 
 
-def cells_of(groups: list[dict]) -> tuple[list[tuple], list[str]]:
-    """(group, cell, sigma) triples the model can use, and why the others cannot."""
+def cells_of(groups: list[dict], trends: list[NoiseTrend | None] | None = None
+             ) -> tuple[list[tuple], list[str]]:
+    """(group, cell, sigma) triples the model can use, and why the others cannot. `trends`:
+    each group's `seed_noise`, where the caller has it already."""
     used, notes = [], Counter()
-    for g in groups:
-        trend = seed_noise(g)
+    trends = [seed_noise(g) for g in groups] if trends is None else trends
+    for g, trend in zip(groups, trends, strict=True):
         for c in g["cells"]:
             if getattr(c, "few_steps", False):
                 notes["fewer steps than 3x the warmup"] += 1
@@ -277,7 +279,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
     """({optimizer: the joint model's document}, its Kaplan rows: method `joint`)."""
     documents, rows = {}, []
     for optimizer, mine in comparable_groups(groups).items():
-        used, notes = cells_of(mine)
+        trends = [seed_noise(g) for g in mine]
+        used, notes = cells_of(mine, trends)
         if len(used) < MIN_CELLS:
             warnings.append(f"joint model ({optimizer}): {len(used)} usable cells, it needs "
                             f"{MIN_CELLS}" + (f" ({'; '.join(notes)})" if notes else "")
@@ -316,7 +319,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             else interval["b_star_high"] * seq_len,
             "log_loss_span": float(np.ptp(np.log(data.loss))),
             "seed_noise": [{"width": width_label(g["key"]), **trend.as_dict()}
-                           for g in mine if (trend := seed_noise(g))],
+                           for g, trend in zip(mine, trends, strict=True) if trend],
             "curves": [{"width": w, "l_inf": float(fit.l_inf[i]), "a": float(fit.a[i]),
                         "alpha": float(fit.alpha[i]), "e_ref_tokens": 1e6}
                        for i, w in enumerate(data.widths)],
