@@ -29,6 +29,7 @@ from critbatch.science.joint import (
     bootstrap_joint,
     extra_term_test,
     fit_joint,
+    fit_small_batch,
     loss_alone_test,
     noise_scale,
     prediction_spread,
@@ -291,8 +292,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
               "refits, the held-out refits and the range check ...", flush=True)
         data = build_data(used)
         plain = fit_joint(data)
-        small = fit_joint(data, small_batch=True,  # from the plain fit, B_s half the smallest B
-                          start=np.append(plain.as_vector(), 0.5 * data.batch.min()))
+        small = fit_small_batch(data, plain)
         term = extra_term_test(plain, small)
         fit = small if term["kept"] else plain
         interval = interval_of(data, fit, optimizer)

@@ -22,7 +22,7 @@ from critbatch.analysis.bcrit import BUDGET_TOLERANCE, best_lr_cells, seed_scatt
 from critbatch.analysis.joint import MIN_CELLS, upper_bound
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
-from critbatch.science.joint import JointData, extra_term_test, fit_joint
+from critbatch.science.joint import JointData, extra_term_test, fit_joint, fit_small_batch
 from critbatch.science.model_size import param_count
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
@@ -210,8 +210,7 @@ def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int 
         raise ResultsError(f"{sweep.optimizer}: {len(data)} usable cells, the model needs "
                            f"{MIN_CELLS}; train more batch sizes or budgets")
     plain = fit_joint(data)
-    small = fit_joint(data, small_batch=True,
-                      start=np.append(plain.as_vector(), 0.5 * data.batch.min()))
+    small = fit_small_batch(data, plain)
     term = extra_term_test(plain, small)
     joint = small if term["kept"] else plain
     fit = fit_scaling(data, sizes, starts_from(joint, sizes, joint.small_batch, data),
