@@ -100,6 +100,25 @@ def test_small_batch_term_is_kept_only_where_the_data_demand_it():
     assert abs(richer.exponent - 4.8) < 0.5
 
 
+def test_the_small_batch_fit_recovers_a_term_its_plain_start_misses():
+    """A small-batch term that bends the loss against batch (planted B_s 12 sequences with
+    batches 4-128): `fit_small_batch` tries the plain fit's start and fresh ones and keeps
+    the better; B_s stays within the batches' geometric middle (`b_small_max`)."""
+    from critbatch.science.joint import b_small_max, fit_small_batch
+
+    truth = WORLDS["muon"].fit()
+    truth.small_batch, truth.b_small = True, 12.0
+    data = planted_world(WORLDS["muon"], batches=(4, 8, 16, 32, 64, 128))
+    noisy = data.with_loss(truth.predict_loss(data.width, data.batch, data.tokens)
+                           + 0.0125 * np.random.default_rng(5).standard_normal(len(data)))
+    plain = fit_joint(noisy)
+    richer = fit_small_batch(noisy, plain)
+    assert richer.small_batch and richer.b_small == pytest.approx(12.0, rel=0.3)
+    assert richer.chi2_per_dof < 2 and extra_term_test(plain, richer)["kept"]
+    assert b_small_max(noisy) == pytest.approx((4 * 128) ** 0.5)
+    assert fit_joint(noisy, small_batch=True).b_small <= b_small_max(noisy) + 1e-9
+
+
 def test_build_indexes_widths_and_trunks():
     data = JointData.build([64, 32, 64], [8, 8, 16], [1e5, 1e5, 1e5], [5.0, 5.2, 5.1],
                            [0.01] * 3, ["runA", "runB", "runA"])
