@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.optim._muon import _adjust_lr  # Muon's shape-dependent lr scale, as torch's step
 
 from critbatch.science.rules import beta2_at, lr_multiplier
 from critbatch.training.config import OptimConfig, TrainConfig
@@ -74,8 +75,8 @@ def ns_dtype(optim: OptimConfig, device_type: str) -> torch.dtype:
 
 class Muon(torch.optim.Muon):
     """`torch.optim.Muon` with its Newton-Schulz iteration in `ns_dtype`; the same step
-    otherwise (momentum, lr adjustment, decay, state), so checkpoints load either way.
-    torch's own iterates in bfloat16, which a CPU without bf16 instructions emulates."""
+    otherwise (momentum, torch's own lr adjustment, decay, state), so checkpoints load either
+    way. torch's iterates in bfloat16, which a CPU without bf16 instructions emulates."""
 
     def __init__(self, params, ns_dtype: torch.dtype = torch.bfloat16, **kw) -> None:
         super().__init__(params, **kw)
@@ -100,12 +101,8 @@ class Muon(torch.optim.Muon):
                 update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
                 update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"],
                                        group["eps"], self.ns_dtype)
-                rows, cols = p.shape[:2]
-                scale = (math.sqrt(max(1, rows / cols))
-                         if group["adjust_lr_fn"] in (None, "original")
-                         else 0.2 * math.sqrt(max(rows, cols)))
                 p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update, alpha=-lr * scale)
+                p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
 
 
