@@ -272,10 +272,20 @@ def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sw
     cells.append(SimpleNamespace(batch_size=64, tokens=187_500, loss=5.0, n_seeds=1,
                                  sigma_source=None, loss_sigma=float("nan"), few_steps=False))
     group = {"cells": cells}
-    trend = seed_noise(group)
+    trend = seed_noise(group).pooled
     assert trend.slope < -0.5 and trend.p_value < 0.05
     used, _ = cells_of([group])
     sigma = {(c.batch_size, c.tokens): s for _, c, s in used}
     assert sigma[(64, 187_500)] == pytest.approx(float(trend.sd(187_500)))
     assert sigma[(8, 1_500_000)] == pytest.approx(float(trend.sd(1_500_000)) / 3**0.5)
     assert sigma[(64, 187_500)] > 3 * sigma[(8, 1_500_000)]
+    # seeds of batch 64 ten times noisier than batch 8's: each batch's cells take their own
+    cells += [SimpleNamespace(batch_size=64, tokens=e, loss=5.0, n_seeds=3,
+                              sigma_source="seeds", loss_sigma=10 * sd / 3**0.5,
+                              few_steps=False) for e, sd in zip(budgets, sds, strict=True)]
+    split = seed_noise(group)
+    assert split.p_value < 0.05 and set(split.by_key) == {8, 64}
+    used, _ = cells_of([group])
+    sigma = {(c.batch_size, c.tokens, c.n_seeds): s for _, c, s in used}
+    assert sigma[(64, 187_500, 1)] == pytest.approx(float(split.by_key[64].sd(187_500)))
+    assert sigma[(64, 187_500, 1)] / sigma[(8, 187_500, 3)] == pytest.approx(10 * 3**0.5, rel=1e-3)

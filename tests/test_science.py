@@ -165,6 +165,39 @@ def test_noise_trend_recovers_a_planted_slope_and_pools_a_flat_noise():
     assert flat.sd(1e5) == pytest.approx(np.sqrt(np.mean(v)))
 
 
+def test_noise_split_keeps_per_batch_trends_only_where_the_batches_differ():
+    """Three batches' sample variances (2 dof per budget, 5 budgets, as the cpu sweep's three
+    seeds): one batch 10x noisier (AdamW at cpu scale: 0.006 against 0.125 at 1.5M tokens) is
+    found in nearly every draw and each batch gets its own sd; equal batches stay pooled in
+    about 95% of draws."""
+    from critbatch.science.fits import fit_noise_split
+
+    rng = np.random.default_rng(1)
+    tokens = np.array([187_500, 375_000, 750_000, 1_125_000, 1_500_000], dtype=float)
+
+    def draw(sds):
+        return {b: (tokens, sd**2 * rng.chisquare(2, size=5) / 2, [2] * 5)
+                for b, sd in sds.items()}
+
+    split_found, ratios = 0, []
+    for _ in range(100):
+        split = fit_noise_split(draw({8: 0.01, 32: 0.1, 64: 0.01}))
+        split_found += bool(split.by_key)
+        if split.by_key:
+            ratios.append(float(split.sd(32, 1e6) / split.sd(8, 1e6)))
+    assert split_found >= 95
+    assert np.median(ratios) == pytest.approx(10, rel=0.3)
+    pooled = 0
+    for _ in range(200):
+        split = fit_noise_split(draw({8: 0.02, 32: 0.02, 64: 0.02}))
+        pooled += not split.by_key
+        assert split.sd(32, 1e6) == split.pooled.sd(1e6) or split.by_key
+    assert pooled >= 180  # nominal 95% of 200 = 190
+    one = fit_noise_split(draw({8: 0.02}))
+    assert one.p_value is None and not one.by_key
+    assert one.sd(128, 1e6) == one.pooled.sd(1e6)  # a batch without seeds: the pooled sd
+
+
 def test_noise_trend_holds_its_end_values_outside_the_measured_budgets():
     from critbatch.science.fits import NoiseTrend
 

@@ -62,12 +62,20 @@ def test_grids_are_consistent_at_every_scale(scale):
                 fewest = min(total_steps(b.cfg) for b in job.branches)
                 assert fewest >= 2 * t.warmup_steps, (job.run_dir, fewest)
             repeats = plan_stage(seeds, scale, optimizer, [])
-            assert {j.cfg.train.batch_size for j in repeats} == {sizes[0]}
             seeds_key = "baseline_seeds" if main == "batch" else "widths_baseline_seeds"
             assert {j.cfg.train.seed for j in repeats} == {
                 int(x) for x in str(getattr(cfg.grid, seeds_key)).split(",")}
             assert 0 not in {j.cfg.train.seed for j in repeats}
-            assert {j.cfg.optim.lr for j in repeats} == set(lrs)
+            seeded = {j.cfg.train.batch_size for j in repeats}
+            seeded_lrs = {j.cfg.optim.lr for j in repeats}
+            if main == "widths":  # the baseline batch, every lr
+                assert (seeded, seeded_lrs) == ({sizes[0]}, set(lrs))
+            else:  # the baseline among them; lrs of the grid (every one by default)
+                assert sizes[0] in seeded and seeded <= set(sizes) and seeded_lrs <= set(lrs)
+                assert len(repeats) == len(seeded) * len(seeded_lrs) * len(
+                    str(cfg.grid.baseline_seeds).split(","))
+                if scale != "cpu":
+                    assert (seeded, seeded_lrs) == ({sizes[0]}, set(lrs))
             assert {j.run_dir.parent for j in repeats} == {jobs[0].run_dir.parent}
 
 

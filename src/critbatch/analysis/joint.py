@@ -21,7 +21,7 @@ from collections import Counter
 
 import numpy as np
 
-from critbatch.science.fits import NoiseTrend, fit_noise_trend
+from critbatch.science.fits import NoiseSplit, fit_noise_split
 from critbatch.science.joint import (
     JointData,
     JointFit,
@@ -73,19 +73,39 @@ def comparable_groups(groups: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
-def seed_noise(group: dict) -> NoiseTrend | None:
+def seed_samples(group: dict) -> dict[int, tuple[list, list, list]]:
+    """Per batch size, the (tokens, one run's sample variance, dof) of the group's cells
+    trained at several seeds at their best lr."""
+    out: dict[int, tuple[list, list, list]] = {}
+    for c in group["cells"]:
+        if c.sigma_source == "seeds" and c.n_seeds > 1:
+            tokens, variances, dofs = out.setdefault(c.batch_size, ([], [], []))
+            tokens.append(c.tokens)
+            variances.append(c.loss_sigma**2 * c.n_seeds)
+            dofs.append(c.n_seeds - 1)
+    return out
+
+
+def seed_noise(group: dict) -> NoiseSplit | None:
     """The group's seed noise against tokens (`science.fits.fit_noise_trend`) from its cells
-    trained at several seeds at their best lr (the baseline's), or None without any. With no
-    significant trend it is the pooled scatter of `bcrit.seed_scatter`."""
-    seeded = [c for c in group["cells"] if c.sigma_source == "seeds" and c.n_seeds > 1]
-    if not seeded:
-        return None
-    return fit_noise_trend([c.tokens for c in seeded],
-                           [c.loss_sigma**2 * c.n_seeds for c in seeded],
-                           [c.n_seeds - 1 for c in seeded])
+    trained at several seeds at their best lr, or None without any: pooled over the batches,
+    and per batch where the batches' own trends fit their seeds better (`fit_noise_split`).
+    With no significant trend in the tokens a trend is the pooled scatter of
+    `bcrit.seed_scatter`. At cpu scale AdamW's noise differs by batch and lr: one run's sd at
+    1.5M tokens was 0.006 at batch 8 (lr 1.5e-3) and 0.125 at batch 32 (lr 3e-3)."""
+    samples = seed_samples(group)
+    return fit_noise_split(samples) if samples else None
 
 
-def cells_of(groups: list[dict], trends: list[NoiseTrend | None] | None = None
+def noise_rows(width: str, split: NoiseSplit) -> list[dict]:
+    """fits.json's seed-noise rows of one group: the pooled trend (batch_size None) and, where
+    the batches differ, each batch's (`batches_differ_p`: the test's p, on every row)."""
+    rows = [(None, split.pooled)] + sorted(split.by_key.items())
+    return [{"width": width, "batch_size": b, **t.as_dict(), "batches_differ_p": split.p_value}
+            for b, t in rows]
+
+
+def cells_of(groups: list[dict], trends: list[NoiseSplit | None] | None = None
              ) -> tuple[list[tuple], list[str]]:
     """(group, cell, sigma) triples the model can use, and why the others cannot. `trends`:
     each group's `seed_noise`, where the caller has it already."""
@@ -96,10 +116,10 @@ def cells_of(groups: list[dict], trends: list[NoiseTrend | None] | None = None
             if getattr(c, "few_steps", False):
                 notes["fewer steps than 3x the warmup"] += 1
                 continue
-            # the group's seed noise at the cell's tokens, pooled over the budgets where no
-            # trend is significant (the sd of two seeds alone has one degree of freedom: at
-            # cpu scale 0.004 beside a pooled 0.017)
-            sigma = (float(trend.sd(c.tokens)) / math.sqrt(c.n_seeds) if trend
+            # the group's seed noise at the cell's batch and tokens, pooled over the budgets
+            # where no trend is significant (the sd of two seeds alone has one degree of
+            # freedom: at cpu scale 0.004 beside a pooled 0.017)
+            sigma = (float(trend.sd(c.batch_size, c.tokens)) / math.sqrt(c.n_seeds) if trend
                      else c.loss_sigma)
             if not (math.isfinite(sigma) and sigma > 0):
                 notes["no seed noise"] += 1
@@ -318,8 +338,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             "b_star_tokens_high": None if interval["b_star_high"] is None
             else interval["b_star_high"] * seq_len,
             "log_loss_span": float(np.ptp(np.log(data.loss))),
-            "seed_noise": [{"width": width_label(g["key"]), **trend.as_dict()}
-                           for g, trend in zip(mine, trends, strict=True) if trend],
+            "seed_noise": [row for g, trend in zip(mine, trends, strict=True) if trend
+                           for row in noise_rows(width_label(g["key"]), trend)],
             "curves": [{"width": w, "l_inf": float(fit.l_inf[i]), "a": float(fit.a[i]),
                         "alpha": float(fit.alpha[i]), "e_ref_tokens": 1e6}
                        for i, w in enumerate(data.widths)],

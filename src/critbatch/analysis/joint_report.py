@@ -102,8 +102,9 @@ def joint_section(documents: dict) -> list[str]:
              "averaged) fitted at once: E = E_min(L; N) (1 + B / B_crit(L)), one example curve "
              "L = L_N + A_N (E_min / 1e6 tokens)^-alpha_N per width N, one "
              "B_crit(L) = B* / L^(1/alpha_B) for all widths. Weighted least squares on the "
-             "losses (weights: the group's seed noise at the cell's tokens: one pooled sd, or "
-             "a power of the tokens where a likelihood-ratio test keeps one at p < 0.05). "
+             "losses (weights: the seed noise at the cell's batch and tokens: one pooled sd, "
+             "or a power of the tokens where a likelihood-ratio test keeps one at p < 0.05; "
+             "per batch where the batches' seeds differ by the same test). "
              "Cells of fewer than 3x the warmup "
              "steps are left out; a cell whose best lr is on the grid's edge counts as an "
              "upper bound (a one-sided residual: only a prediction above it costs). "
@@ -143,15 +144,18 @@ def joint_section(documents: dict) -> list[str]:
                         "cells (runs)", "widths", "ln L span", "loss alone",
                         "held out", "1/alpha_B without cells above the baseline's losses"],
                        rows), ""]
-    noise = [[doc["optimizer"], n["width"], f"{n['sd_ref']:.4f}", f"{n['ref_tokens']:,.0f}",
-              f"{n['slope']:+.2f}", str(n["dof"]),
+    noise = [[doc["optimizer"], n["width"], noise_batch(n), f"{n['sd_ref']:.4f}",
+              f"{n['ref_tokens']:,.0f}", f"{n['slope']:+.2f}", str(n["dof"]),
               "-" if n["p_value"] is None else f"{n['p_value']:.3g}"]
              for doc in documents.values() for n in doc.get("seed_noise", [])]
     if noise:
         lines += ["Seed noise of one run (sd = sd_ref (E / E_ref)^slope, from the cells "
-                  "trained at several seeds; slope 0: pooled, no trend at p < 0.05):", "",
-                  md_table(["optimizer", "width", "sd_ref (nats/token)", "E_ref (tokens)",
-                            "slope", "dof", "p (slope 0)"], noise), ""]
+                  "trained at several seeds at their best lr; slope 0: no trend at p < 0.05). "
+                  "Each cell's sigma is its batch's where the batches' seeds differ (a "
+                  "likelihood-ratio test against one pooled trend at p < 0.05), else the "
+                  "pooled one's:", "",
+                  md_table(["optimizer", "width", "batch (seq)", "sd_ref (nats/token)",
+                            "E_ref (tokens)", "slope", "dof", "p (slope 0)"], noise), ""]
     curves = [[doc["optimizer"], c["width"], f"{c['l_inf']:.3f}", f"{c['a']:.3f}",
                f"{c['alpha']:.3f}"] for doc in documents.values() for c in doc["curves"]]
     lines += ["Example curves (L = L_N + A (E_min / 1e6 tokens)^-alpha; nats/token):", "",
@@ -222,3 +226,12 @@ def summary_line(doc: dict) -> str:
                f", loss alone p = {test['p_value']:.3g}")
             + f"; held out: {held_out_summary(doc)}; without cells above the baseline's "
               f"losses: {range_summary(doc)}")
+
+
+def noise_batch(row: dict) -> str:
+    """A seed-noise row's batch column: its batch, or what the pooled row is (fits.json rows
+    written before per-batch noise have neither field and were pooled)."""
+    if row.get("batch_size") is not None:
+        return str(row["batch_size"])
+    p = row.get("batches_differ_p")
+    return "all (pooled)" if p is None else f"all (pooled; batches differ: p = {p:.3g})"

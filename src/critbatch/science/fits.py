@@ -305,3 +305,51 @@ def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> N
         return NoiseTrend(**{**flat.__dict__, "p_value": p})
     return NoiseTrend(float(math.exp(best.x[0] / 2)), float(best.x[1]), ref, float(e.min()),
                       float(e.max()), int(n.sum()), p)
+
+
+def noise_log_likelihood(trend: NoiseTrend, tokens, variances, dofs) -> float:
+    """-2 log-likelihood (up to a constant) of per-budget sample variances under `trend`:
+    sum dof (log sd(E)^2 + v / sd(E)^2), over the samples `fit_noise_trend` would use."""
+    e, v, n = (np.asarray(x, dtype=float) for x in (tokens, variances, dofs))
+    ok = (n > 0) & np.isfinite(v) & (v > 0) & (e > 0)
+    s2 = trend.sd(e[ok]) ** 2
+    return float(np.sum(n[ok] * (np.log(s2) + v[ok] / s2)))
+
+
+@dataclass(frozen=True)
+class NoiseSplit:
+    """The seed noise pooled over some keys (batch sizes, say) and, where the keys' own trends
+    fit the samples better than the pooled one by a likelihood ratio at p < p_keep, per key
+    (`by_key`; empty when the pooled trend stands or there is one key)."""
+
+    pooled: NoiseTrend
+    by_key: dict
+    p_value: float | None  # the test of one pooled trend; None: one key, nothing to test
+
+    def sd(self, key, tokens) -> np.ndarray:
+        return (self.by_key.get(key) or self.pooled).sd(tokens)
+
+
+def fit_noise_split(samples: dict, p_keep: float = NOISE_TREND_P) -> NoiseSplit:
+    """`fit_noise_trend` pooled over `samples` ({key: (tokens, variances, dofs)}) and per key,
+    and the likelihood-ratio test between them (degrees of freedom: the per-key trends'
+    parameters, a slope counting where kept, minus the pooled trend's)."""
+    from scipy.stats import chi2
+
+    samples = {k: s for k, s in samples.items() if np.any(
+        (np.asarray(s[2]) > 0) & np.isfinite(s[1]) & (np.asarray(s[1]) > 0))}
+    columns = [np.concatenate([np.asarray(s[i], dtype=float) for s in samples.values()])
+               for i in range(3)]
+    pooled = fit_noise_trend(*columns, p_keep=p_keep)
+    if len(samples) < 2:
+        return NoiseSplit(pooled, {}, None)
+    own = {k: fit_noise_trend(*s, p_keep=p_keep) for k, s in samples.items()}
+
+    def n_params(t: NoiseTrend) -> int:
+        return 1 + (t.slope != 0)
+
+    gain = noise_log_likelihood(pooled, *columns) - sum(
+        noise_log_likelihood(own[k], *s) for k, s in samples.items())
+    df = sum(n_params(t) for t in own.values()) - n_params(pooled)
+    p = float(chi2.sf(max(gain, 0.0), df)) if df > 0 else 1.0
+    return NoiseSplit(pooled, own if p < p_keep else {}, p)

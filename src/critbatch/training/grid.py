@@ -80,7 +80,8 @@ class GridConfig:
     The batch and widths sweeps train every (batch size, lr) once at `train.tokens` with a
     wsd schedule, and each run yields more budgets by cooldown branches (`branch_budgets`);
     the baseline batch (the first) is also trained at `baseline_seeds`
-    (`widths_baseline_seeds`), whose scatter is the loss noise of every cell.
+    (`widths_baseline_seeds`), whose scatter is the loss noise of every cell; in the batch
+    sweep so are the other `seeded_batch_sizes` at `seeded_lrs`, each batch's own noise.
     """
 
     batch_sizes: str = "8,16,32,64,128"  # sequences, doubling; the first is the baseline b
@@ -105,7 +106,12 @@ class GridConfig:
     beta2: float = 0.999
     beta2_scaling: str = "tokens"
     branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
-    baseline_seeds: str = "1"  # more seeds of the baseline batch (seed 0 is in the grid)
+    baseline_seeds: str = "1"  # more seeds (seed 0 is in the grid) of the seeded cells:
+    # the batches `seeded_batch_sizes` at the lrs `seeded_lrs` (sweeps/batch_seeds.yaml), whose
+    # scatter is the loss noise of the cells (per batch where a batch has seeds)
+    seeded_batch_sizes: str = "${grid.base_batch_size}"
+    seeded_lrs: dict[str, str] = field(default_factory=lambda: {
+        "adamw": "${grid.lrs.adamw}", "muon": "${grid.lrs.muon}"})
     # the widths sweep's, per width (each seed costs a run per width and lr)
     widths_baseline_seeds: str = "${grid.baseline_seeds}"
     # make sweep-branches: the budgets of the branches and the main run (tokens)
