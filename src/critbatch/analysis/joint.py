@@ -3,8 +3,9 @@ tokenizer and seq_len) fitted at once by `science.joint`, its `joint` row in Kap
 the loss-alone test across widths, and the held-out predictions.
 
 Per optimizer, `joint_fits` takes the groups' best-lr cells (cells of too few steps for
-their warmup left out) with each cell's loss noise (the group's measured seed scatter) and
-trunk (a run and its cooldown branches share one), fits the shared law, bootstraps it
+their warmup left out) with each cell's loss noise (the measured seed scatter, per batch
+where the batches' seeds differ: `seed_noise`) and trunk (a run and its cooldown branches
+share one), fits the shared law, bootstraps it
 (`science.joint.bootstrap_joint`), fits one law per width where there are several widths
 and tests the shared one against it, then refits without the largest budget (and, with
 several widths, without the widest model's batches above its smallest) and predicts the
