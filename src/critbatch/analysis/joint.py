@@ -76,10 +76,10 @@ def comparable_groups(groups: list[dict]) -> dict[str, list[dict]]:
 
 def seed_samples(group: dict) -> dict[int, tuple[list, list, list]]:
     """Per batch size, the (tokens, one run's sample variance, dof) of the group's cells
-    trained at several seeds at their best lr."""
+    trained at several seeds at their best lr (seeds that agree exactly say nothing)."""
     out: dict[int, tuple[list, list, list]] = {}
     for c in group["cells"]:
-        if c.sigma_source == "seeds" and c.n_seeds > 1:
+        if c.sigma_source == "seeds" and c.n_seeds > 1 and c.loss_sigma > 0:
             tokens, variances, dofs = out.setdefault(c.batch_size, ([], [], []))
             tokens.append(c.tokens)
             variances.append(c.loss_sigma**2 * c.n_seeds)

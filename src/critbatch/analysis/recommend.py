@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from critbatch.analysis.bcrit import BUDGET_TOLERANCE, best_lr_cells, seed_scatter, split_runs
-from critbatch.analysis.joint import MIN_CELLS, upper_bound
+from critbatch.analysis.joint import MIN_CELLS, seed_noise, upper_bound
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import JointData, extra_term_test, fit_joint, fit_small_batch
@@ -152,12 +152,17 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
             depths.add(members[0].get("depth"))
             budgets = nominal_budgets([r["tokens"] for r in members], BUDGET_TOLERANCE)
             scatter = seed_scatter(members, budgets)
-            for c in best_lr_cells(members, None, scatter[0] if scatter else None):
+            cells = best_lr_cells(members, None, scatter[0] if scatter else None)
+            noise = seed_noise({"cells": cells})  # the joint model's: per batch and tokens
+            for c in cells:
                 if c.few_steps:
                     sweep.notes.append("fewer steps than 3x the warmup")
                     continue
-                sigma = scatter[0] / math.sqrt(c.n_seeds) if scatter and scatter[0] > 0 \
-                    else math.nan
+                if noise:
+                    sigma = float(noise.sd(c.batch_size, c.tokens)) / math.sqrt(c.n_seeds)
+                else:  # seeds only at lrs that are no cell's best: their pooled scatter
+                    sigma = (scatter[0] / math.sqrt(c.n_seeds) if scatter and scatter[0] > 0
+                             else math.nan)
                 sweep.cells.append(c)
                 sweep.sigma.append(sigma)
                 sweep.params.append(size)

@@ -338,6 +338,8 @@ def fit_noise_split(samples: dict, p_keep: float = NOISE_TREND_P) -> NoiseSplit:
 
     samples = {k: s for k, s in samples.items() if np.any(
         (np.asarray(s[2]) > 0) & np.isfinite(s[1]) & (np.asarray(s[1]) > 0))}
+    if not samples:
+        raise ValueError("fit_noise_split needs a key with a positive variance and dof")
     columns = [np.concatenate([np.asarray(s[i], dtype=float) for s in samples.values()])
                for i in range(3)]
     pooled = fit_noise_trend(*columns, p_keep=p_keep)
