@@ -268,6 +268,14 @@ class NoiseTrend:
                 "dof": self.dof, "p_value": self.p_value}
 
 
+def usable_samples(tokens, variances, dofs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (tokens, variances, dofs) samples a noise trend can use: a positive, finite
+    variance with a positive dof at positive tokens."""
+    e, v, n = (np.asarray(x, dtype=float) for x in (tokens, variances, dofs))
+    ok = (n > 0) & np.isfinite(v) & (v > 0) & (e > 0)
+    return e[ok], v[ok], n[ok]
+
+
 def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> NoiseTrend:
     """The seed noise as a power of the tokens, from per-budget sample variances.
 
@@ -279,11 +287,7 @@ def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> N
     from scipy.optimize import minimize
     from scipy.stats import chi2
 
-    e = np.asarray(tokens, dtype=float)
-    v = np.asarray(variances, dtype=float)
-    n = np.asarray(dofs, dtype=float)
-    ok = (n > 0) & np.isfinite(v) & (v > 0) & (e > 0)
-    e, v, n = e[ok], v[ok], n[ok]
+    e, v, n = usable_samples(tokens, variances, dofs)
     if not len(e):
         raise ValueError("fit_noise_trend needs a budget with a positive variance and dof")
     ref = float(np.exp(np.sum(n * np.log(e)) / n.sum()))
@@ -310,10 +314,9 @@ def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> N
 def noise_log_likelihood(trend: NoiseTrend, tokens, variances, dofs) -> float:
     """-2 log-likelihood (up to a constant) of per-budget sample variances under `trend`:
     sum dof (log sd(E)^2 + v / sd(E)^2), over the samples `fit_noise_trend` would use."""
-    e, v, n = (np.asarray(x, dtype=float) for x in (tokens, variances, dofs))
-    ok = (n > 0) & np.isfinite(v) & (v > 0) & (e > 0)
-    s2 = trend.sd(e[ok]) ** 2
-    return float(np.sum(n[ok] * (np.log(s2) + v[ok] / s2)))
+    e, v, n = usable_samples(tokens, variances, dofs)
+    s2 = trend.sd(e) ** 2
+    return float(np.sum(n * (np.log(s2) + v / s2)))
 
 
 @dataclass(frozen=True)
@@ -336,8 +339,7 @@ def fit_noise_split(samples: dict, p_keep: float = NOISE_TREND_P) -> NoiseSplit:
     parameters, a slope counting where kept, minus the pooled trend's)."""
     from scipy.stats import chi2
 
-    samples = {k: s for k, s in samples.items() if np.any(
-        (np.asarray(s[2]) > 0) & np.isfinite(s[1]) & (np.asarray(s[1]) > 0))}
+    samples = {k: s for k, s in samples.items() if len(usable_samples(*s)[0])}
     if not samples:
         raise ValueError("fit_noise_split needs a key with a positive variance and dof")
     columns = [np.concatenate([np.asarray(s[i], dtype=float) for s in samples.values()])
