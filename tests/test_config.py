@@ -62,6 +62,8 @@ def test_presets_set_their_name_and_yaml_overrides_schema():
         (["+train.foo=1"], "unknown config key 'train.foo'"),
         (["scale=huge"], "scale=huge is not a config option"),
         (["data=text_files"], "data.paths"),
+        (["train.warmup_tokens=-1"], "train.warmup_tokens=-1 must be >= 0"),
+        (["train.warmup_tokens=4096", "train.batch_schedule=ramp"], "constant batch"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_creates_nothing(
@@ -98,6 +100,19 @@ def test_cli_error_has_no_traceback(tmp_path):
 def test_validate_raises_config_error_in_process():
     with pytest.raises(ConfigError, match="micro_batch_size"):
         check_overrides(["train.batch_size=12", "train.micro_batch_size=5"])
+
+
+def test_warmup_tokens_are_a_floor_beside_the_warmup_steps():
+    """train.warmup_tokens makes warmup_steps the larger of itself and those tokens in this
+    run's steps (rounded); null leaves warmup_steps as it is."""
+    steps = {b: check_overrides([f"train.batch_size={b}", "model.seq_len=64",
+                                 "train.warmup_steps=10",
+                                 "train.warmup_tokens=57344"]).train.warmup_steps
+             for b in (8, 32, 64, 128, 4096)}
+    assert steps == {8: 112, 32: 28, 64: 14, 128: 10, 4096: 10}
+    assert check_overrides(["train.warmup_tokens=0", "train.warmup_steps=3"]
+                           ).train.warmup_steps == 3
+    assert check_overrides(["train.warmup_steps=13"]).train.warmup_steps == 13
 
 
 def test_lr_scaling_rules():

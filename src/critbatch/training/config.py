@@ -230,6 +230,10 @@ class TrainConfig:
     adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
     measured: MeasuredBatchConfig = field(default_factory=MeasuredBatchConfig)
     warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
+    # set: the warmup also lasts at least this many tokens; warmup_steps becomes
+    # max(warmup_steps, round(warmup_tokens / (batch_size x seq_len))) when the config is
+    # resolved: a floor in tokens for small batches, in steps for large ones
+    warmup_tokens: int | None = None
     schedule: Schedule = Schedule.cosine  # cosine | linear | constant | wsd (warmup-stable-decay)
     min_lr_ratio: float = 0.1  # final lr as a fraction of the peak
     # wsd only: share of the steps spent in the cooldown, a 1-sqrt decay from the peak to
@@ -653,8 +657,29 @@ def to_config(cfg: DictConfig) -> Config:
     if not isinstance(obj, Config):  # composed without the schema (should not happen)
         raise ConfigError("config is missing the critbatch schema; keep `critbatch_schema` "
                           "first in conf/config.yaml's defaults")
+    resolve_warmup(obj)
     validate(obj)
     return obj
+
+
+def resolve_warmup(cfg: Config) -> None:
+    """Apply `train.warmup_tokens`, when set: `train.warmup_steps` becomes the larger of itself
+    and the warmup tokens in this run's steps. A small batch then warms up over as many tokens
+    as a larger one (a step warmup alone gives it fewer, and AdamW's high lrs need them), a
+    large batch over at least warmup_steps steps (fewer made AdamW collapse at large batch,
+    science.md section 3)."""
+    t = cfg.train
+    if t.warmup_tokens is None:
+        return
+    if t.warmup_tokens < 0:
+        raise ConfigError(f"train.warmup_tokens={t.warmup_tokens} must be >= 0 (or null: "
+                          "train.warmup_steps alone)")
+    if t.batch_schedule != BatchSchedule.constant:
+        raise ConfigError(f"train.warmup_tokens is for a constant batch; with "
+                          f"train.batch_schedule={t.batch_schedule} set train.warmup_tokens=null "
+                          "and the warmup in train.warmup_steps")
+    step_tokens = t.batch_size * cfg.model.seq_len
+    t.warmup_steps = max(t.warmup_steps, round(t.warmup_tokens / step_tokens))
 
 
 def _extra_keys(values: dict, schema: Any, prefix: str = "") -> list[str]:

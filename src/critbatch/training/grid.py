@@ -106,6 +106,9 @@ class GridConfig:
     beta2: float = 0.999
     beta2_scaling: str = "tokens"
     branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
+    # the batch and widths sweeps' train.warmup_tokens: every batch warms up over at least
+    # these tokens and at least train.warmup_steps steps; null: the steps alone
+    warmup_tokens: int | None = None
     baseline_seeds: str = "1"  # more seeds (seed 0 is in the grid) of the seeded cells:
     # the batches `seeded_batch_sizes` at the lrs `seeded_lrs` (sweeps/batch_seeds.yaml), whose
     # scatter is the loss noise of the cells (per batch where a batch has seeds)
