@@ -257,10 +257,19 @@ class NoiseTrend:
     high_tokens: float
     dof: int
     p_value: float | None  # the likelihood-ratio test of slope 0; None: not testable
+    budgets: int = 1  # distinct budgets among its samples (`nominal_budgets`)
 
     def sd(self, tokens) -> np.ndarray:
         e = np.clip(np.asarray(tokens, dtype=float), self.low_tokens, self.high_tokens)
         return self.sd_ref * (e / self.ref_tokens) ** self.slope
+
+    def effective_dof(self, shared: float) -> float:
+        """The degrees of freedom of sd_ref as an estimate, where a run's `budgets` cooldown
+        branches share `shared` of its loss variance: the budgets' sample variances then
+        correlate by shared^2, so k of them count as k / (1 + (k - 1) shared^2) (2.5 of 5 at
+        0.5), less one per fitted parameter; at least 1."""
+        k = max(1, self.budgets)
+        return max(1.0, self.dof / (1 + (k - 1) * shared**2) - 1 - (self.slope != 0))
 
     def as_dict(self) -> dict:
         return {"sd_ref": self.sd_ref, "slope": self.slope, "ref_tokens": self.ref_tokens,
@@ -293,7 +302,7 @@ def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> N
     ref = float(np.exp(np.sum(n * np.log(e)) / n.sum()))
     pooled = float(np.sum(n * v) / n.sum())
     flat = NoiseTrend(math.sqrt(pooled), 0.0, ref, float(e.min()), float(e.max()),
-                      int(n.sum()), None)
+                      int(n.sum()), None, len(set(nominal_budgets(e).values())))
     x = np.log(e / ref)
     if np.ptp(x) == 0 or n.sum() < 3:
         return flat
@@ -308,7 +317,7 @@ def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> N
     if p >= p_keep:
         return NoiseTrend(**{**flat.__dict__, "p_value": p})
     return NoiseTrend(float(math.exp(best.x[0] / 2)), float(best.x[1]), ref, float(e.min()),
-                      float(e.max()), int(n.sum()), p)
+                      float(e.max()), int(n.sum()), p, flat.budgets)
 
 
 def noise_log_likelihood(trend: NoiseTrend, tokens, variances, dofs) -> float:
@@ -330,7 +339,11 @@ class NoiseSplit:
     p_value: float | None  # the test of one pooled trend; None: one key, nothing to test
 
     def sd(self, key, tokens) -> np.ndarray:
-        return (self.by_key.get(key) or self.pooled).sd(tokens)
+        return self.trend(key).sd(tokens)
+
+    def trend(self, key) -> NoiseTrend:
+        """The trend a key's noise comes from: its own where the keys differ, else pooled."""
+        return self.by_key.get(key) or self.pooled
 
 
 def fit_noise_split(samples: dict, p_keep: float = NOISE_TREND_P) -> NoiseSplit:
