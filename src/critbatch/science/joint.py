@@ -435,9 +435,12 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     for again in redrawn_refits(data, fit, resamples, seed, shared):
         gammas.append(again.exponent)
         log_b.append(math.log(again.b_star[0]))
+    estimated = data.noise_dof is not None and bool(np.isfinite(data.noise_dof).any())
     label = (f"{confidence:.0%} parametric bootstrap: every cell's loss redrawn with its seed "
-             f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}, a trunk and its "
-             f"branches sharing {shared:.0%} of the variance, refitted {len(gammas)} times")
+             f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}"
+             f"{' (each noise estimate redrawn from its degrees of freedom)' if estimated else ''}"
+             f", a trunk and its branches sharing {shared:.0%} of the variance, refitted "
+             f"{len(gammas)} times")
     if len(gammas) < max(10, resamples // 2):
         return Bootstrap(None, None, None, None, len(gammas), scale, np.array(gammas),
                          f"none: {len(gammas)} of {resamples} refits converged")
