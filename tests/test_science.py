@@ -206,3 +206,21 @@ def test_noise_trend_holds_its_end_values_outside_the_measured_budgets():
     assert trend.sd(4e5) == pytest.approx(0.02)
     assert trend.sd(1e5) == pytest.approx(0.04) == trend.sd(2e5)
     assert trend.sd(1.6e6) == pytest.approx(0.01)
+
+
+def test_a_noise_estimates_effective_dof_counts_correlated_budgets_once_in_part():
+    """k budgets of one run, sharing `shared` of its variance, count as k / (1 + (k - 1)
+    shared^2) samples; a fitted slope costs one; a trend counts its budgets itself."""
+    from critbatch.science.fits import NoiseTrend, fit_noise_trend
+
+    def trend(budgets, slope=0.0):
+        return NoiseTrend(sd_ref=0.02, slope=slope, ref_tokens=4e5, low_tokens=2e5,
+                          high_tokens=8e5, dof=10, p_value=None, budgets=budgets)
+
+    assert trend(5).effective_dof(0.5) == pytest.approx(5.0)  # 10 / (1 + 4 x 0.25)
+    assert trend(5, slope=-0.5).effective_dof(0.5) == pytest.approx(4.0)
+    assert trend(1).effective_dof(0.5) == trend(5).effective_dof(0.0) == pytest.approx(10.0)
+    assert trend(40).effective_dof(1.0) == 1.0  # never below one
+    # branches of one budget at slightly different tokens (whole steps per batch) are one
+    fitted = fit_noise_trend([187392, 186368, 374784, 372736], [4e-4] * 4, [2] * 4)
+    assert fitted.budgets == 2 and fitted.dof == 8

@@ -286,7 +286,7 @@ def interval_of(data: JointData, fit: JointFit, optimizer: str) -> dict:
     resampling units, so it needs no minimum number of runs: on planted worlds of one width
     (6 runs, seed sd 0.0177) it covered the planted exponent in 24 of 24 worlds, of three
     widths in 39 of 40, and with the sigmas estimated from three seeds per batch (redrawn
-    with each draw, `noise_sources`) in 113 of 120 (the slow tests in tests/test_joint.py ask
+    with each draw, `noise_sources`) in 111 of 120 (the slow tests in tests/test_joint.py ask
     for 36 of 40)."""
     boot = bootstrap_joint(data, fit, resamples=RESAMPLES, seed=sum(map(ord, optimizer)))
     return {"exponent_low": boot.exponent_low, "exponent_high": boot.exponent_high,

@@ -267,9 +267,9 @@ class NoiseTrend:
         """The degrees of freedom of sd_ref as an estimate, where a run's `budgets` cooldown
         branches share `shared` of its loss variance: the budgets' sample variances then
         correlate by shared^2, so k of them count as k / (1 + (k - 1) shared^2) (2.5 of 5 at
-        0.5), less one per fitted parameter; at least 1."""
+        0.5), less one for a fitted slope; at least 1."""
         k = max(1, self.budgets)
-        return max(1.0, self.dof / (1 + (k - 1) * shared**2) - 1 - (self.slope != 0))
+        return max(1.0, self.dof / (1 + (k - 1) * shared**2) - (self.slope != 0))
 
     def as_dict(self) -> dict:
         return {"sd_ref": self.sd_ref, "slope": self.slope, "ref_tokens": self.ref_tokens,
