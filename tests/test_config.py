@@ -104,7 +104,7 @@ def test_validate_raises_config_error_in_process():
 
 def test_warmup_tokens_are_a_floor_beside_the_warmup_steps():
     """train.warmup_tokens makes warmup_steps the larger of itself and those tokens in this
-    run's steps (rounded); null leaves warmup_steps as it is."""
+    run's steps (rounded up); null leaves warmup_steps as it is; a bad batch is validate's."""
     steps = {b: check_overrides([f"train.batch_size={b}", "model.seq_len=64",
                                  "train.warmup_steps=10",
                                  "train.warmup_tokens=57344"]).train.warmup_steps
@@ -113,6 +113,10 @@ def test_warmup_tokens_are_a_floor_beside_the_warmup_steps():
     assert check_overrides(["train.warmup_tokens=0", "train.warmup_steps=3"]
                            ).train.warmup_steps == 3
     assert check_overrides(["train.warmup_steps=13"]).train.warmup_steps == 13
+    assert check_overrides(["train.batch_size=24", "model.seq_len=64", "train.warmup_steps=1",
+                            "train.warmup_tokens=2000"]).train.warmup_steps == 2  # 2000/1536
+    with pytest.raises(ConfigError, match="batch_size"):
+        check_overrides(["train.batch_size=0", "train.warmup_tokens=1000"])
 
 
 def test_lr_scaling_rules():

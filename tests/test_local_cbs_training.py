@@ -299,3 +299,16 @@ def test_the_entry_point_trains_a_base_and_its_branches_then_resumes_nothing(
     capsys.readouterr()
     main([str(base)])
     assert "0 run(s) trained" in capsys.readouterr().out
+
+
+def test_a_branch_keeps_its_bases_resolved_warmup(tiny_cfg):
+    """A base with a token floor on its warmup (train.warmup_tokens) resolves it at its own
+    batch; a branch, a switch of batch, keeps those steps and drops the floor, in its config
+    and in the overrides its folder records (the floor is refused with a batch schedule)."""
+    floor = ["train.warmup_tokens=640"]  # 640 / (4 x 32) = 5 steps, as BASE's warmup_steps
+    cfg = tiny_cfg(*BASE, *LOCAL, "train.warmup_steps=2", *floor)
+    assert cfg.train.warmup_steps == 5
+    for branch in local_plan(cfg, [*BASE, *LOCAL, "train.warmup_steps=2", *floor]):
+        assert branch.cfg.train.warmup_steps == 5 and branch.cfg.train.warmup_tokens is None
+        assert {"train.warmup_steps=5", "train.warmup_tokens=null"} <= set(branch.overrides)
+        assert not any(o in branch.overrides for o in ("train.warmup_steps=2", *floor))

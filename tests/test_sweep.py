@@ -63,7 +63,7 @@ def test_grids_are_consistent_at_every_scale(scale):
                 assert fewest >= 2 * t.warmup_steps, (job.run_dir, fewest)
                 if cfg.grid.warmup_tokens:  # at least those tokens of warmup at every batch
                     step_tokens = t.batch_size * job.cfg.model.seq_len
-                    assert t.warmup_steps * step_tokens >= cfg.grid.warmup_tokens - step_tokens
+                    assert t.warmup_steps * step_tokens >= cfg.grid.warmup_tokens
             repeats = plan_stage(seeds, scale, optimizer, [])
             seeds_key = "baseline_seeds" if main == "batch" else "widths_baseline_seeds"
             assert {j.cfg.train.seed for j in repeats} == {

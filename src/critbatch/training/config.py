@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field, is_dataclass
 from enum import StrEnum
@@ -229,9 +230,9 @@ class TrainConfig:
     ramp_fraction: float = 0.25  # ramp: share of the token budget over which the batch grows
     adaptive: AdaptiveBatchConfig = field(default_factory=AdaptiveBatchConfig)
     measured: MeasuredBatchConfig = field(default_factory=MeasuredBatchConfig)
-    warmup_steps: int = 50  # optimizer steps of linear warmup; never rescaled by batch size
+    warmup_steps: int = 50  # optimizer steps of linear warmup (raised by warmup_tokens only)
     # set: the warmup also lasts at least this many tokens; warmup_steps becomes
-    # max(warmup_steps, round(warmup_tokens / (batch_size x seq_len))) when the config is
+    # max(warmup_steps, ceil(warmup_tokens / (batch_size x seq_len))) when the config is
     # resolved: a floor in tokens for small batches, in steps for large ones
     warmup_tokens: int | None = None
     schedule: Schedule = Schedule.cosine  # cosine | linear | constant | wsd (warmup-stable-decay)
@@ -679,7 +680,9 @@ def resolve_warmup(cfg: Config) -> None:
                           f"train.batch_schedule={t.batch_schedule} set train.warmup_tokens=null "
                           "and the warmup in train.warmup_steps")
     step_tokens = t.batch_size * cfg.model.seq_len
-    t.warmup_steps = max(t.warmup_steps, round(t.warmup_tokens / step_tokens))
+    if step_tokens <= 0 or t.warmup_steps < 0:  # validate says what is wrong
+        return
+    t.warmup_steps = max(t.warmup_steps, math.ceil(t.warmup_tokens / step_tokens))
 
 
 def _extra_keys(values: dict, schema: Any, prefix: str = "") -> list[str]:

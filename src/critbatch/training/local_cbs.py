@@ -42,7 +42,8 @@ from critbatch.training.config import Config, total_steps
 # what a branch sets itself: the base's overrides of these keys are left out of its own
 LOCAL_OVERRIDES = ("train.local_cbs.", "train.batch_schedule=", "train.batch_size=",
                    "train.batch_size_start=", "train.switch_at_tokens=", "train.tokens=",
-                   "train.data_chunk=", "train.schedule=", "train.cooldown_fraction=")
+                   "train.data_chunk=", "train.schedule=", "train.cooldown_fraction=",
+                   "train.warmup_steps=", "train.warmup_tokens=")
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,9 @@ def branch_config(cfg: Config, at_tokens: int, multiplier: int, seed: int | None
     s.batch_schedule, s.batch_size_start = "switch", t.batch_size
     s.batch_size, s.switch_at_tokens = multiplier * t.batch_size, at_tokens
     s.tokens, s.data_chunk = at_tokens + window_tokens(cfg), t.batch_size
+    # the base's warmup as resolved (a token floor belongs to a constant batch): a branch
+    # forks after it and would not re-resolve it at its own batch
+    s.warmup_steps, s.warmup_tokens = t.warmup_steps, None
     if t.local_cbs.cooldown_fraction:
         s.schedule, s.cooldown_fraction = "wsd", branch_cooldown(cfg, at_tokens)
     if seed is not None:
@@ -122,7 +126,8 @@ def plan(cfg: Config, overrides: list[str]) -> list[LocalBranch]:
             mine = ["train.batch_schedule=switch", f"train.batch_size_start={t.batch_size}",
                     f"train.batch_size={s.batch_size}", f"train.switch_at_tokens={at_tokens}",
                     f"train.tokens={s.tokens}", f"train.data_chunk={t.batch_size}",
-                    "train.local_cbs.at_fractions=[]"]
+                    "train.local_cbs.at_fractions=[]", f"train.warmup_steps={t.warmup_steps}",
+                    "train.warmup_tokens=null"]
             if t.local_cbs.cooldown_fraction:
                 mine += ["train.schedule=wsd", f"train.cooldown_fraction={s.cooldown_fraction!r}"]
             keep, name = own, f"k={k}"
