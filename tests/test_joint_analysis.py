@@ -264,6 +264,9 @@ def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sw
     for doc in result["fits"]["joint"].values():
         (noise,) = doc["seed_noise"]
         assert noise["slope"] == 0 and noise["sd_ref"] == pytest.approx(0.002 * 2**0.5)
+        # what the bootstrap redraws it from: a run's budgets count in part (they share it)
+        assert noise["effective_dof"] == pytest.approx(
+            noise["dof"] / (1 + (noise["budgets"] - 1) * 0.25)) and noise["budgets"] >= 3
     budgets = [187_500, 375_000, 750_000, 1_500_000]
     sds = [0.08, 0.04, 0.03, 0.02]
     cells = [SimpleNamespace(batch_size=8, tokens=e, loss=4.0, n_seeds=3, sigma_source="seeds",
@@ -289,3 +292,13 @@ def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sw
     sigma = {(c.batch_size, c.tokens, c.n_seeds): s for _, c, s in used}
     assert sigma[(64, 187_500, 1)] == pytest.approx(float(split.by_key[64].sd(187_500)))
     assert sigma[(64, 187_500, 1)] / sigma[(8, 187_500, 3)] == pytest.approx(10 * 3**0.5, rel=1e-3)
+    # each batch's cells share one noise estimate, redrawn from that batch's effective dof
+    from critbatch.analysis.joint import noise_sources
+
+    ids, dofs = noise_sources(used, [group], [split])
+    by_batch = {}
+    for (_, c, _), i, nu in zip(used, ids, dofs, strict=True):
+        by_batch.setdefault(c.batch_size, set()).add((i, nu))
+    assert len(by_batch[8]) == len(by_batch[64]) == 1 and by_batch[8] != by_batch[64]
+    ((_, nu),) = by_batch[64]
+    assert nu == pytest.approx(split.by_key[64].effective_dof(0.5))

@@ -101,10 +101,12 @@ def seed_noise(group: dict) -> NoiseSplit | None:
 
 def noise_rows(width: str, split: NoiseSplit) -> list[dict]:
     """fits.json's seed-noise rows of one group: the pooled trend (batch_size None) and, where
-    the batches differ, each batch's (`batches_differ_p`: the test's p, on every row)."""
+    the batches differ, each batch's (`batches_differ_p`: the test's p, on every row;
+    `budgets` and `effective_dof`: what the bootstrap redraws the estimate from)."""
     rows = [(None, split.pooled)] + sorted(split.by_key.items())
-    return [{"width": width, "batch_size": b, **t.as_dict(), "batches_differ_p": split.p_value}
-            for b, t in rows]
+    return [{"width": width, "batch_size": b, **t.as_dict(), "budgets": t.budgets,
+             "effective_dof": t.effective_dof(SHARED_FRACTION),
+             "batches_differ_p": split.p_value} for b, t in rows]
 
 
 def cells_of(groups: list[dict], trends: list[NoiseSplit | None] | None = None

@@ -148,6 +148,7 @@ def joint_section(documents: dict) -> list[str]:
                        rows), ""]
     noise = [[doc["optimizer"], n["width"], noise_batch(n), f"{n['sd_ref']:.4f}",
               f"{n['ref_tokens']:,.0f}", f"{n['slope']:+.2f}", str(n["dof"]),
+              "-" if n.get("effective_dof") is None else f"{n['effective_dof']:.1f}",
               "-" if n["p_value"] is None else f"{n['p_value']:.3g}"]
              for doc in documents.values() for n in doc.get("seed_noise", [])]
     if noise:
@@ -155,9 +156,11 @@ def joint_section(documents: dict) -> list[str]:
                   "trained at several seeds at their best lr; slope 0: no trend at p < 0.05). "
                   "Each cell's sigma is its batch's where the batches' seeds differ (a "
                   "likelihood-ratio test against one pooled trend at p < 0.05), else the "
-                  "pooled one's:", "",
+                  "pooled one's. Effective dof: what the bootstrap redraws the estimate from "
+                  "(the budgets of one run share its trunk, so they count in part):", "",
                   md_table(["optimizer", "width", "batch (seq)", "sd_ref (nats/token)",
-                            "E_ref (tokens)", "slope", "dof", "p (slope 0)"], noise), ""]
+                            "E_ref (tokens)", "slope", "dof", "effective dof", "p (slope 0)"],
+                           noise), ""]
     curves = [[doc["optimizer"], c["width"], f"{c['l_inf']:.3f}", f"{c['a']:.3f}",
                f"{c['alpha']:.3f}"] for doc in documents.values() for c in doc["curves"]]
     lines += ["Example curves (L = L_N + A (E_min / 1e6 tokens)^-alpha; nats/token):", "",
