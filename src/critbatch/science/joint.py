@@ -376,14 +376,14 @@ def plausible_sigma(rng: np.random.Generator, data: JointData) -> np.ndarray:
 
     if data.noise_group is None or data.noise_dof is None:
         return data.sigma
-    groups = np.unique(data.noise_group)
-    dof = np.array([data.noise_dof[data.noise_group == g][0] for g in groups])
-    factor = np.ones(len(groups))
+    _, first, cell_group = np.unique(data.noise_group, return_index=True, return_inverse=True)
+    dof = data.noise_dof[first]  # one per estimate
+    factor = np.ones(len(dof))
     finite = np.isfinite(dof) & (dof > 0)
     nu = dof[finite]
     drawn = np.clip(rng.chisquare(nu), chi2.ppf(0.025, nu), chi2.ppf(0.975, nu))
     factor[finite] = np.sqrt(nu / drawn)
-    return data.sigma * factor[np.searchsorted(groups, data.noise_group)]
+    return data.sigma * factor[cell_group]
 
 
 def redrawn_refits(data: JointData, fit: JointFit, resamples: int, seed: int,
