@@ -8,6 +8,7 @@ import pytest
 
 from critbatch.science.joint import (
     SHARED_FRACTION,
+    Form,
     JointData,
     PlantedWorld,
     above_baseline,
@@ -17,6 +18,7 @@ from critbatch.science.joint import (
     loss_alone_test,
     planted_world,
     prediction_spread,
+    select_form,
 )
 
 # Two optimizers as the issue planted them: Kaplan's 4.8 and a flatter 3.5, each with
@@ -86,15 +88,15 @@ def test_small_batch_term_is_kept_only_where_the_data_demand_it():
     and recovers B_s and the exponent; the plain world does not keep it."""
     rng = np.random.default_rng(7)
     plain = planted_world(WORLDS["adamw"], rng=rng)
-    test = extra_term_test(fit_joint(plain), fit_joint(plain, small_batch=True))
+    test = extra_term_test(fit_joint(plain), fit_joint(plain, form=Form(small_batch=True)))
     assert test["kept"] is False
 
     truth = WORLDS["adamw"].fit()
-    truth.small_batch, truth.b_small = True, 4.0
+    truth.form, truth.b_small = Form(small_batch=True), 4.0
     data = planted_world(WORLDS["adamw"])
     lossy = truth.predict_loss(data.width, data.batch, data.tokens)
     noisy = data.with_loss(lossy + 0.0125 * rng.standard_normal(len(lossy)))
-    richer = fit_joint(noisy, small_batch=True)
+    richer = fit_joint(noisy, form=Form(small_batch=True))
     test = extra_term_test(fit_joint(noisy), richer)
     assert test["kept"] and test["chi2_per_dof_with"] < test["chi2_per_dof_without"]
     assert richer.b_small == pytest.approx(4.0, rel=0.5)
@@ -103,21 +105,51 @@ def test_small_batch_term_is_kept_only_where_the_data_demand_it():
 
 def test_the_small_batch_fit_recovers_a_term_its_plain_start_misses():
     """A small-batch term that bends the loss against batch (planted B_s 12 sequences with
-    batches 4-128): `fit_small_batch` tries the plain fit's start and fresh ones and keeps
-    the better; B_s stays within the batches' geometric middle (`b_small_max`)."""
-    from critbatch.science.joint import b_small_max, fit_small_batch
+    batches 4-128): `fit_richer` tries the plain fit's start and fresh ones and keeps the
+    better; B_s stays within the batches' geometric middle (`b_small_max`)."""
+    from critbatch.science.joint import b_small_max, fit_richer
 
     truth = WORLDS["muon"].fit()
-    truth.small_batch, truth.b_small = True, 12.0
+    truth.form, truth.b_small = Form(small_batch=True), 12.0
     data = planted_world(WORLDS["muon"], batches=(4, 8, 16, 32, 64, 128))
     noisy = data.with_loss(truth.predict_loss(data.width, data.batch, data.tokens)
                            + 0.0125 * np.random.default_rng(5).standard_normal(len(data)))
     plain = fit_joint(noisy)
-    richer = fit_small_batch(noisy, plain)
+    richer = fit_richer(noisy, plain, Form(small_batch=True))
     assert richer.small_batch and richer.b_small == pytest.approx(12.0, rel=0.3)
     assert richer.chi2_per_dof < 2 and extra_term_test(plain, richer)["kept"]
     assert b_small_max(noisy) == pytest.approx((4 * 128) ** 0.5)
-    assert fit_joint(noisy, small_batch=True).b_small <= b_small_max(noisy) + 1e-9
+    assert fit_joint(noisy, form=Form(small_batch=True)).b_small <= b_small_max(noisy) + 1e-9
+
+
+POWER_WORLD = PlantedWorld(gamma=4.8, b_star=40 * 6.5**4.8, power=0.7)
+
+
+def test_noiseless_power_world_gives_the_planted_power_and_exponent():
+    """E/E_min = 1 + (B/B_crit)^0.7: the fit with the power recovers p and 1/alpha_B; B_crit
+    keeps its meaning (twice the minimal tokens) whatever p is."""
+    data = planted_world(POWER_WORLD)
+    fit = fit_joint(data, form=Form(power=True))
+    assert fit.success and fit.chi2_per_dof < 1e-6
+    assert fit.power == pytest.approx(0.7, abs=0.02)
+    assert abs(fit.exponent - 4.8) < 0.3
+    truth = POWER_WORLD.fit()
+    b = truth.b_crit(np.array([5.0]))
+    assert np.exp(truth.log_tokens(np.array([5.0]), np.array([0]), b)[0]) == pytest.approx(
+        2 * truth.e_min(np.array([5.0]), np.array([0])))
+
+
+def test_select_form_keeps_the_power_only_where_the_data_demand_it():
+    """cpu-like noise (0.0125 nats/token): the power world keeps p (near 0.7) and not the
+    small-batch factor; the plain world keeps neither."""
+    rng = np.random.default_rng(11)
+    fit, tests = select_form(planted_world(POWER_WORLD, rng=rng))
+    assert fit.form == Form(power=True) and tests["power"]["kept"]
+    assert not tests["small_batch"]["kept"]
+    assert fit.power == pytest.approx(0.7, abs=0.1)
+    assert tests["power"]["chi2_per_dof_without"] > 2 > tests["power"]["chi2_per_dof_with"]
+    fit, tests = select_form(planted_world(WORLDS["adamw"], rng=rng))
+    assert fit.form == Form() and not any(t["kept"] for t in tests.values())
 
 
 def test_build_indexes_widths_and_trunks():

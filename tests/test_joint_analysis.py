@@ -214,7 +214,7 @@ def test_a_missed_held_out_set_gets_the_refit_s_spread():
     import numpy as np
 
     from critbatch.analysis.joint import held_out
-    from critbatch.science.joint import PlantedWorld, planted_world
+    from critbatch.science.joint import Form, PlantedWorld, planted_world
 
     data = planted_world(PlantedWorld(l_inf=(1.0,), a=(3.3,), alpha=(0.16,)), sigma=0.0125,
                          rng=np.random.default_rng(5))
@@ -222,7 +222,7 @@ def test_a_missed_held_out_set_gets_the_refit_s_spread():
     data = data.with_loss(data.loss + 0.06 * largest)
     used = [(None, SimpleNamespace(batch_size=int(b), tokens=int(e), loss=float(v)), float(s))
             for b, e, v, s in zip(data.batch, data.tokens, data.loss, data.sigma, strict=True)]
-    held = held_out(data, used, ~largest, "the largest budget", small_batch=False)
+    held = held_out(data, used, ~largest, "the largest budget", form=Form())
     assert held["within_2_sigma"] < 0.8 * held["n_cells"]
     assert held["within_2_predictive_sigma"] >= held["within_2_sigma"]
     for row in held["rows"]:
@@ -239,16 +239,16 @@ def test_a_held_out_refit_with_only_baseline_cells_left_is_skipped():
     import numpy as np
 
     from critbatch.analysis.joint import MIN_CELLS, held_out, smallest_batch
-    from critbatch.science.joint import PlantedWorld, planted_world
+    from critbatch.science.joint import Form, PlantedWorld, planted_world
 
     data = planted_world(PlantedWorld(), sigma=0.0125, rng=np.random.default_rng(5))
     baseline = smallest_batch(data)
     assert set(data.batch[baseline]) == {data.batch.min()} and baseline.sum() >= MIN_CELLS
     used = [(None, SimpleNamespace(batch_size=int(b), tokens=int(e), loss=float(v)), float(s))
             for b, e, v, s in zip(data.batch, data.tokens, data.loss, data.sigma, strict=True)]
-    assert held_out(data, used, baseline, "x", small_batch=False) is None
+    assert held_out(data, used, baseline, "x", form=Form()) is None
     one_more = baseline | (np.arange(len(data)) == np.flatnonzero(~baseline)[0])
-    assert held_out(data, used, one_more, "x", small_batch=False) is None
+    assert held_out(data, used, one_more, "x", form=Form()) is None
 
 
 def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sweep):

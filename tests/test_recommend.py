@@ -15,6 +15,7 @@ import pytest
 
 from critbatch.analysis import tables
 from critbatch.analysis.recommend import answer, fit_model, sized_sweeps, validate
+from critbatch.science.joint import Form
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
     ScalingFit,
@@ -35,7 +36,7 @@ LR_CURVATURE = 0.1  # nats/token per (ln lr - ln lr*)^2
 def truth(b_small: float = 0.0) -> ScalingFit:
     """A world like the cpu sweeps: losses 4-6 nats/token at 0.2-1.5M tokens, B_crit 100-300."""
     return ScalingFit(l0=2.0, a_size=0.5, size_exponent=0.3, c=1.5, b=0.3, b_star=3.2e5,
-                      gamma=4.8, b_small=b_small, small_batch=b_small > 0)
+                      gamma=4.8, b_small=b_small, form=Form(small_batch=b_small > 0))
 
 
 def planted_lr(batch: float, params: float) -> float:

@@ -5,7 +5,8 @@ the loss-alone test across widths, and the held-out predictions.
 Per optimizer, `joint_fits` takes the groups' best-lr cells (cells of too few steps for
 their warmup left out) with each cell's loss noise (the measured seed scatter, per batch
 where the batches' seeds differ: `seed_noise`) and trunk (a run and its cooldown branches
-share one), fits the shared law, bootstraps it
+share one), fits the shared law with the optional terms the data demand
+(`science.joint.select_form`), bootstraps it
 (`science.joint.bootstrap_joint`), fits one law per width where there are several widths
 and tests the shared one against it, then refits without the largest budget (and, with
 several widths, without the widest model's batches above its smallest) and predicts the
@@ -25,16 +26,16 @@ import numpy as np
 from critbatch.science.fits import NoiseSplit, fit_noise_split
 from critbatch.science.joint import (
     SHARED_FRACTION,
+    Form,
     JointData,
     JointFit,
     above_baseline,
     bootstrap_joint,
-    extra_term_test,
     fit_joint,
-    fit_small_batch,
     loss_alone_test,
     noise_scale,
     prediction_spread,
+    select_form,
 )
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 
@@ -175,7 +176,7 @@ def upper_bound(cell) -> bool:
 
 
 def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
-             small_batch: bool) -> dict | None:
+             form: Form) -> dict | None:
     """Refit on `keep` and predict the other cells: measured, predicted and the residual in
     seed sigmas per cell, and how many lie within HELD_OUT_SIGMAS."""
     if keep.all() or keep.sum() < MIN_CELLS or len(set(data.width[keep])) < len(data.widths):
@@ -183,7 +184,7 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
     if (keep & ~smallest_batch(data)).sum() < 2:  # only baselines: nothing pins the law
         return None
     kept = data.subset(keep)
-    fit = fit_joint(kept, small_batch=small_batch)
+    fit = fit_joint(kept, form=form)
     out = np.flatnonzero(~keep)
     where = (data.width[out], data.batch[out], data.tokens[out])
     predicted = fit.predict_loss(*where)
@@ -245,7 +246,7 @@ BUDGET_SET = "the largest budget"
 ANCHORED_BUDGET_SET = "the largest budget above its smallest batch"
 
 
-def held_out_sets(data: JointData, used: list[tuple], small_batch: bool) -> list[dict]:
+def held_out_sets(data: JointData, used: list[tuple], form: Form) -> list[dict]:
     """The held-out refits: the largest budget (the example curve and the law extrapolate
     together); the largest budget above each width's smallest batch (the baseline's cell
     stays: the law alone extrapolates to the lowest losses, from a curve measured there);
@@ -253,13 +254,12 @@ def held_out_sets(data: JointData, used: list[tuple], small_batch: bool) -> list
     largest_budget = np.array([c.budget == max(x.budget for x in g["cells"])
                                for g, c, _ in used])
     baseline = smallest_batch(data)
-    sets = [held_out(data, used, ~largest_budget, BUDGET_SET, small_batch),
-            held_out(data, used, ~(largest_budget & ~baseline), ANCHORED_BUDGET_SET,
-                     small_batch)]
+    sets = [held_out(data, used, ~largest_budget, BUDGET_SET, form),
+            held_out(data, used, ~(largest_budget & ~baseline), ANCHORED_BUDGET_SET, form)]
     if len(data.widths) >= 2:
         widest = data.width == len(data.widths) - 1
         sets.append(held_out(data, used, ~(widest & ~baseline),
-                             f"{data.widths[-1]} above its smallest batch", small_batch))
+                             f"{data.widths[-1]} above its smallest batch", form))
     return [s for s in sets if s]
 
 
@@ -307,8 +307,7 @@ def range_check(data: JointData, fit: JointFit) -> tuple[dict, np.ndarray]:
     if above.any() and (~above).sum() >= MIN_CELLS:
         # from the full fit: the same optimum as from fit_joint's own starts on the cpu
         # sweep's cells (5.19 and 2.21), in a tenth of the time on the report's test world
-        again = fit_joint(data.subset(~above), start=fit.as_vector(),
-                          small_batch=fit.small_batch)
+        again = fit_joint(data.subset(~above), start=fit.as_vector(), form=fit.form)
         doc.update(exponent=again.exponent, chi2_per_dof=again.chi2_per_dof,
                    converged=again.success)
     return doc, above
@@ -342,15 +341,11 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         print(f"  joint model ({optimizer}): {len(used)} cells: the fit, {RESAMPLES} bootstrap "
               "refits, the held-out refits and the range check ...", flush=True)
         data = build_data(used, noise_sources(used, mine, trends))
-        plain = fit_joint(data)
-        small = fit_small_batch(data, plain)
-        term = extra_term_test(plain, small)
-        fit = small if term["kept"] else plain
+        fit, terms = select_form(data)
         interval = interval_of(data, fit, optimizer)
-        test = (loss_alone_test(fit, fit_joint(data, per_width=True,
-                                               small_batch=fit.small_batch))
+        test = (loss_alone_test(fit, fit_joint(data, per_width=True, form=fit.form))
                 if len(data.widths) >= 2 else None)
-        tested = held_out_sets(data, used, fit.small_batch)
+        tested = held_out_sets(data, used, fit.form)
         in_range, above = range_check(data, fit)
         doc = {
             "optimizer": optimizer, "widths": list(data.widths), "seq_len": seq_len,
@@ -359,9 +354,11 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             "left_out": notes, "chi2": fit.chi2, "dof": fit.dof,
             "chi2_per_dof": fit.chi2_per_dof, "noise_scale": noise_scale(fit),
             "converged": fit.success,
-            "form": "E_min (1 + B/B_crit) (1 + B_s/B)" if fit.small_batch
-            else "E_min (1 + B/B_crit)",
-            "b_small": fit.b_small if fit.small_batch else None, "small_batch_term": term,
+            "form": fit.form.formula,
+            "b_small": fit.b_small if fit.small_batch else None,
+            "small_batch_term": terms["small_batch"],
+            "transition_power": fit.power if fit.form.power else None,
+            "transition_power_term": terms["power"],
             "b_star_tokens": float(fit.b_star[0]) * seq_len, "exponent": fit.exponent,
             **{k: v for k, v in interval.items() if not k.startswith("b_star")},
             "b_star_tokens_low": None if interval["b_star_low"] is None

@@ -21,7 +21,7 @@ from critbatch.analysis.joint import (
     passes,
 )
 from critbatch.analysis.render import fmt, fmt_interval, md_table
-from critbatch.science.joint import JointFit
+from critbatch.science.joint import Form, JointFit
 
 PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 seed sigma) "
                 "against tokens, per batch size, with the model's curve; held-out cells hollow, "
@@ -37,6 +37,9 @@ def verdict(doc: dict) -> str:
     if low is None or high is None:
         return f"**{doc['optimizer']}: unresolved** ({law}; {doc['interval']})."
     why = [f"ln L spans {doc['log_loss_span']:.2f}"]
+    if doc.get("transition_power") is not None:
+        why.append(f"form {doc['form']} with p = {doc['transition_power']:.2f} fitted (p and "
+                   "1/alpha_B trade against each other)")
     if doc.get("chi2_per_dof", 0) > 2:
         why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
     missed = [h for h in doc.get("held_out", []) if not passes(h)]
@@ -101,7 +104,11 @@ def joint_section(documents: dict) -> list[str]:
              "Every cell of an optimizer (all widths, batches, budgets; best lr, seeds "
              "averaged) fitted at once: E = E_min(L; N) (1 + B / B_crit(L)), one example curve "
              "L = L_N + A_N (E_min / 1e6 tokens)^-alpha_N per width N, one "
-             "B_crit(L) = B* / L^(1/alpha_B) for all widths. Weighted least squares on the "
+             "B_crit(L) = B* / L^(1/alpha_B) for all widths; two optional terms, each kept "
+             "where a likelihood-ratio test demands it (p < 0.05, the noise scaled by "
+             "sqrt(chi2/dof) where the richer model misfits): a small-batch factor "
+             "(1 + B_s / B), then a power, (B / B_crit)^p in place of B / B_crit (B_crit stays "
+             "the batch that needs twice the minimal tokens). Weighted least squares on the "
              "losses (weights: the seed noise at the cell's batch and tokens: one pooled sd, "
              "or a power of the tokens where a likelihood-ratio test keeps one at p < 0.05; "
              "per batch where the batches' seeds differ by the same test). "
@@ -146,6 +153,13 @@ def joint_section(documents: dict) -> list[str]:
                         "cells (runs)", "widths", "ln L span", "loss alone",
                         "held out", "1/alpha_B without cells above the baseline's losses"],
                        rows), ""]
+    terms = [term_row(doc, *term) for doc in documents.values() for term in TERMS
+             if doc.get(term[1])]
+    if terms:
+        lines += ["Optional terms, each tested against the form before it (chi-square "
+                  "difference, one parameter):", "",
+                  md_table(["optimizer", "term", "fitted value", "chi2/dof without",
+                            "chi2/dof with", "p", "kept"], terms), ""]
     noise = [[doc["optimizer"], n["width"], noise_batch(n), f"{n['sd_ref']:.4f}",
               f"{n['ref_tokens']:,.0f}", f"{n['slope']:+.2f}", str(n["dof"]),
               "-" if n.get("effective_dof") is None else f"{n['effective_dof']:.1f}",
@@ -196,8 +210,10 @@ def plot_joint(documents: dict, path: Path) -> None:
                           ("l_inf", "a", "alpha")},
                        b_star=np.array([doc["b_star_tokens"] / doc["seq_len"]]),
                        gamma=np.array([doc["exponent"]]), widths=tuple(doc["widths"]),
-                       small_batch=doc.get("b_small") is not None,
-                       b_small=doc.get("b_small") or 0.0)
+                       b_small=doc.get("b_small") or 0.0,
+                       power=doc.get("transition_power") or 1.0,
+                       form=Form(small_batch=doc.get("b_small") is not None,
+                                 power=doc.get("transition_power") is not None))
         w = doc["widths"].index(width)
         cells = [c for c in doc["cells"] if c["width"] == width]
         held = {(r["batch_size"], r["tokens"]) for h in doc["held_out"] for r in h["rows"]
@@ -231,6 +247,20 @@ def summary_line(doc: dict) -> str:
                f", loss alone p = {test['p_value']:.3g}")
             + f"; held out: {held_out_summary(doc)}; without cells above the baseline's "
               f"losses: {range_summary(doc)}")
+
+
+# the optional terms: (name, the fits.json test's field, its value's field, value format)
+TERMS = (("small-batch factor (1 + B_s/B)", "small_batch_term", "b_small", "B_s = {:.3g} seq"),
+         ("power (B/B_crit)^p", "transition_power_term", "power", "p = {:.2f}"))
+
+
+def term_row(doc: dict, name: str, field: str, value: str, shown: str) -> list[str]:
+    """One optional term's test (`doc[field]`) as a table row, with the richer fit's value."""
+    test = doc[field]
+    value = "-" if test.get(value) is None else shown.format(test[value])
+    return [doc["optimizer"], name, value, f"{test['chi2_per_dof_without']:.2f}",
+            f"{test['chi2_per_dof_with']:.2f}", f"{test['p_value']:.3g}",
+            "yes" if test["kept"] else "no"]
 
 
 def noise_batch(row: dict) -> str:

@@ -22,7 +22,7 @@ from critbatch.analysis.bcrit import BUDGET_TOLERANCE, best_lr_cells, seed_scatt
 from critbatch.analysis.joint import MIN_CELLS, seed_noise, upper_bound
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
-from critbatch.science.joint import JointData, extra_term_test, fit_joint, fit_small_batch
+from critbatch.science.joint import JointData, select_form
 from critbatch.science.model_size import param_count
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
@@ -186,7 +186,7 @@ class Model:
     fit: ScalingFit
     refits: list[ScalingFit]
     lr_law: LrLaw | None
-    small_batch_term: dict
+    term_tests: dict  # per optional term (`science.joint.TERMS`) its likelihood-ratio test
     sizes: np.ndarray
     smallest_batch: int
     max_tokens: float
@@ -207,22 +207,19 @@ def lr_points(sweep: SizedSweep, keep: np.ndarray) -> tuple[list, list, list]:
 
 def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int = RESAMPLES,
               seed: int = 0) -> Model:
-    """The loss law across sizes (with the small-batch term when a chi-square test keeps
-    it), its bootstrap refits and the lr law, on the cells in `keep`."""
+    """The loss law across sizes (with the joint model's optional terms where their
+    chi-square tests keep them), its bootstrap refits and the lr law, on the cells in
+    `keep`."""
     keep = np.ones(len(sweep.cells), bool) if keep is None else keep
     data, sizes = sweep.data(keep)
     if len(data) < MIN_CELLS:
         raise ResultsError(f"{sweep.optimizer}: {len(data)} usable cells, the model needs "
                            f"{MIN_CELLS}; train more batch sizes or budgets")
-    plain = fit_joint(data)
-    small = fit_small_batch(data, plain)
-    term = extra_term_test(plain, small)
-    joint = small if term["kept"] else plain
-    fit = fit_scaling(data, sizes, starts_from(joint, sizes, joint.small_batch, data),
-                      small_batch=joint.small_batch)
+    joint, terms = select_form(data)
+    fit = fit_scaling(data, sizes, starts_from(joint, sizes, data), form=joint.form)
     refits = bootstrap_scaling(data, sizes, fit, resamples, seed=seed)
     lr_law = fit_lr_law(*lr_points(sweep, keep))
-    return Model(fit, refits, lr_law, term, sizes, int(data.batch.min()),
+    return Model(fit, refits, lr_law, terms, sizes, int(data.batch.min()),
                  float(data.tokens.max()), float(data.loss.min()), sweep.beta2_rule)
 
 
@@ -305,14 +302,16 @@ def model_summary(model: Model) -> dict:
     f = model.fit
     law = model.lr_law
     return {
-        "form": "L = L_0 + A (N/1e6)^-a + C (E_min/1e6)^-b, E = E_min (1 + B/B_crit(L))"
-                + (" (1 + B_s/B)" if f.small_batch else "") + ", B_crit = B* L^-gamma",
+        "form": "L = L_0 + A (N/1e6)^-a + C (E_min/1e6)^-b, E = "
+                + f.form.formula.replace("B_crit", "B_crit(L)", 1) + ", B_crit = B* L^-gamma",
         "l0": f.l0, "a_size": f.a_size,
         "size_exponent": None if f.one_size else f.size_exponent,
         "size_exponent_fitted": f.size_terms == 2, "c": f.c, "b": f.b, "b_star": f.b_star,
         "gamma": f.gamma,
-        "b_small": f.b_small if f.small_batch else None, "chi2_per_dof": f.chi2_per_dof,
-        "small_batch_term": model.small_batch_term, "sizes": model.sizes.tolist(),
+        "b_small": f.b_small if f.small_batch else None,
+        "transition_power": f.power if f.form.power else None, "chi2_per_dof": f.chi2_per_dof,
+        "small_batch_term": model.term_tests["small_batch"],
+        "transition_power_term": model.term_tests["power"], "sizes": model.sizes.tolist(),
         "resamples": len(model.refits),
         "lr_law": None if law is None else {
             "batch_exponent": law.batch_exponent, "size_exponent": law.size_exponent,

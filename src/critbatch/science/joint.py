@@ -3,18 +3,24 @@
 docs/science.md, section 8. A cell is one (width, batch B, tokens E) at its best lr, with its
 loss L (nats/token) and that loss's noise sigma (the group's measured seed scatter). The model:
 
-    E = E_min(L; N) * (1 + B / B_crit(L)) [* (1 + B_s / B)]   McCandlish et al. 2018
+    E = E_min(L; N) * (1 + (B / B_crit(L))^p) [* (1 + B_s / B)]   McCandlish et al. 2018: p = 1
     L = L_N + A_N * (E_min / E_REF)^(-alpha_N)     one example curve per width N
     B_crit(L) = B_star * L^(-gamma)                Kaplan et al. 2020: gamma = 1/alpha_B
 
 B in sequences, E and E_min in tokens, B_star in sequences (x seq_len for tokens). The
 B_crit law is shared by all widths (`per_width=False`, Kaplan: it depends on the loss
 alone) or one per width (`per_width=True`), and the two are compared by a chi-square
-difference test (`loss_alone_test`). The bracketed factor (`small_batch=True`, one more
-parameter B_s in sequences) makes the smallest batches less token-efficient than the model
-without it allows, as small batches at a given lr rule often are (the cpu sweep: batch 16
-beat batch 8 at 1.5M tokens for both optimizers); `extra_term_test` says whether the data
-demand it.
+difference test (`loss_alone_test`). Two optional terms widen the form (`Form`), each kept
+only where a likelihood-ratio test says the data demand it (`select_form`):
+- the bracketed factor (`small_batch`, one more parameter B_s in sequences) makes the
+  smallest batches less token-efficient than the model without it allows, as small batches
+  at a given lr rule often are (the cpu sweep: batch 16 beat batch 8 at 1.5M tokens for
+  both optimizers);
+- a free power p (`power`; 1 without it) makes the turn from perfect scaling to
+  diminishing returns softer (p < 1) or sharper (p > 1). B_crit keeps its meaning, the batch
+  that needs twice the minimal tokens. At cpu scale AdamW's cells ask for p of about 0.7
+  (docs/results/cpu.md). p and gamma trade against each other over a short loss range:
+  both stretch the batch axis of E/E_min, so with p free the exponent's interval widens.
 
 The fit is weighted least squares on the losses themselves: a cell's residual is the loss
 the model predicts at its (N, B, E) minus the measured one, over sigma. The prediction is
@@ -50,6 +56,42 @@ L_N_FLOOR = -30.0  # nats/token: L_N is a curve parameter here, free to fall bel
 CONFIDENCE = 0.95
 SPARSE_FROM_WIDTHS = 5  # widths from which fit_joint's Jacobian is sparse
 GAMMA_BOUNDS = (-20.0, 30.0)  # the fit's range of gamma = 1/alpha_B; on a bound: unresolved
+POWER_BOUNDS = (0.25, 4.0)  # the fit's range of the transition's power p
+TERM_TEST_LEVEL = 0.05  # an optional term is kept where its likelihood-ratio test's p is below
+
+
+@dataclass(frozen=True)
+class Form:
+    """The model's optional terms, each one more parameter at the end of the parameter
+    vector (in this order): `small_batch` the factor (1 + B_s / B), B_s in sequences;
+    `power` the transition's power p in E / E_min = 1 + (B / B_crit)^p (p = 1 without it)."""
+
+    small_batch: bool = False
+    power: bool = False
+
+    @property
+    def extra(self) -> int:
+        """Parameters the terms add."""
+        return int(self.small_batch) + int(self.power)
+
+    def terms(self, theta: np.ndarray) -> tuple[float, float]:
+        """(B_s, p) from a parameter vector's tail: 0 and 1 for a term the form lacks."""
+        tail = list(theta[len(theta) - self.extra:])
+        b_small = tail.pop(0) if self.small_batch else 0.0
+        power = tail.pop(0) if self.power else 1.0
+        return b_small, power
+
+    def tail(self, b_small: float, power: float) -> list[float]:
+        """The vector's tail for these term values."""
+        return [b_small] * self.small_batch + [power] * self.power
+
+    @property
+    def formula(self) -> str:
+        overhead = "(B/B_crit)^p" if self.power else "B/B_crit"
+        return f"E_min (1 + {overhead})" + (" (1 + B_s/B)" if self.small_batch else "")
+
+
+PLAIN = Form()
 
 
 @dataclass(frozen=True)
@@ -124,7 +166,12 @@ class JointFit:
     message: str = ""
     residuals: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (pred - L) / sigma
     b_small: float = 0.0  # B_s, sequences: the small-batch term's scale (0: no such term)
-    small_batch: bool = False  # the model has the (1 + B_s / B) factor
+    power: float = 1.0  # p, the transition's power (1: no such term)
+    form: Form = PLAIN  # the optional terms the model has
+
+    @property
+    def small_batch(self) -> bool:
+        return self.form.small_batch
 
     @property
     def per_width(self) -> bool:
@@ -166,12 +213,17 @@ class JointFit:
         """ln E_model(L) and its derivative d ln E / dL (< 0 where the model is sane)."""
         return log_tokens_model(self.as_vector(), len(self.l_inf), np.asarray(loss, float),
                                 np.asarray(width), np.asarray(batch, float), self.per_width,
-                                self.small_batch)
+                                self.form)
 
     def as_vector(self) -> np.ndarray:
-        extra = [self.b_small] if self.small_batch else []
         return np.concatenate([self.l_inf, np.log(self.a), np.log(self.alpha),
-                               np.log(self.b_star), self.gamma, extra])
+                               np.log(self.b_star), self.gamma,
+                               self.form.tail(self.b_small, self.power)])
+
+    def without_terms(self) -> np.ndarray:
+        """`as_vector` without the optional terms' tail: the plain model's parameters."""
+        vector = self.as_vector()
+        return vector[:len(vector) - self.form.extra]
 
     def predict_loss(self, width, batch, tokens) -> np.ndarray:
         """The loss reached at (width index, batch, tokens): the root in L of
@@ -195,10 +247,10 @@ class JointFit:
 
 def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
                      batch: np.ndarray, per_width: bool,
-                     small_batch: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """ln E(L) = ln E_min(L; N) + ln(1 + B / B_crit(L)) [+ ln(1 + B_s / B)] and d ln E / dL,
-    from the parameter vector [l_inf (W), ln a (W), ln alpha (W), ln B_star (1 or W),
-    gamma (1 or W), (B_s)]."""
+                     form: Form = PLAIN) -> tuple[np.ndarray, np.ndarray]:
+    """ln E(L) = ln E_min(L; N) + ln(1 + (B / B_crit(L))^p) [+ ln(1 + B_s / B)] and
+    d ln E / dL, from the parameter vector [l_inf (W), ln a (W), ln alpha (W),
+    ln B_star (1 or W), gamma (1 or W), (B_s), (p)]."""
     w = n_widths
     l_inf, a, alpha = theta[:w][width], np.exp(theta[w:2 * w][width]), np.exp(
         theta[2 * w:3 * w][width])
@@ -209,16 +261,19 @@ def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: 
     gap = np.maximum(loss - l_inf, 1e-12)
     loss = np.maximum(loss, 1e-9)
     log_e_min = math.log(E_REF) + (np.log(a) - np.log(gap)) / alpha
+    b_small, power = form.terms(theta)
     u = batch * np.exp(gamma * np.log(loss) - log_b_star)  # B / B_crit(L)
+    if form.power:
+        u = u ** power
     log_e = log_e_min + np.log1p(u)
-    if small_batch:
-        log_e = log_e + np.log1p(theta[-1] / batch)
-    slope = -1 / (alpha * gap) + u / (1 + u) * gamma / loss
+    if form.small_batch:
+        log_e = log_e + np.log1p(b_small / batch)
+    slope = -1 / (alpha * gap) + u / (1 + u) * power * gamma / loss
     return log_e, slope
 
 
 def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool,
-              small_batch: bool = False, steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
+              form: Form = PLAIN, steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
     """(predicted loss - measured loss) / sigma for every cell: Newton steps on
     ln E_model(L) = ln E from the measured loss. An upper-bound cell (`data.upper`) counts
     only where the model predicts more than its bound: a one-sided (censored) residual."""
@@ -227,7 +282,7 @@ def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool
     floor = np.maximum(theta[:n_widths][data.width], 0.0) + 1e-9
     for _ in range(steps):
         log_e, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch, per_width,
-                                        small_batch)
+                                        form)
         slope = np.minimum(slope, -1e-6)  # a non-monotone model is pushed back, not followed
         loss = np.maximum(loss - (log_e - target) / slope, floor)
     chi = (loss - data.loss) / data.sigma
@@ -235,9 +290,10 @@ def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool
 
 
 def initial_guess(data: JointData, per_width: bool, gamma: float,
-                  small_batch: bool = False) -> np.ndarray:
-    """Start: l_inf at 80% of each width's lowest loss, a from its highest, alpha 0.5, and
-    B_crit at the cells' middle loss equal to the geometric mean batch."""
+                  form: Form = PLAIN) -> np.ndarray:
+    """Start: l_inf at 80% of each width's lowest loss, a from its highest, alpha 0.5,
+    B_crit at the cells' middle loss equal to the geometric mean batch, B_s half the
+    smallest batch and p 1."""
     n = len(data.widths)
     l_inf, log_a = np.zeros(n), np.zeros(n)
     for i in range(n):
@@ -247,20 +303,19 @@ def initial_guess(data: JointData, per_width: bool, gamma: float,
     mid_loss = float(np.median(data.loss))
     log_b_star = math.log(float(np.exp(np.mean(np.log(data.batch))))) + gamma * math.log(mid_loss)
     n_law = n if per_width else 1
-    extra = [0.5 * float(data.batch.min())] if small_batch else []
     return np.concatenate([l_inf, log_a, np.full(n, math.log(0.5)), np.full(n_law, log_b_star),
-                           np.full(n_law, gamma), extra])
+                           np.full(n_law, gamma), form.tail(0.5 * float(data.batch.min()), 1.0)])
 
 
 def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None = None,
-              gammas=(1.0, 4.0, 8.0), small_batch: bool = False) -> JointFit:
+              gammas=(1.0, 4.0, 8.0), form: Form = PLAIN) -> JointFit:
     """Weighted least squares of the joint model on `data` (see the module docstring).
 
     Started from `start` (a parameter vector, e.g. the full fit for a bootstrap refit) or
     from `initial_guess` at each of `gammas`, keeping the lowest chi-square. l_inf stays
     within [L_N_FLOOR, each width's lowest loss), alpha within [0.02, 5], gamma within
-    [-20, 30],
-    B_s (with `small_batch`) within [0, `b_small_max`] sequences. l_inf may fall below zero: over a
+    [-20, 30], B_s (with `form.small_batch`) within [0, `b_small_max`] sequences and p (with
+    `form.power`) within POWER_BOUNDS. l_inf may fall below zero: over a
     few doublings of tokens the cpu sweeps' AdamW baseline loses a near-constant 0.39-0.41
     nats/token per doubling, faster than any power law with l_inf >= 0 allows near its end
     (at l_inf = 0 the fit's chi2/dof was 27 against 18 free, today's 1/64-branch sweep), so
@@ -271,14 +326,13 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
     n = len(data.widths)
     n_law = n if per_width else 1
     lowest = np.array([data.loss[data.width == i].min() for i in range(n)])
-    extra = 1 if small_batch else 0
     lower = np.concatenate([np.full(n, L_N_FLOOR), np.full(n, -20.0), np.full(n, math.log(0.02)),
                             np.full(n_law, -50.0), np.full(n_law, GAMMA_BOUNDS[0]),
-                            np.zeros(extra)])
+                            form.tail(0.0, POWER_BOUNDS[0])])
     upper = np.concatenate([lowest - 1e-6, np.full(n, 20.0), np.full(n, math.log(5.0)),
                             np.full(n_law, 80.0), np.full(n_law, GAMMA_BOUNDS[1]),
-                            np.full(extra, b_small_max(data))])
-    starts = [start] if start is not None else [initial_guess(data, per_width, g, small_batch)
+                            form.tail(b_small_max(data), POWER_BOUNDS[1])])
+    starts = [start] if start is not None else [initial_guess(data, per_width, g, form)
                                                  for g in gammas]
     # Up to SPARSE_FROM_WIDTHS widths a dense Jacobian: the exact trust-region solve is 2-5x
     # faster than the sparse (lsmr) one, at the same optimum. With many widths a width's
@@ -290,26 +344,26 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
         every = np.ones((len(data), 1))
         sparse["jac_sparsity"] = np.hstack([own, own, own, own if per_width else every,
                                             own if per_width else every,
-                                            np.ones((len(data), extra))])
+                                            np.ones((len(data), form.extra))])
     best = None
     for x0 in starts:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
         with np.errstate(all="ignore"):
             res = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac",
-                                args=(data, n, per_width, small_batch), max_nfev=400 * len(x0),
+                                args=(data, n, per_width, form), max_nfev=400 * len(x0),
                                 **sparse)
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
     theta = best.x
-    chi = residuals(theta, data, n, per_width, small_batch, steps=8)
+    chi = residuals(theta, data, n, per_width, form, steps=8)
+    b_small, power = form.terms(theta)
     return JointFit(
         l_inf=theta[:n].copy(), a=np.exp(theta[n:2 * n]), alpha=np.exp(theta[2 * n:3 * n]),
         b_star=np.exp(theta[3 * n:3 * n + n_law]),
         gamma=theta[3 * n + n_law:3 * n + 2 * n_law].copy(),
         chi2=float(np.sum(chi**2)), dof=len(data) - len(theta), n_cells=len(data),
         success=bool(best.success), widths=data.widths, message=str(best.message),
-        residuals=chi, small_batch=small_batch,
-        b_small=float(theta[-1]) if small_batch else 0.0)
+        residuals=chi, b_small=float(b_small), power=float(power), form=form)
 
 
 def b_small_max(data: JointData) -> float:
@@ -320,15 +374,35 @@ def b_small_max(data: JointData) -> float:
     return float(np.sqrt(data.batch.min() * data.batch.max()))
 
 
-def fit_small_batch(data: JointData, plain: JointFit) -> JointFit:
-    """The model with the small-batch term: started from `plain` (B_s half the smallest
-    batch) and from `fit_joint`'s own starts, the lower chi-square. From `plain` alone it
-    can stay near it where the term matters most: planted B_s 12 in a U-shaped world came
-    back 2.3 with chi2/dof 2119, 12.2 from the fresh starts."""
-    warm = fit_joint(data, per_width=plain.per_width, small_batch=True,
-                     start=np.append(plain.as_vector(), 0.5 * data.batch.min()))
-    fresh = fit_joint(data, per_width=plain.per_width, small_batch=True)
+def fit_richer(data: JointData, base: JointFit, form: Form) -> JointFit:
+    """The model with `form`'s terms (a superset of `base`'s): started from `base` (a new
+    B_s at half the smallest batch, a new p at 1) and from `fit_joint`'s own starts, the
+    lower chi-square. From `base` alone it can stay near it where a term matters most:
+    planted B_s 12 in a U-shaped world came back 2.3 with chi2/dof 2119, 12.2 from the
+    fresh starts."""
+    b_small = base.b_small if base.form.small_batch else 0.5 * float(data.batch.min())
+    start = np.concatenate([base.without_terms(), form.tail(b_small, base.power)])
+    warm = fit_joint(data, per_width=base.per_width, start=start, form=form)
+    fresh = fit_joint(data, per_width=base.per_width, form=form)
     return fresh if fresh.chi2 < warm.chi2 else warm
+
+
+TERMS = ("small_batch", "power")  # the optional terms, in the order `select_form` tries them
+
+
+def select_form(data: JointData, per_width: bool = False) -> tuple[JointFit, dict[str, dict]]:
+    """The model with each optional term the data demand: the plain model, then the
+    small-batch factor tested against it, then the power tested against the form so far
+    (`extra_term_test`, each kept at p < TERM_TEST_LEVEL). Returns the fit and each term's
+    test by name (`TERMS`)."""
+    fit = fit_joint(data, per_width=per_width)
+    tests = {}
+    for name in TERMS:
+        richer = fit_richer(data, fit, replace(fit.form, **{name: True}))
+        tests[name] = extra_term_test(fit, richer)
+        if tests[name]["kept"]:
+            fit = richer
+    return fit, tests
 
 
 def above_baseline(data: JointData) -> np.ndarray:
@@ -401,7 +475,7 @@ def redrawn_refits(data: JointData, fit: JointFit, resamples: int, seed: int,
     for _ in range(resamples):
         drawn = draw_losses(rng, data, center, scale, shared, plausible_sigma(rng, data))
         again = fit_joint(data.with_loss(drawn), fit.per_width, start=fit.as_vector(),
-                          small_batch=fit.small_batch)
+                          form=fit.form)
         if again.success and np.isfinite(again.chi2):
             yield again
 
@@ -472,17 +546,20 @@ def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,
 
 
 def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
-    """Do the data demand the small-batch term? The chi-square drop from `plain` to `richer`
-    (one more parameter), the noise scaled by the richer fit's chi2/dof when that exceeds 1;
-    p < 0.05 keeps the term."""
+    """Do the data demand `richer`'s extra term? The chi-square drop from `plain` to
+    `richer` (one more parameter), the noise scaled by the richer fit's chi2/dof when that
+    exceeds 1; p < TERM_TEST_LEVEL keeps the term. With the richer fit's term values
+    (`b_small`, `power`; None for a term it lacks)."""
     from scipy.stats import chi2 as chi2_dist
 
     scale2 = noise_scale(richer) ** 2
     delta = max(0.0, plain.chi2 - richer.chi2) / scale2
     p = float(chi2_dist.sf(delta, 1))
     return {"delta_chi2": delta, "p_value": p, "noise_scale": math.sqrt(scale2),
-            "kept": bool(p < 0.05), "chi2_per_dof_without": plain.chi2_per_dof,
-            "chi2_per_dof_with": richer.chi2_per_dof, "b_small": richer.b_small}
+            "kept": bool(p < TERM_TEST_LEVEL), "chi2_per_dof_without": plain.chi2_per_dof,
+            "chi2_per_dof_with": richer.chi2_per_dof,
+            "b_small": richer.b_small if richer.small_batch else None,
+            "power": richer.power if richer.form.power else None}
 
 
 def loss_alone_test(shared: JointFit, per_width: JointFit) -> dict:
@@ -511,12 +588,14 @@ class PlantedWorld:
     alpha: tuple = (0.16, 0.16, 0.16)  # alpha x gamma <= 1: S_min(L) falls at every loss
     b_star: float = 3.2e5  # sequences at L = 1: B_crit 40 at 6.5 nats/token, 330 at 4.2
     gamma: float = 4.8
+    power: float = 1.0  # the transition's power p (1: McCandlish et al.'s form)
 
     def fit(self) -> JointFit:
         n = len(self.l_inf)
         return JointFit(np.array(self.l_inf, float), np.array(self.a, float),
                         np.array(self.alpha, float), np.array([self.b_star]),
-                        np.array([self.gamma]), widths=tuple(range(n)))
+                        np.array([self.gamma]), widths=tuple(range(n)), power=self.power,
+                        form=Form(power=self.power != 1.0))
 
 
 def planted_world(world: PlantedWorld, batches=(8, 16, 32, 64, 128), budget: float = 1.5e6,

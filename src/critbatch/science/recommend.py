@@ -4,13 +4,14 @@ The joint model (`science.joint`) gives every width its own example curve. To pr
 model size the sweep did not train, the curves become one loss law across sizes:
 
     L = L_0 + A (N / N_REF)^(-a) + C (E_min / E_REF)^(-b)       (Hoffmann et al. 2022's form)
-    E = E_min(L; N) (1 + B / B_crit(L)) [(1 + B_s / B)],  B_crit(L) = B_star L^(-gamma)
+    E = E_min(L; N) (1 + (B / B_crit(L))^p) [(1 + B_s / B)],  B_crit(L) = B_star L^(-gamma)
 
 N is non-embedding parameters, E tokens, B sequences. The law is the joint model with each
 width's curve tied to its size: l_inf(N) = L_0 + A (N / N_REF)^(-a), a common amplitude C and
-exponent b. With one size the N term cannot be measured: A is 0 and every size gets the
-sweep's curve (the caller warns); with two, the size exponent a is fixed at
-FIXED_SIZE_EXPONENT (two floors cannot pin three parameters) and A is fitted. The fit is
+exponent b, with the joint model's optional terms (B_s, p: `science.joint.Form`). With one
+size the N term cannot be measured: A is 0 and every size gets the sweep's curve (the
+caller warns); with two, the size exponent a is fixed at FIXED_SIZE_EXPONENT (two floors
+cannot pin three parameters) and A is fitted. The fit is
 `science.joint.residuals`' weighted least squares on the losses; its intervals a parametric
 bootstrap (`bootstrap_scaling`) like the joint model's.
 
@@ -35,7 +36,10 @@ from critbatch.science.joint import (
     CONFIDENCE,
     E_REF,
     L_N_FLOOR,
+    PLAIN,
+    POWER_BOUNDS,
     SHARED_FRACTION,
+    Form,
     JointData,
     JointFit,
     draw_losses,
@@ -62,7 +66,8 @@ class ScalingFit:
     b_star: float  # sequences at L = 1 nat/token
     gamma: float  # 1/alpha_B
     b_small: float = 0.0  # B_s, sequences (0: no small-batch term)
-    small_batch: bool = False
+    power: float = 1.0  # p, the transition's power (1: no such term)
+    form: Form = PLAIN  # the optional terms the law has
     size_terms: int = 2  # fitted size parameters: 0 one size, 1 A (a fixed), 2 A and a
     chi2: float = math.nan
     dof: int = 0
@@ -72,6 +77,10 @@ class ScalingFit:
     @property
     def chi2_per_dof(self) -> float:
         return self.chi2 / self.dof if self.dof > 0 else math.nan
+
+    @property
+    def small_batch(self) -> bool:
+        return self.form.small_batch
 
     @property
     def one_size(self) -> bool:
@@ -87,7 +96,7 @@ class ScalingFit:
         return JointFit(
             l_inf=np.atleast_1d(self.l_inf(params)).astype(float), a=np.array([self.c]),
             alpha=np.array([self.b]), b_star=np.array([self.b_star]),
-            gamma=np.array([self.gamma]), b_small=self.b_small, small_batch=self.small_batch)
+            gamma=np.array([self.gamma]), b_small=self.b_small, power=self.power, form=self.form)
 
     def predict_loss(self, params: float, batch, tokens) -> np.ndarray:
         """Loss (nats/token) of a model of `params` at `batch` sequences after `tokens`."""
@@ -101,21 +110,21 @@ class ScalingFit:
         return self.curve(params).e_min(np.asarray(loss, float), 0)
 
     def tokens_to(self, loss, params: float, batch) -> np.ndarray:
-        """Tokens a batch needs to reach `loss`: E_min (1 + B/B_crit) (1 + B_s/B)."""
+        """Tokens a batch needs to reach `loss`: E_min (1 + (B/B_crit)^p) (1 + B_s/B)."""
         loss, batch = np.broadcast_arrays(np.asarray(loss, float), np.asarray(batch, float))
         return self.e_min(loss, params) * self.overhead_factor(loss, batch)
 
     def overhead_factor(self, loss, batch) -> np.ndarray:
         """E / E_min at (loss, batch): 1 + the token overhead."""
         batch = np.asarray(batch, float)
-        return (1 + batch / self.b_crit(loss)) * (1 + self.b_small / batch)
+        return (1 + (batch / self.b_crit(loss)) ** self.power) * (1 + self.b_small / batch)
 
     def as_vector(self) -> np.ndarray:
         size = [math.log(max(self.a_size, 1e-300)), math.log(self.size_exponent)][
             :self.size_terms]
-        extra = [self.b_small] if self.small_batch else []
         return np.array([self.l0, *size, math.log(self.c), math.log(self.b),
-                         math.log(self.b_star), self.gamma, *extra])
+                         math.log(self.b_star), self.gamma,
+                         *self.form.tail(self.b_small, self.power)])
 
 
 def size_terms(n_sizes: int) -> int:
@@ -123,33 +132,33 @@ def size_terms(n_sizes: int) -> int:
     return min(max(n_sizes - 1, 0), 2)
 
 
-def unpack(theta: np.ndarray, terms: int, small_batch: bool) -> dict:
+def unpack(theta: np.ndarray, terms: int, form: Form) -> dict:
     """The named parameters of a vector [L_0, (ln A), (ln a), ln C, ln b, ln B_star, gamma,
-    (B_s)] with `terms` size parameters."""
+    (B_s), (p)] with `terms` size parameters and `form`'s optional terms."""
     i = 1 + terms
     out = {"l0": float(theta[0]), "a_size": float(np.exp(theta[1])) if terms else 0.0,
            "size_exponent": float(np.exp(theta[2])) if terms == 2 else FIXED_SIZE_EXPONENT,
            "c": float(np.exp(theta[i])), "b": float(np.exp(theta[i + 1])),
            "b_star": float(np.exp(theta[i + 2])), "gamma": float(theta[i + 3])}
-    out["b_small"] = float(theta[i + 4]) if small_batch else 0.0
-    return out
+    b_small, power = form.terms(theta)
+    return {**out, "b_small": float(b_small), "power": float(power), "form": form}
 
 
 def joint_vector(theta: np.ndarray, sizes: np.ndarray, terms: int,
-                 small_batch: bool) -> np.ndarray:
+                 form: Form) -> np.ndarray:
     """The joint model's parameter vector (one curve per width) of a scaling vector."""
-    p = unpack(theta, terms, small_batch)
+    p = unpack(theta, terms, form)
     n = len(sizes)
     l_inf = p["l0"] + p["a_size"] * (sizes / N_REF) ** -p["size_exponent"]
-    extra = [p["b_small"]] if small_batch else []
     return np.concatenate([l_inf, np.full(n, math.log(p["c"])), np.full(n, math.log(p["b"])),
-                           [math.log(p["b_star"]), p["gamma"]], extra])
+                           [math.log(p["b_star"]), p["gamma"]],
+                           form.tail(p["b_small"], p["power"])])
 
 
 def scaling_residuals(theta: np.ndarray, data: JointData, sizes: np.ndarray, terms: int,
-                      small_batch: bool, steps: int = 3) -> np.ndarray:
-    return residuals(joint_vector(theta, sizes, terms, small_batch), data, len(sizes),
-                     False, small_batch, steps=steps)
+                      form: Form, steps: int = 3) -> np.ndarray:
+    return residuals(joint_vector(theta, sizes, terms, form), data, len(sizes),
+                     False, form, steps=steps)
 
 
 def curve_points(joint: JointFit, tokens: np.ndarray, width: np.ndarray
@@ -166,18 +175,19 @@ def curve_points(joint: JointFit, tokens: np.ndarray, width: np.ndarray
     return w.astype(int), e, loss
 
 
-def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool,
+def starts_from(joint: JointFit, sizes: np.ndarray,
                 data: JointData | None = None) -> list[np.ndarray]:
     """Starting vectors from a joint fit (one curve per width): the law across sizes fitted
     by least squares to points along the widths' curves (`curve_points`, from several
     starting exponents; needs the cells' `data`), or without `data` C and b the curves'
-    medians and l_inf(N) through their floors. The B_crit law and B_s are the joint fit's."""
+    medians and l_inf(N) through their floors. The B_crit law and the optional terms (B_s,
+    p) are the joint fit's."""
     from scipy.optimize import least_squares
 
     terms = size_terms(len(sizes))
     c, b = float(np.median(joint.a)), float(np.median(joint.alpha))
     law = [math.log(joint.b_star[0]), float(joint.gamma[0])]
-    extra = [joint.b_small] if small_batch else []
+    extra = joint.form.tail(joint.b_small, joint.power)
     if terms == 0:
         return [np.array([joint.l_inf[0], math.log(c), math.log(b), *law, *extra])]
     starts = []
@@ -194,7 +204,7 @@ def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool,
     w, e, loss = curve_points(joint, data.tokens, data.width)
 
     def miss(theta):  # the law's loss at the curve points minus the curves'
-        p = unpack(np.concatenate([theta, law, extra]), terms, small_batch)
+        p = unpack(np.concatenate([theta, law, extra]), terms, joint.form)
         floor = p["l0"] + p["a_size"] * (sizes[w] / N_REF) ** -p["size_exponent"]
         with np.errstate(all="ignore"):
             r = floor + p["c"] * (e / E_REF) ** -p["b"] - loss
@@ -214,7 +224,7 @@ def starts_from(joint: JointFit, sizes: np.ndarray, small_batch: bool,
 
 
 def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
-                small_batch: bool = False) -> ScalingFit:
+                form: Form = PLAIN) -> ScalingFit:
     """Weighted least squares of the law across sizes on the cells of `data` (width index i
     has `sizes[i]` non-embedding parameters), from `start` (a vector, or several: the best
     is kept; `starts_from` makes them from a joint fit)."""
@@ -225,19 +235,19 @@ def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
     size = [(-20.0, 20.0), (math.log(0.01), math.log(3.0))][:terms]
     bounds = [(L_N_FLOOR, float(data.loss.min()) - 1e-6), *size, (-20.0, 20.0),
               (math.log(0.02), math.log(5.0)), (-50.0, 80.0), (-20.0, 30.0)]
-    bounds += [(0.0, 1e4)] if small_batch else []
+    bounds += [(0.0, 1e4)] * form.small_batch + [POWER_BOUNDS] * form.power
     lower, upper = (np.array(x) for x in zip(*bounds, strict=True))
     best = None
     for x0 in [start] if isinstance(start, np.ndarray) else start:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
         with np.errstate(all="ignore"):
             res = least_squares(scaling_residuals, x0, bounds=(lower, upper), x_scale="jac",
-                                args=(data, sizes, terms, small_batch),
+                                args=(data, sizes, terms, form),
                                 max_nfev=200 * len(x0))
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
-    chi = scaling_residuals(best.x, data, sizes, terms, small_batch, steps=8)
-    return ScalingFit(**unpack(best.x, terms, small_batch), small_batch=small_batch,
+    chi = scaling_residuals(best.x, data, sizes, terms, form, steps=8)
+    return ScalingFit(**unpack(best.x, terms, form),
                       size_terms=terms, chi2=float(np.sum(chi**2)), dof=len(data) - len(best.x),
                       success=bool(best.success), residuals=chi)
 
@@ -264,7 +274,7 @@ def bootstrap_scaling(data: JointData, sizes, fit: ScalingFit, resamples: int = 
     refits = []
     for _ in range(resamples):
         again = fit_scaling(data.with_loss(draw_losses(rng, data, center, scale, shared)), sizes,
-                            start, small_batch=fit.small_batch)
+                            start, form=fit.form)
         if again.success and np.isfinite(again.chi2):
             refits.append(again)
     return refits
