@@ -132,6 +132,25 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
         assert isinstance(r["reliable"], bool) and (r["reliable"] or r["why"])
     assert "## The joint model" in report
     assert (out / "joint_fit.png").exists()
+    for doc in fits["joint"].values():  # each optional term's test, and the form it chose
+        assert {doc["small_batch_term"]["kept"], doc["transition_power_term"]["kept"]} <= {
+            True, False}
+        assert (doc["transition_power"] is not None) == doc["transition_power_term"]["kept"]
+        assert ("^p" in doc["form"]) == doc["transition_power_term"]["kept"]
+    assert any(line.startswith("Optional terms") for line in report)
+
+
+def test_the_terms_table_and_verdict_name_a_fitted_power():
+    from critbatch.analysis.joint_report import TERMS, term_row
+
+    test = {"kept": True, "p_value": 1e-5, "chi2_per_dof_without": 10.1,
+            "chi2_per_dof_with": 2.7, "b_small": None, "power": 0.63}
+    row = term_row({"optimizer": "adamw", "transition_power_term": test}, *TERMS[1])
+    assert row[2] == "p = 0.63" and row[3] == "-"  # a fits.json without the chi2 fields
+    doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 13.5, "exponent_low": 7.3,
+           "exponent_high": 23.0, "log_loss_span": 0.32, "interval": "95% ...",
+           "form": "E_min (1 + (B/B_crit)^p)", "transition_power": 0.63}
+    assert "p = 0.63 fitted" in verdict(doc) and "unresolved" in verdict(doc)
 
 
 def test_verdict_says_unresolved_for_a_wide_interval():

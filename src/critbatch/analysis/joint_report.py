@@ -158,8 +158,8 @@ def joint_section(documents: dict) -> list[str]:
     if terms:
         lines += ["Optional terms, each tested against the form before it (chi-square "
                   "difference, one parameter):", "",
-                  md_table(["optimizer", "term", "fitted value", "chi2/dof without",
-                            "chi2/dof with", "p", "kept"], terms), ""]
+                  md_table(["optimizer", "term", "fitted value", "chi2 without -> with",
+                            "chi2/dof without", "chi2/dof with", "p", "kept"], terms), ""]
     noise = [[doc["optimizer"], n["width"], noise_batch(n), f"{n['sd_ref']:.4f}",
               f"{n['ref_tokens']:,.0f}", f"{n['slope']:+.2f}", str(n["dof"]),
               "-" if n.get("effective_dof") is None else f"{n['effective_dof']:.1f}",
@@ -258,7 +258,9 @@ def term_row(doc: dict, name: str, field: str, value: str, shown: str) -> list[s
     """One optional term's test (`doc[field]`) as a table row, with the richer fit's value."""
     test = doc[field]
     value = "-" if test.get(value) is None else shown.format(test[value])
-    return [doc["optimizer"], name, value, f"{test['chi2_per_dof_without']:.2f}",
+    chi2 = (f"{test['chi2_without']:.1f} -> {test['chi2_with']:.1f} ({test['dof_with']} dof)"
+            if "chi2_with" in test else "-")  # fits.json from before these fields: "-"
+    return [doc["optimizer"], name, value, chi2, f"{test['chi2_per_dof_without']:.2f}",
             f"{test['chi2_per_dof_with']:.2f}", f"{test['p_value']:.3g}",
             "yes" if test["kept"] else "no"]
 

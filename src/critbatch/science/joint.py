@@ -375,16 +375,18 @@ def b_small_max(data: JointData) -> float:
 
 
 def fit_richer(data: JointData, base: JointFit, form: Form) -> JointFit:
-    """The model with `form`'s terms (a superset of `base`'s): started from `base` (a new
-    B_s at half the smallest batch, a new p at 1) and from `fit_joint`'s own starts, the
-    lower chi-square. From `base` alone it can stay near it where a term matters most:
-    planted B_s 12 in a U-shaped world came back 2.3 with chi2/dof 2119, 12.2 from the
+    """The model with `form`'s terms (a superset of `base`'s), the lowest chi-square of
+    three starts: `base` itself (a new term at its neutral value, B_s 0 or p 1: the richer
+    fit is never worse than `base`), `base` with a new B_s at half the smallest batch, and
+    `fit_joint`'s own starts. From `base` alone it can stay near it where a term matters
+    most: planted B_s 12 in a U-shaped world came back 2.3 with chi2/dof 2119, 12.2 from the
     fresh starts."""
-    b_small = base.b_small if base.form.small_batch else 0.5 * float(data.batch.min())
-    start = np.concatenate([base.without_terms(), form.tail(b_small, base.power)])
-    warm = fit_joint(data, per_width=base.per_width, start=start, form=form)
-    fresh = fit_joint(data, per_width=base.per_width, form=form)
-    return fresh if fresh.chi2 < warm.chi2 else warm
+    kept = base.b_small if base.form.small_batch else 0.0
+    fits = [fit_joint(data, per_width=base.per_width, form=form,
+                      start=np.concatenate([base.without_terms(), form.tail(b_small, base.power)]))
+            for b_small in dict.fromkeys([kept, kept or 0.5 * float(data.batch.min())])]
+    fits.append(fit_joint(data, per_width=base.per_width, form=form))
+    return min(fits, key=lambda f: f.chi2 if np.isfinite(f.chi2) else math.inf)
 
 
 TERMS = ("small_batch", "power")  # the optional terms, in the order `select_form` tries them
@@ -557,7 +559,8 @@ def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
     p = float(chi2_dist.sf(delta, 1))
     return {"delta_chi2": delta, "p_value": p, "noise_scale": math.sqrt(scale2),
             "kept": bool(p < TERM_TEST_LEVEL), "chi2_per_dof_without": plain.chi2_per_dof,
-            "chi2_per_dof_with": richer.chi2_per_dof,
+            "chi2_per_dof_with": richer.chi2_per_dof, "chi2_without": plain.chi2,
+            "chi2_with": richer.chi2, "dof_with": richer.dof,
             "b_small": richer.b_small if richer.small_batch else None,
             "power": richer.power if richer.form.power else None}
 
