@@ -3,6 +3,8 @@ noise, the loss-alone test in both directions, and the bootstrap interval's cove
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -40,8 +42,6 @@ def test_noiseless_world_gives_the_planted_exponent(optimizer):
 def test_a_fit_on_the_exponents_bound_gets_no_interval():
     """gamma on its fitting bound is unresolved: no percentile interval (one cut by the bound
     would look like a measurement), no prediction spread; off the bound both exist."""
-    from dataclasses import replace
-
     from critbatch.science.joint import GAMMA_BOUNDS
 
     data = planted_world(WORLDS["muon"], rng=np.random.default_rng(3))
@@ -205,8 +205,6 @@ def seed_estimated_sigma(data: JointData, samples: dict) -> JointData:
     seed noise (`fit_noise_split`, per batch where the batches differ) at its batch and
     tokens over sqrt(its seeds); and, as `analysis.joint.noise_sources` marks them, the
     estimate each sigma comes from and its effective degrees of freedom."""
-    from dataclasses import replace
-
     from critbatch.science.fits import fit_noise_split
 
     splits = {w: fit_noise_split(s) for w, s in samples.items()}
@@ -237,6 +235,27 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_seed_estimated_nois
         assert boot.exponent_low is not None
         covered += boot.exponent_low <= world.gamma <= boot.exponent_high
     assert covered >= 0.9 * worlds, covered
+
+
+@pytest.mark.slow
+def test_bootstrap_interval_covers_the_planted_exponent_with_a_fitted_power():
+    """40 cpu-like planted worlds (`noisy_cpu_world`, seed-estimated sigmas) whose transition
+    has the power p = 0.7, fitted as the analysis does: `select_form` chooses the terms, the
+    bootstrap refits with them. The nominal 95% interval covers the planted exponent in at
+    least 90% (117 of 120 worlds when checked; in worlds with p = 1, 110 of 120, the power
+    kept in 5)."""
+    worlds = {"adamw": replace(WORLDS["adamw"], power=0.7),
+              "muon": replace(WORLDS["muon"], power=0.7)}
+    covered, kept, n = 0, 0, 40
+    for i in range(n):
+        world = worlds["adamw" if i % 2 == 0 else "muon"]
+        data = seed_estimated_sigma(*noisy_cpu_world(world, i))
+        fit, _ = select_form(data)
+        kept += fit.form.power
+        boot = bootstrap_joint(data, fit, resamples=100, seed=i)
+        assert boot.exponent_low is not None
+        covered += boot.exponent_low <= world.gamma <= boot.exponent_high
+    assert kept == n and covered >= 0.9 * n, (kept, covered)
 
 
 @pytest.mark.slow
