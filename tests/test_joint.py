@@ -145,6 +145,7 @@ def test_select_form_keeps_the_power_only_where_the_data_demand_it():
     rng = np.random.default_rng(11)
     fit, tests = select_form(planted_world(POWER_WORLD, rng=rng))
     assert fit.form == Form(power=True) and tests["power"]["kept"]
+    assert tests["power"]["p_value_simulated"] < 0.05
     assert not tests["small_batch"]["kept"]
     assert fit.power == pytest.approx(0.7, abs=0.1)
     assert tests["power"]["chi2_per_dof_without"] > 2 > tests["power"]["chi2_per_dof_with"]
@@ -200,7 +201,8 @@ def noisy_cpu_world(world: PlantedWorld, i: int) -> tuple[JointData, dict]:
                          with_seed_samples=True)
 
 
-def seed_estimated_sigma(data: JointData, samples: dict) -> JointData:
+def seed_estimated_sigma(data: JointData, samples: dict, seeded: tuple = CPU_SEEDED,
+                         seeds: int = CPU_SEEDS) -> JointData:
     """`data` with each cell's sigma as `analysis.joint.cells_of` estimates it: its width's
     seed noise (`fit_noise_split`, per batch where the batches differ) at its batch and
     tokens over sqrt(its seeds); and, as `analysis.joint.noise_sources` marks them, the
@@ -208,7 +210,7 @@ def seed_estimated_sigma(data: JointData, samples: dict) -> JointData:
     from critbatch.science.fits import fit_noise_split
 
     splits = {w: fit_noise_split(s) for w, s in samples.items()}
-    seeds = np.where(np.isin(data.batch, CPU_SEEDED), CPU_SEEDS, 1)
+    seeds = np.where(np.isin(data.batch, seeded), seeds, 1)
     trends = [splits[w].trend(int(b)) for w, b in zip(data.width.tolist(), data.batch,
                                                       strict=True)]
     sd = np.array([float(t.sd(e)) for t, e in zip(trends, data.tokens, strict=True)])
@@ -235,6 +237,22 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_seed_estimated_nois
         assert boot.exponent_low is not None
         covered += boot.exponent_low <= world.gamma <= boot.exponent_high
     assert covered >= 0.9 * worlds, covered
+
+
+@pytest.mark.slow
+def test_the_simulated_term_test_drops_a_term_two_seeds_cannot_support():
+    """A world of the cpu widths sweep's design (three widths at 750k tokens, only batch 8 at
+    two seeds: each width's noise estimate has about 2.3 degrees of freedom) with neither
+    term: the chi-square test keeps the small-batch factor (p = 0.01), the simulation, which
+    redraws the noise estimates too, does not. In 60 such worlds the chi-square test kept a
+    term in 20, the two tests together in 2."""
+    i = 1
+    data, samples = planted_world(WORLDS["muon"], budget=7.5e5, fractions=(0.25, 0.5, 0.75, 1.0),
+                                  baseline_seeds=2, seeded_batches=(8,), sigma=0.015,
+                                  rng=np.random.default_rng(5000 + i), with_seed_samples=True)
+    fit, tests = select_form(seed_estimated_sigma(data, samples, seeded=(8,), seeds=2))
+    assert tests["small_batch"]["p_value"] < 0.05 < tests["small_batch"]["p_value_simulated"]
+    assert fit.form == Form() and not tests["small_batch"]["kept"]
 
 
 @pytest.mark.slow
