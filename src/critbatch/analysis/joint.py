@@ -338,7 +338,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
                             + "; train the baseline at two seeds for the seed noise")
             continue
         seq_len = mine[0]["key"]["seq_len"]
-        print(f"  joint model ({optimizer}): {len(used)} cells: the fit, {RESAMPLES} bootstrap "
+        print(f"  joint model ({optimizer}): {len(used)} cells: the fit and its term tests, "
+              f"{RESAMPLES} bootstrap "
               "refits, the held-out refits and the range check ...", flush=True)
         data = build_data(used, noise_sources(used, mine, trends))
         fit, terms = select_form(data)

@@ -105,8 +105,8 @@ def joint_section(documents: dict) -> list[str]:
              "averaged) fitted at once: E = E_min(L; N) (1 + B / B_crit(L)), one example curve "
              "L = L_N + A_N (E_min / 1e6 tokens)^-alpha_N per width N, one "
              "B_crit(L) = B* / L^(1/alpha_B) for all widths; two optional terms, each kept "
-             "where a likelihood-ratio test demands it (p < 0.05, the noise scaled by "
-             "sqrt(chi2/dof) where the richer model misfits): a small-batch factor "
+             "where its likelihood-ratio test, asymptotic and simulated, demands it (see "
+             "the terms' table): a small-batch factor "
              "(1 + B_s / B), then a power, (B / B_crit)^p in place of B / B_crit (B_crit stays "
              "the batch that needs twice the minimal tokens). Weighted least squares on the "
              "losses (weights: the seed noise at the cell's batch and tokens: one pooled sd, "
@@ -156,10 +156,14 @@ def joint_section(documents: dict) -> list[str]:
     terms = [term_row(doc, *term) for doc in documents.values() for term in TERMS
              if doc.get(term[1])]
     if terms:
-        lines += ["Optional terms, each tested against the form before it (chi-square "
-                  "difference, one parameter):", "",
+        lines += ["Optional terms, each tested against the form before it: the chi-square "
+                  "difference over one parameter (scaled by the richer fit's chi2/dof where "
+                  "that exceeds 1) and, where that keeps the term, the same statistic's share "
+                  "among 40 data sets simulated without the term, each noise estimate redrawn "
+                  "from its degrees of freedom; kept where both p < 0.05:", "",
                   md_table(["optimizer", "term", "fitted value", "chi2 without -> with",
-                            "chi2/dof without", "chi2/dof with", "p", "kept"], terms), ""]
+                            "chi2/dof without", "chi2/dof with", "p (chi-square)",
+                            "p (simulated)", "kept"], terms), ""]
     noise = [[doc["optimizer"], n["width"], noise_batch(n), f"{n['sd_ref']:.4f}",
               f"{n['ref_tokens']:,.0f}", f"{n['slope']:+.2f}", str(n["dof"]),
               "-" if n.get("effective_dof") is None else f"{n['effective_dof']:.1f}",
@@ -262,6 +266,7 @@ def term_row(doc: dict, name: str, field: str, value: str, shown: str) -> list[s
             if "chi2_with" in test else "-")  # fits.json from before these fields: "-"
     return [doc["optimizer"], name, value, chi2, f"{test['chi2_per_dof_without']:.2f}",
             f"{test['chi2_per_dof_with']:.2f}", f"{test['p_value']:.3g}",
+            "-" if test.get("p_value_simulated") is None else f"{test['p_value_simulated']:.3g}",
             "yes" if test["kept"] else "no"]
 
 

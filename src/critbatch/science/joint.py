@@ -58,7 +58,7 @@ SPARSE_FROM_WIDTHS = 5  # widths from which fit_joint's Jacobian is sparse
 GAMMA_BOUNDS = (-20.0, 30.0)  # the fit's range of gamma = 1/alpha_B; on a bound: unresolved
 POWER_BOUNDS = (0.25, 4.0)  # the fit's range of the transition's power p
 TERM_TEST_LEVEL = 0.05  # an optional term is kept where its likelihood-ratio test's p is below
-TERM_TEST_DRAWS = 40  # simulated data sets per term test (smallest p: 1/41)
+TERM_TEST_DRAWS = 100  # simulated data sets per term test (smallest p: 1/101)
 
 
 @dataclass(frozen=True)
@@ -497,20 +497,27 @@ def redrawn_refits(data: JointData, fit: JointFit, resamples: int, seed: int,
             yield again
 
 
+def term_statistic(base: JointFit, richer: JointFit) -> float:
+    """The chi-square drop from `base` to `richer`, over the richer fit's chi2/dof where
+    that exceeds 1 (the noise scaled as the misfit says): `extra_term_test`'s statistic."""
+    return max(0.0, base.chi2 - richer.chi2) / noise_scale(richer) ** 2
+
+
 def simulated_term_p(data: JointData, base: JointFit, richer: JointFit,
                      draws: int = TERM_TEST_DRAWS, seed: int = 0) -> float:
     """The p-value of `richer`'s extra term by simulation: `draws` data sets drawn from
-    `base` (`redrawn_data`, the noise scaled as `extra_term_test` scales it, each noise
-    estimate redrawn), each fitted with and without the term; the share of chi-square drops
-    at least the one measured, (1 + exceed) / (1 + draws). Where the sigmas rest on two
-    seeds per width the chi-square test is not calibrated: in 60 planted worlds of the cpu
-    widths sweep's design, with neither term, it kept one in 20 of them."""
-    observed = base.chi2 - richer.chi2
+    `base` (`redrawn_data`: the noise scaled by the richer fit's misfit, each noise estimate
+    redrawn from its degrees of freedom), each fitted with and without the term; the share
+    of statistics (`term_statistic`, scaled by each simulated fit's own misfit) at least the
+    one measured, (1 + exceed) / (1 + draws). Where the sigmas rest on two seeds per width
+    the chi-square test is not calibrated: in 60 planted worlds of the cpu widths sweep's
+    design, with neither term, it kept one in 20 of them."""
+    observed = term_statistic(base, richer)
     exceed = 0
     for drawn in redrawn_data(data, base, draws, seed, scale=noise_scale(richer)):
         null = fit_joint(drawn, base.per_width, start=base.as_vector(), form=base.form)
-        again = fit_richer(drawn, null, richer.form, fresh=False)
-        exceed += null.chi2 - again.chi2 >= observed
+        exceed += term_statistic(null, fit_richer(drawn, null, richer.form,
+                                                  fresh=False)) >= observed
     return (1 + exceed) / (1 + draws)
 
 
@@ -586,10 +593,9 @@ def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
     (`b_small`, `power`; None for a term it lacks)."""
     from scipy.stats import chi2 as chi2_dist
 
-    scale2 = noise_scale(richer) ** 2
-    delta = max(0.0, plain.chi2 - richer.chi2) / scale2
+    delta = term_statistic(plain, richer)
     p = float(chi2_dist.sf(delta, 1))
-    return {"delta_chi2": delta, "p_value": p, "noise_scale": math.sqrt(scale2),
+    return {"delta_chi2": delta, "p_value": p, "noise_scale": noise_scale(richer),
             "kept": bool(p < TERM_TEST_LEVEL), "chi2_per_dof_without": plain.chi2_per_dof,
             "chi2_per_dof_with": richer.chi2_per_dof, "chi2_without": plain.chi2,
             "chi2_with": richer.chi2, "dof_with": richer.dof,
