@@ -18,8 +18,8 @@ only where a likelihood-ratio test says the data demand it (`select_form`):
   both optimizers);
 - a free power p (`power`; 1 without it) makes the turn from perfect scaling to
   diminishing returns softer (p < 1) or sharper (p > 1). B_crit keeps its meaning, the batch
-  that needs twice the minimal tokens. At cpu scale AdamW's cells ask for p of about 0.7
-  (docs/results/cpu.md). p and gamma trade against each other over a short loss range:
+  that needs twice the minimal tokens. At cpu scale every AdamW sweep asks for p of
+  0.53-0.63 (docs/results/cpu.md). p and gamma trade against each other over a short loss range:
   both stretch the batch axis of E/E_min, so with p free the exponent's interval widens.
 
 The fit is weighted least squares on the losses themselves: a cell's residual is the loss
