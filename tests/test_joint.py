@@ -245,7 +245,7 @@ def test_the_simulated_term_test_drops_a_term_two_seeds_cannot_support():
     two seeds: each width's noise estimate has about 2.3 degrees of freedom) with neither
     term: the chi-square test keeps the power (p = 0.009), the simulation, which redraws
     the noise estimates too, does not (0.15 with 40 draws). In 60 such worlds the
-    chi-square test kept a term in 20, the two tests together in 5 (6 of 120 tests)."""
+    chi-square test kept a term in 20, the two tests together (40 draws) in 5."""
     i = 2
     data, samples = planted_world(WORLDS["adamw"], budget=7.5e5, fractions=(0.25, 0.5, 0.75, 1.0),
                                   baseline_seeds=2, seeded_batches=(8,), sigma=0.02,
