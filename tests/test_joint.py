@@ -125,6 +125,16 @@ def test_the_small_batch_fit_recovers_a_term_its_plain_start_misses():
 POWER_WORLD = PlantedWorld(gamma=4.8, b_star=40 * 6.5**4.8, power=0.7)
 
 
+def test_a_term_value_without_its_term_is_refused():
+    """p = 0.7 or B_s = 4 with a form that lacks the term would be silently ignored."""
+    truth = WORLDS["adamw"].fit()
+    with pytest.raises(ValueError, match="need a form with those terms"):
+        replace(truth, power=0.7)
+    with pytest.raises(ValueError, match="need a form with those terms"):
+        replace(truth, b_small=4.0)
+    assert replace(truth, power=0.7, form=Form(power=True)).power == 0.7
+
+
 def test_noiseless_power_world_gives_the_planted_power_and_exponent():
     """E/E_min = 1 + (B/B_crit)^0.7: the fit with the power recovers p and 1/alpha_B; B_crit
     keeps its meaning (twice the minimal tokens) whatever p is."""

@@ -382,6 +382,10 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
                       for i, (_, c, s) in enumerate(used)],
         }
         documents[optimizer] = doc
+        if fit.power_at_bound:
+            warnings.append(f"joint model ({optimizer}): the transition's power p = "
+                            f"{fit.power:g} sits on its fitting bound: 1/alpha_B's interval "
+                            "is conditional on it (p and 1/alpha_B trade against each other)")
         if fit.chi2_per_dof > 2:
             warnings.append(f"joint model ({optimizer}): chi2/dof = {fit.chi2_per_dof:.2f}: "
                             "the losses scatter about the model more than the seed noise "

@@ -21,7 +21,7 @@ from critbatch.analysis.joint import (
     passes,
 )
 from critbatch.analysis.render import fmt, fmt_interval, md_table
-from critbatch.science.joint import Form, JointFit
+from critbatch.science.joint import TERM_TEST_DRAWS, TERM_TEST_LEVEL, Form, JointFit
 
 PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 seed sigma) "
                 "against tokens, per batch size, with the model's curve; held-out cells hollow, "
@@ -159,8 +159,9 @@ def joint_section(documents: dict) -> list[str]:
         lines += ["Optional terms, each tested against the form before it: the chi-square "
                   "difference over one parameter (scaled by the richer fit's chi2/dof where "
                   "that exceeds 1) and, where that keeps the term, the same statistic's share "
-                  "among 40 data sets simulated without the term, each noise estimate redrawn "
-                  "from its degrees of freedom; kept where both p < 0.05:", "",
+                  f"among {TERM_TEST_DRAWS} data sets simulated without the term, each noise "
+                  "estimate redrawn from its degrees of freedom; kept where both p < "
+                  f"{TERM_TEST_LEVEL:g}:", "",
                   md_table(["optimizer", "term", "fitted value", "chi2 without -> with",
                             "chi2/dof without", "chi2/dof with", "p (chi-square)",
                             "p (simulated)", "kept"], terms), ""]

@@ -186,7 +186,7 @@ class Model:
     fit: ScalingFit
     refits: list[ScalingFit]
     lr_law: LrLaw | None
-    term_tests: dict  # per optional term (`science.joint.TERMS`) its likelihood-ratio test
+    term_tests: dict  # per optional term (`science.joint.TERMS`) its tests (`select_form`)
     sizes: np.ndarray
     smallest_batch: int
     max_tokens: float
@@ -207,9 +207,9 @@ def lr_points(sweep: SizedSweep, keep: np.ndarray) -> tuple[list, list, list]:
 
 def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int = RESAMPLES,
               seed: int = 0) -> Model:
-    """The loss law across sizes (with the joint model's optional terms where their
-    chi-square tests keep them), its bootstrap refits and the lr law, on the cells in
-    `keep`."""
+    """The loss law across sizes (with the joint model's optional terms where
+    `science.joint.select_form`'s tests keep them), its bootstrap refits and the lr law,
+    on the cells in `keep`."""
     keep = np.ones(len(sweep.cells), bool) if keep is None else keep
     data, sizes = sweep.data(keep)
     if len(data) < MIN_CELLS:

@@ -42,6 +42,7 @@ from critbatch.science.joint import (
     Form,
     JointData,
     JointFit,
+    check_terms,
     draw_losses,
     residuals,
 )
@@ -77,6 +78,9 @@ class ScalingFit:
     @property
     def chi2_per_dof(self) -> float:
         return self.chi2 / self.dof if self.dof > 0 else math.nan
+
+    def __post_init__(self):
+        check_terms(self.form, self.b_small, self.power)
 
     @property
     def small_batch(self) -> bool:
