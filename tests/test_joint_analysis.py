@@ -136,7 +136,7 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
         for term in (doc["small_batch_term"], doc["transition_power_term"]):
             assert isinstance(term["kept"], bool)
             # the simulated test runs only where the chi-square test keeps the term
-            assert (term["p_value_simulated"] is None) == (term["p_value"] >= 0.05)
+            assert term["p_value_simulated"] is None or term["p_value"] < 0.05
             assert not term["kept"] or term["p_value_simulated"] < 0.05
         assert (doc["transition_power"] is not None) == doc["transition_power_term"]["kept"]
         assert ("^p" in doc["form"]) == doc["transition_power_term"]["kept"]

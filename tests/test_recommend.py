@@ -174,6 +174,7 @@ def test_validate_on_a_u_shaped_grid_matches_the_held_out_model(tmp_path):
     assert proc.returncode == 0, proc.stderr
     v = json.loads((tmp_path / "out" / "recommend.json").read_text())["validation"][0]
     assert v["recommendation"]["model"]["b_small"] > 0  # the small-batch term was kept
+    assert "| B_s (sequences) |" in (tmp_path / "out" / "recommend.md").read_text()
     assert v["checks"]["batch_within_a_doubling"], v
     assert "recommended" in proc.stdout and "measured" in proc.stdout
     assert (tmp_path / "out" / "recommend.png").stat().st_size > 0

@@ -158,7 +158,8 @@ def joint_section(documents: dict) -> list[str]:
     if terms:
         lines += ["Optional terms, each tested against the form before it: the chi-square "
                   "difference over one parameter (scaled by the richer fit's chi2/dof where "
-                  "that exceeds 1) and, where that keeps the term, the same statistic's share "
+                  "that exceeds 1) and, where that keeps the term and the sigmas are "
+                  "estimated from seeds, the same statistic's share "
                   f"among {TERM_TEST_DRAWS} data sets simulated without the term, each noise "
                   "estimate redrawn from its degrees of freedom; kept where both p < "
                   f"{TERM_TEST_LEVEL:g}:", "",

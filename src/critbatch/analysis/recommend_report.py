@@ -244,6 +244,16 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
     return document
 
 
+def terms_rows(model: dict) -> list[list[str]]:
+    """The fitted optional terms of a recommendation's model (older documents: none)."""
+    rows = []
+    if model.get("b_small") is not None:
+        rows.append(["B_s (sequences)", f"{model['b_small']:.3g}"])
+    if model.get("transition_power") is not None:
+        rows.append(["p (the transition's power)", f"{model['transition_power']:.2f}"])
+    return rows
+
+
 def markdown(inputs: list[str], docs: list[dict], lines: list[str], warnings: list[str],
              elapsed_s: float) -> str:
     out = ["# Recommendation", "", f"From {', '.join(inputs)} ({elapsed_s:.1f} s).", "",
@@ -251,7 +261,7 @@ def markdown(inputs: list[str], docs: list[dict], lines: list[str], warnings: li
     if docs:
         m = docs[0]["model"]
         out += ["## The model", "", md_table(["", "value"], [
-            ["form", m["form"]], ["chi2/dof", f"{m['chi2_per_dof']:.2f}"],
+            ["form", m["form"]], *terms_rows(m), ["chi2/dof", f"{m['chi2_per_dof']:.2f}"],
             ["sizes (params)", ", ".join(f"{s:,.0f}" for s in m["sizes"])],
             ["intervals", m["intervals"]]]), ""]
     if warnings:

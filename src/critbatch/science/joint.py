@@ -145,6 +145,11 @@ class JointData:
     def __len__(self) -> int:
         return len(self.loss)
 
+    @property
+    def noise_estimated(self) -> bool:
+        """Some sigma is an estimate with finite degrees of freedom (`noise_dof`)."""
+        return self.noise_dof is not None and bool(np.isfinite(self.noise_dof).any())
+
     def subset(self, keep: np.ndarray) -> JointData:
         def pick(x):
             return None if x is None else x[keep]
@@ -416,16 +421,17 @@ def select_form(data: JointData, per_width: bool = False) -> tuple[JointFit, dic
     """The model with each optional term the data demand: the plain model, then the
     small-batch factor tested against it, then the power tested against the form so far.
     A term is kept where both its chi-square test (`extra_term_test`) and, where that keeps
-    it, the simulated test (`simulated_term_p`) give p < TERM_TEST_LEVEL. Returns the fit
-    and each term's test by name (`TERMS`), with `p_value_simulated` (None where the
-    chi-square test already drops the term)."""
+    it and the sigmas are estimates (`JointData.noise_estimated`), the simulated test
+    (`simulated_term_p`) give p < TERM_TEST_LEVEL: with known sigmas the simulation would
+    only repeat the chi-square test by Monte Carlo. Returns the fit and each term's test by
+    name (`TERMS`), with `p_value_simulated` (None where it did not run)."""
     fit = fit_joint(data, per_width=per_width)
     tests = {}
     for i, name in enumerate(TERMS):
         richer = fit_richer(data, fit, replace(fit.form, **{name: True}))
         test = extra_term_test(fit, richer)
         test["p_value_simulated"] = None
-        if test["kept"]:
+        if test["kept"] and data.noise_estimated:
             test["p_value_simulated"] = simulated_term_p(data, fit, richer, seed=i)
             test["kept"] = test["p_value_simulated"] < TERM_TEST_LEVEL
         if test["kept"]:
@@ -576,7 +582,7 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     for again in redrawn_refits(data, fit, resamples, seed, shared):
         gammas.append(again.exponent)
         log_b.append(math.log(again.b_star[0]))
-    estimated = data.noise_dof is not None and bool(np.isfinite(data.noise_dof).any())
+    estimated = data.noise_estimated
     label = (f"{confidence:.0%} parametric bootstrap: every cell's loss redrawn with its seed "
              f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}"
              f"{' (each noise estimate redrawn from its degrees of freedom)' if estimated else ''}"
