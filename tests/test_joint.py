@@ -239,15 +239,22 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_seed_estimated_nois
     Each bootstrap draw takes the sigmas as the truth behind their estimates might be
     (`plausible_sigma`); drawing with the estimates alone it covered in 33 of 40 (106 of
     120 worlds), with the true sigmas 37 of 40 (114 of 120)."""
-    covered, worlds = 0, 40
-    for i in range(worlds):
-        world = WORLDS["adamw" if i % 2 == 0 else "muon"]
+    covered = covered_worlds(WORLDS, fit_joint)
+    assert covered >= 0.9 * 40, covered
+
+
+def covered_worlds(worlds: dict, fit_of, n: int = 40) -> int:
+    """In how many of `n` cpu-like planted worlds (`noisy_cpu_world` from `worlds`' AdamW and
+    Muon in turn, sigmas estimated from the seeds) the 95% bootstrap interval of the fit
+    `fit_of(data)` (100 refits) covers the planted exponent."""
+    covered = 0
+    for i in range(n):
+        world = worlds["adamw" if i % 2 == 0 else "muon"]
         data = seed_estimated_sigma(*noisy_cpu_world(world, i))
-        fit = fit_joint(data)
-        boot = bootstrap_joint(data, fit, resamples=100, seed=i)
+        boot = bootstrap_joint(data, fit_of(data), resamples=100, seed=i)
         assert boot.exponent_low is not None
         covered += boot.exponent_low <= world.gamma <= boot.exponent_high
-    assert covered >= 0.9 * worlds, covered
+    return covered
 
 
 @pytest.mark.slow
@@ -257,18 +264,17 @@ def test_the_simulated_term_test_drops_a_term_two_seeds_cannot_support():
     term: the chi-square test keeps the power (p = 0.009), the simulation, which redraws
     the noise estimates too, does not (0.15 with 40 draws). In 60 such worlds the
     chi-square test kept a term in 20, the two tests together (40 draws) in 5."""
-    i = 2
-    data, samples = planted_world(WORLDS["adamw"], budget=7.5e5, fractions=(0.25, 0.5, 0.75, 1.0),
-                                  baseline_seeds=2, seeded_batches=(8,), sigma=0.02,
-                                  rng=np.random.default_rng(5000 + i), with_seed_samples=True)
-    fit, tests = select_form(seed_estimated_sigma(data, samples, seeded=(8,), seeds=2))
+    def two_seed_world(world: PlantedWorld) -> JointData:
+        data, samples = planted_world(world, budget=7.5e5, fractions=(0.25, 0.5, 0.75, 1.0),
+                                      baseline_seeds=2, seeded_batches=(8,), sigma=0.02,
+                                      rng=np.random.default_rng(5002), with_seed_samples=True)
+        return seed_estimated_sigma(data, samples, seeded=(8,), seeds=2)
+
+    fit, tests = select_form(two_seed_world(WORLDS["adamw"]))
     assert tests["power"]["p_value"] < 0.05 < tests["power"]["p_value_simulated"]
     assert fit.form == Form() and not tests["power"]["kept"]
     # the same design with a planted power: both tests keep it
-    data, samples = planted_world(POWER_WORLD, budget=7.5e5, fractions=(0.25, 0.5, 0.75, 1.0),
-                                  baseline_seeds=2, seeded_batches=(8,), sigma=0.02,
-                                  rng=np.random.default_rng(5000 + i), with_seed_samples=True)
-    fit, tests = select_form(seed_estimated_sigma(data, samples, seeded=(8,), seeds=2))
+    fit, tests = select_form(two_seed_world(POWER_WORLD))
     assert fit.form.power and tests["power"]["p_value_simulated"] < 0.05
 
 
@@ -282,17 +288,10 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_a_fitted_power():
     with p = 1 it covered in 110 of 120."""
     from critbatch.science.joint import fit_richer
 
-    worlds = {"adamw": replace(WORLDS["adamw"], power=0.7),
-              "muon": replace(WORLDS["muon"], power=0.7)}
-    covered, n = 0, 40
-    for i in range(n):
-        world = worlds["adamw" if i % 2 == 0 else "muon"]
-        data = seed_estimated_sigma(*noisy_cpu_world(world, i))
-        fit = fit_richer(data, fit_joint(data), Form(power=True))
-        boot = bootstrap_joint(data, fit, resamples=100, seed=i)
-        assert boot.exponent_low is not None
-        covered += boot.exponent_low <= world.gamma <= boot.exponent_high
-    assert covered >= 0.9 * n, covered
+    worlds = {name: replace(world, power=0.7) for name, world in WORLDS.items()}
+    covered = covered_worlds(
+        worlds, lambda data: fit_richer(data, fit_joint(data), Form(power=True)))
+    assert covered >= 0.9 * 40, covered
 
 
 @pytest.mark.slow

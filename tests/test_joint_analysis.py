@@ -144,11 +144,11 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
 
 
 def test_the_terms_table_and_verdict_name_a_fitted_power():
-    from critbatch.analysis.joint_report import TERMS, term_row
+    from critbatch.analysis.joint_report import TERM_ROWS, term_row
 
     test = {"kept": True, "p_value": 1e-5, "chi2_per_dof_without": 10.1,
             "chi2_per_dof_with": 2.7, "b_small": None, "power": 0.63}
-    row = term_row({"optimizer": "adamw", "transition_power_term": test}, *TERMS[1])
+    row = term_row({"optimizer": "adamw", "transition_power_term": test}, *TERM_ROWS[1])
     assert row[2] == "p = 0.63" and row[3] == "-"  # a fits.json without the chi2 fields
     doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 13.5, "exponent_low": 7.3,
            "exponent_high": 23.0, "log_loss_span": 0.32, "interval": "95% ...",

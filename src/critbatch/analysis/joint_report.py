@@ -153,7 +153,7 @@ def joint_section(documents: dict) -> list[str]:
                         "cells (runs)", "widths", "ln L span", "loss alone",
                         "held out", "1/alpha_B without cells above the baseline's losses"],
                        rows), ""]
-    terms = [term_row(doc, *term) for doc in documents.values() for term in TERMS
+    terms = [term_row(doc, *term) for doc in documents.values() for term in TERM_ROWS
              if doc.get(term[1])]
     if terms:
         lines += ["Optional terms, each tested against the form before it: the chi-square "
@@ -256,7 +256,7 @@ def summary_line(doc: dict) -> str:
 
 
 # the optional terms: (name, the fits.json test's field, its value's field, value format)
-TERMS = (("small-batch factor (1 + B_s/B)", "small_batch_term", "b_small", "B_s = {:.3g} seq"),
+TERM_ROWS = (("small-batch factor (1 + B_s/B)", "small_batch_term", "b_small", "B_s = {:.3g} seq"),
          ("power (B/B_crit)^p", "transition_power_term", "power", "p = {:.2f}"))
 
 
