@@ -10,7 +10,9 @@ share one), fits the shared law with the optional terms the data demand
 (`science.joint.bootstrap_joint`), fits one law per width where there are several widths
 and tests the shared one against it, then refits without the largest budget (and, with
 several widths, without the widest model's batches above its smallest) and predicts the
-cells left out: the evidence that the law extrapolates. A range check refits without the
+cells left out: the evidence that the law extrapolates; and it projects the exponent
+interval's width for the same sweep longer, with larger batches or at more seeds
+(`science.precision`): what a bigger sweep would pin. A range check refits without the
 cells above the baseline's loss range (`range_check`): a law that moves out of its interval
 without them leans on the example curve's form. Results go into fits.json as `joint` (per
 optimizer) and as the `joint` method's rows of `kaplan`.
@@ -38,6 +40,7 @@ from critbatch.science.joint import (
     select_form,
 )
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
+from critbatch.science.precision import projected_widths
 
 RESAMPLES = 100  # parametric bootstrap refits per optimizer (the coverage test's number)
 MIN_CELLS = 8  # cells below which the joint model (>= 5 parameters) is not fitted
@@ -348,6 +351,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
                 if len(data.widths) >= 2 else None)
         tested = held_out_sets(data, used, fit.form)
         in_range, above = range_check(data, fit)
+        low, high = interval["exponent_low"], interval["exponent_high"]
         doc = {
             "optimizer": optimizer, "widths": list(data.widths), "seq_len": seq_len,
             "n_cells": len(data), "n_units": len(set(data.unit.tolist())),
@@ -373,6 +377,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
                         "alpha": float(fit.alpha[i]), "e_ref_tokens": 1e6}
                        for i, w in enumerate(data.widths)],
             "loss_alone": test, "held_out": tested, "above_baseline_range": in_range,
+            "precision": None if low is None or high is None else projected_widths(
+                data, fit, high - low, target=RESOLVED_WIDTH),
             "cells": [{"width": data.widths[data.width[i]], "batch_size": c.batch_size,
                        "tokens": c.tokens, "val_loss": c.loss, "loss_sigma": s,
                        "residual_sigmas": float(fit.residuals[i]),

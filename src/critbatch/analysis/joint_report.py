@@ -51,6 +51,10 @@ def verdict(doc: dict) -> str:
     if leans:
         why.append(leans)
     if high - low > RESOLVED_WIDTH:
+        need = (doc.get("precision") or {}).get("seeds_for_target")
+        if need:
+            why.append(f"a width of {RESOLVED_WIDTH:g} would take about {math.ceil(need)}x "
+                       "the seeds at every cell (linearised projection)")
         return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
                 f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({'; '.join(why)}; "
                 f"fit {law}).")
@@ -166,6 +170,18 @@ def joint_section(documents: dict) -> list[str]:
                   md_table(["optimizer", "term", "fitted value", "chi2 without -> with",
                             "chi2/dof without", "chi2/dof with", "p (chi-square)",
                             "p (simulated)", "kept"], terms), ""]
+    plans = [[doc["optimizer"], row["plan"], str(row["n_cells"]), fmt(row["log_loss_span"], ".3f"),
+              fmt(row["sd_ratio"], ".2f"), fmt(row["width_95"], ".2f")]
+             for doc in documents.values() for row in (doc.get("precision") or {}).get("plans", [])]
+    if plans:
+        lines += ["What a bigger sweep would pin: 1/alpha_B's 95% width projected for the same "
+                  "design moved (every run longer with its batches scaled alike, or every "
+                  "cell at more seeds), each cell at the fitted model's loss with its measured "
+                  "seed noise: the bootstrap's width now times the ratio of the linearised "
+                  "(Gauss-Newton) sds, plan over the design as measured. It assumes the fitted "
+                  "law and form hold where the design moves to:", "",
+                  md_table(["optimizer", "plan", "cells", "ln L span", "sd ratio",
+                            "projected 95% width"], plans), ""]
     noise = [[doc["optimizer"], n["width"], noise_batch(n), f"{n['sd_ref']:.4f}",
               f"{n['ref_tokens']:,.0f}", f"{n['slope']:+.2f}", str(n["dof"]),
               "-" if n.get("effective_dof") is None else f"{n['effective_dof']:.1f}",
