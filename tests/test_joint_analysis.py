@@ -140,7 +140,13 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
             assert not term["kept"] or term["p_value_simulated"] < 0.05
         assert (doc["transition_power"] is not None) == doc["transition_power_term"]["kept"]
         assert ("^p" in doc["form"]) == doc["transition_power_term"]["kept"]
+        precision = doc["precision"]  # what a bigger sweep would pin, from the bootstrap's width
+        assert precision["width_now"] == pytest.approx(doc["exponent_high"] - doc["exponent_low"])
+        assert [p["plan"] for p in precision["plans"]] == [
+            "x2 tokens, x2 batches", "x4 tokens, x4 batches", "x4 seeds"]
+        assert precision["plans"][2]["sd_ratio"] == pytest.approx(0.5, rel=1e-6)
     assert any(line.startswith("Optional terms") for line in report)
+    assert any(line.startswith("What a bigger sweep would pin") for line in report)
 
 
 def test_the_terms_table_and_verdict_name_a_fitted_power():

@@ -51,10 +51,9 @@ def verdict(doc: dict) -> str:
     if leans:
         why.append(leans)
     if high - low > RESOLVED_WIDTH:
-        need = (doc.get("precision") or {}).get("seeds_for_target")
-        if need:
-            why.append(f"a width of {RESOLVED_WIDTH:g} would take about {math.ceil(need)}x "
-                       "the seeds at every cell (linearised projection)")
+        seeds = seeds_text(doc.get("precision") or {})
+        if seeds:
+            why.append(seeds)
         return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
                 f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({'; '.join(why)}; "
                 f"fit {law}).")
@@ -65,6 +64,21 @@ def verdict(doc: dict) -> str:
         return (f"**{doc['optimizer']}: unresolved**: the law leans on losses the baseline "
                 f"batch never reached ({'; '.join(why)}; fit {law}).")
     return f"**{doc['optimizer']}**: {law} (95% parametric bootstrap; {'; '.join(why)})."
+
+
+def seeds_text(precision: dict) -> str | None:
+    """What seeds a 95% interval of RESOLVED_WIDTH would take (`science.precision`), in words;
+    None for a fits.json without the projection."""
+    noise = precision.get("seeds_for_target")
+    if noise is None:
+        return None
+    text = (f"a 95% interval {RESOLVED_WIDTH:g} wide would take about {math.ceil(noise)}x the "
+            "seeds at every cell if the interval falls as 1/sqrt(seeds)")
+    if precision.get("noise_scale", 1.0) > 1.0:
+        kept = precision.get("seeds_for_target_misfit_kept")
+        text += (", no number of seeds if the misfit is the model's own error" if kept is None
+                 else f", about {math.ceil(kept)}x if the misfit is the model's own error")
+    return text
 
 
 def headline(documents: dict) -> list[str]:
@@ -170,18 +184,19 @@ def joint_section(documents: dict) -> list[str]:
                   md_table(["optimizer", "term", "fitted value", "chi2 without -> with",
                             "chi2/dof without", "chi2/dof with", "p (chi-square)",
                             "p (simulated)", "kept"], terms), ""]
-    plans = [[doc["optimizer"], row["plan"], str(row["n_cells"]), fmt(row["log_loss_span"], ".3f"),
-              fmt(row["sd_ratio"], ".2f"), fmt(row["width_95"], ".2f")]
-             for doc in documents.values() for row in (doc.get("precision") or {}).get("plans", [])]
+    plans = [row for doc in documents.values() for row in plan_rows(doc)]
     if plans:
-        lines += ["What a bigger sweep would pin: 1/alpha_B's 95% width projected for the same "
-                  "design moved (every run longer with its batches scaled alike, or every "
-                  "cell at more seeds), each cell at the fitted model's loss with its measured "
-                  "seed noise: the bootstrap's width now times the ratio of the linearised "
-                  "(Gauss-Newton) sds, plan over the design as measured. It assumes the fitted "
-                  "law and form hold where the design moves to:", "",
+        lines += ["What a bigger sweep would pin: 1/alpha_B's 95% interval width projected for "
+                  "the same design moved (every run longer with its batches scaled alike, or "
+                  "every cell at more seeds), each cell at the fitted model's loss with its "
+                  "measured seed noise: the bootstrap's width now times the ratio of the "
+                  "linearised (Gauss-Newton) sds, plan over the design as measured. Where "
+                  "the model misfits (chi2/dof > 1) the bootstrap widened the noise by "
+                  "sqrt(chi2/dof); the last column keeps that excess, as the model's own "
+                  "error would stay. It assumes the fitted law and form hold where the design "
+                  "moves to (science.md section 8):", "",
                   md_table(["optimizer", "plan", "cells", "ln L span", "sd ratio",
-                            "projected 95% width"], plans), ""]
+                            "95% width", "95% width, misfit kept"], plans), ""]
     noise = [[doc["optimizer"], n["width"], noise_batch(n), f"{n['sd_ref']:.4f}",
               f"{n['ref_tokens']:,.0f}", f"{n['slope']:+.2f}", str(n["dof"]),
               "-" if n.get("effective_dof") is None else f"{n['effective_dof']:.1f}",
@@ -286,6 +301,23 @@ def term_row(doc: dict, name: str, field: str, value: str, shown: str) -> list[s
             f"{test['chi2_per_dof_with']:.2f}", f"{test['p_value']:.3g}",
             "-" if test.get("p_value_simulated") is None else f"{test['p_value_simulated']:.3g}",
             "yes" if test["kept"] else "no"]
+
+
+def plan_rows(doc: dict) -> list[list[str]]:
+    """The projection's table rows of one optimizer: the design as measured (the bootstrap's
+    width), then each plan; 'unbounded' where a plan's cells do not pin the exponent."""
+    precision = doc.get("precision") or {}
+    if not precision.get("plans"):
+        return []
+    rows = [[doc["optimizer"], "as measured (95% parametric bootstrap)", str(doc["n_cells"]),
+             f"{doc['log_loss_span']:.3f}", "1", f"{precision['width_now']:.2f}",
+             f"{precision['width_now']:.2f}"]]
+    for row in precision["plans"]:
+        rows.append([doc["optimizer"], row["plan"], str(row["n_cells"]),
+                     fmt(row["log_loss_span"], ".3f"),
+                     *(("unbounded" if row[k] is None else f"{row[k]:.2f}")
+                       for k in ("sd_ratio", "width_95", "width_95_misfit_kept"))])
+    return rows
 
 
 def noise_batch(row: dict) -> str:
