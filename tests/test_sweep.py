@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 
 from critbatch import files, sweep
 from critbatch.analysis import results as runs
+from critbatch.errors import ConfigError
 from critbatch.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
 from critbatch.training.config import CONF_DIR, register_configs, total_steps
 
@@ -97,6 +98,22 @@ def test_plan_names_run_dirs_by_their_overrides():
         Path("branches/tokens=65536")]
     adamw = plan_stage("batch", "smoke", "adamw", [])
     assert {j.cfg.optim.lr_scaling for j in adamw} == {"sqrt"}
+
+
+def test_a_new_draw_of_the_sweep_is_grid_seed_and_a_swept_key_is_refused():
+    """`train.seed=10` would win over the seeds stage's own seeds (it trained 4 runs at seed
+    10 for 8 at seeds 1 and 2): a one-line error that names the grid keys. grid.seed moves
+    the grid's runs, grid.baseline_seeds the extra ones, and the folders say so."""
+    with pytest.raises(ConfigError, match=r"train.seed=10: the batch_seeds stage sweeps "
+                                          r"train.seed over 1,2; set grid.seed"):
+        plan_stage("batch_seeds", "cpu", "muon", ["train.seed=10"])
+    draw = ["grid.seed=10", "grid.baseline_seeds='11,12'"]
+    grid, seeds = plan_stage("batch", "cpu", "muon", draw), plan_stage("batch_seeds", "cpu",
+                                                                       "muon", draw)
+    assert {j.cfg.train.seed for j in grid} == {10}
+    assert sorted(j.cfg.train.seed for j in seeds) == [11] * 4 + [12] * 4
+    assert all("grid.seed=10" in j.run_dir.name for j in grid + seeds)
+    assert {j.cfg.train.seed for j in plan_stage("batch", "cpu", "muon", [])} == {0}
 
 
 def test_the_estimate_hands_out_the_longest_runs_first():

@@ -138,7 +138,9 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
     cli = [f"scale={scale}", f"optim={optimizer}", *extra]
     with sweep_composer() as compose:
         root = compose(stage, cli)
-        params = [f"{k}={v}" for k, v in (root.hydra.sweeper.params or {}).items()]
+        swept = root.hydra.sweeper.params or {}
+        check_swept(stage, swept, extra)
+        params = [f"{k}={v}" for k, v in swept.items()]
         jobs = []
         for overrides in sweep_jobs(params + cli):
             cfg = compose(stage, overrides)
@@ -147,6 +149,29 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
             task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]  # as Hydra
             jobs.append(Job(stage, optimizer, task, run_dir, schema.to_config(cfg), list(extra)))
     return jobs
+
+
+# where a stage sweeps a key, the grid key a user sets instead (the sweep's own values)
+SWEPT_BY = {"train.seed": "grid.seed (the grid's runs) and grid.baseline_seeds (the extra seeds)",
+            "train.batch_size": "grid.batch_sizes (and grid.seeded_batch_sizes)",
+            "optim.lr": "grid.lrs.<optimizer> (and grid.seeded_lrs.<optimizer>)",
+            "model.width": "grid.widths"}
+
+
+def check_swept(stage: str, swept, extra: list[str]) -> None:
+    """ConfigError where an override fixes a key the stage sweeps over: Hydra would let it
+    win, and the stage would train one value where it meant several (`train.seed=10` made
+    the seeds stage train the grid's seed again)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(swept, resolve=False) if OmegaConf.is_config(swept) else swept
+    for override in extra:
+        key = override.split("=", 1)[0].lstrip("+~")
+        # a stage that sweeps `optim.lr: ${optim.lr}` takes its one value from the override
+        if key in swept and raw[key] != f"${{{key}}}":
+            instead = SWEPT_BY.get(key, f"the grid key behind {key}")
+            raise ConfigError(f"{override}: the {stage} stage sweeps {key} over {swept[key]}; "
+                              f"set {instead} instead")
 
 
 def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None = None) -> float:

@@ -109,6 +109,10 @@ class GridConfig:
     # the batch and widths sweeps' train.warmup_tokens: every batch warms up over at least
     # these tokens and at least train.warmup_steps steps; null: the steps alone
     warmup_tokens: int | None = None
+    # train.seed of the batch and widths sweeps' grid runs: another value trains the whole
+    # sweep again as a new draw (give baseline_seeds other seeds too); the training is
+    # deterministic, so rerunning a sweep at the same seeds gives the same losses bit for bit
+    seed: int = 0
     baseline_seeds: str = "1"  # more seeds (seed 0 is in the grid) of the seeded cells:
     # the batches `seeded_batch_sizes` at the lrs `seeded_lrs` (sweeps/batch_seeds.yaml), whose
     # scatter is the loss noise of the cells (per batch where a batch has seeds)
