@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit, joint_report, plotting, render, summary
+from critbatch.analysis import bcrit, draws, joint_report, plotting, render, summary
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import load_runs, load_wandb_runs
 from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_table
@@ -678,6 +678,7 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
     """`bcrit.analyse`, each group also given `sweeps`: a Counter of its analysed runs (the
     ones not left out) per sweep stage, for `sweep_label`."""
     result = bcrit.analyse(runs, baseline_batch=baseline_batch, **kwargs)
+    draws.add_draw_checks(runs, result["fits"]["joint"], result["warnings"])
     result["fits"]["summary"] = summary.sweep_summary(runs, result["fits"]["joint"],
                                                       warnings=result["warnings"])
     left_out = {d["run_dir"] for d in result["left_out"]}

@@ -495,6 +495,14 @@ def plausible_sigma(rng: np.random.Generator, data: JointData) -> np.ndarray:
     return data.sigma * factor[cell_group]
 
 
+def model_center(data: JointData, fit: JointFit) -> np.ndarray:
+    """Each cell's loss as the fit predicts it, the measured loss where the model has none;
+    an upper bound stays at least its bound: what the parametric draws scatter around."""
+    center = fit.predict_loss(data.width, data.batch, data.tokens)
+    center = np.where(np.isfinite(center), center, data.loss)
+    return np.where(data.upper, np.maximum(center, data.loss), center)
+
+
 def redrawn_data(data: JointData, fit: JointFit, resamples: int, seed: int,
                  shared: float = SHARED_FRACTION, scale: float | None = None):
     """`resamples` copies of `data`, every cell's loss redrawn around the fit's prediction
@@ -502,9 +510,7 @@ def redrawn_data(data: JointData, fit: JointFit, resamples: int, seed: int,
     stays at least its bound; where the sigmas are estimates, each draw with sigmas as the
     truth behind them might be, `plausible_sigma`). The stated sigmas stay the weights."""
     rng = np.random.default_rng(seed)
-    center = fit.predict_loss(data.width, data.batch, data.tokens)
-    center = np.where(np.isfinite(center), center, data.loss)
-    center = np.where(data.upper, np.maximum(center, data.loss), center)  # a bound stays one
+    center = model_center(data, fit)
     scale = noise_scale(fit) if scale is None else scale
     for _ in range(resamples):
         yield data.with_loss(draw_losses(rng, data, center, scale, shared,
