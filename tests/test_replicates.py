@@ -61,14 +61,26 @@ def test_each_verdict_in_its_world(bias, noise_factor, verdict):
     doc = result.as_dict()
     assert doc["verdict"] == verdict and doc["difference_dof"] == 20
     assert doc["sentence"].startswith(
-        {"noise": "the misfit does not repeat", "model error": "the misfit is the model's",
+        {"noise": "the residuals do not repeat", "model error": "the misfit is the model's",
          "sigmas too small": "the draws differ by more"}[verdict])
 
 
 def test_too_few_shared_cells_is_an_error():
     first, second = two_draws(0)
-    with pytest.raises(ValueError, match="share 2 cells"):
+    with pytest.raises(ValueError, match="share 2 measured cells"):
         check_draws(first, second, (np.arange(2), np.arange(2)), PLAIN)
+    bounds = dataclasses.replace(second, upper=np.arange(len(second)) >= 2)  # 2 measured
+    with pytest.raises(ValueError, match="share 2 measured cells"):
+        check(first, bounds)
+
+
+def test_a_shape_is_found_where_the_sigmas_are_also_too_small():
+    """The residuals' correlation does not depend on the sigmas' scale: a shape of 3 run
+    sigmas in draws that scatter twice what they state is still the model's error, and the
+    sentence says both."""
+    result = check(*two_draws(0, bias=3 * RUN_SIGMA, noise_factor=2.0))
+    assert result.verdict == "model error" and result.difference_p < 0.05
+    assert "the sigmas are too small" in result.sentence
 
 
 @pytest.mark.slow
@@ -90,17 +102,18 @@ def test_draw_of_reads_the_grid_seed_override():
 
 
 def test_two_draws_in_fits_json(tmp_path):
-    """Run folders of two draws (the second's runs carry `grid.seed=10`, as `make sweep-batch
-    ARGS=grid.seed=10` writes them) analysed together: every optimizer's joint document
-    compares them; one draw alone gives `draws` None."""
+    """Run folders of two draws (the second's runs carry `grid.seed=10` and seeds 10-11, as
+    `make sweep-batch ARGS="grid.seed=10 ..."` writes them) analysed together: the joint
+    document compares them; one draw alone gives `draws` None."""
     truth = SyntheticTruth(b_crit=200.0, seq_len=64)
     first, second = tmp_path / "first", tmp_path / "second"
     synthetic_branched_sweep(first, truth, optimizers=("adamw",))
     synthetic_branched_sweep(second, truth, optimizers=("adamw",),
                              seed_loss_offsets=(0.003, -0.001))
-    for path in second.rglob("summary.json"):
+    for path in second.rglob("summary.json"):  # as grid.seed=10 with seeds 11, 12 writes them
         summary = json.loads(path.read_text())
-        path.write_text(json.dumps({**summary, "overrides": ["grid.seed=10"]}))
+        path.write_text(json.dumps({**summary, "seed": summary["seed"] + 10,
+                                    "overrides": ["grid.seed=10"]}))
     both = analyse(load_runs([first, second], progress=False)["runs"])
     doc = both["fits"]["joint"]["adamw"]["draws"]
     assert doc["draws"] == [0, 10] and doc["n_draws"] == 2
@@ -109,6 +122,22 @@ def test_two_draws_in_fits_json(tmp_path):
     assert 0 < doc["difference_p"] <= 1 and -1 <= doc["residual_correlation"] <= 1
     alone = analyse(load_runs([first], progress=False)["runs"])
     assert alone["fits"]["joint"]["adamw"]["draws"] is None
+
+
+def test_draws_that_share_runs_are_not_compared(tmp_path):
+    """A second draw trained at the default baseline seeds repeats the first's seeded runs
+    bit for bit: not independent, so no check, and a warning says what to change."""
+    truth = SyntheticTruth(b_crit=200.0, seq_len=64)
+    first, second = tmp_path / "first", tmp_path / "second"
+    synthetic_branched_sweep(first, truth, optimizers=("adamw",))
+    synthetic_branched_sweep(second, truth, optimizers=("adamw",))
+    for path in second.rglob("summary.json"):
+        summary = json.loads(path.read_text())
+        path.write_text(json.dumps({**summary, "overrides": ["++grid.seed='10'"]}))
+    both = analyse(load_runs([first, second], progress=False)["runs"])
+    assert both["fits"]["joint"]["adamw"]["draws"] is None
+    assert any("the draws share" in w and "grid.baseline_seeds" in w
+               for w in both["warnings"])
 
 
 def test_the_report_says_which_reading_applies():

@@ -678,7 +678,7 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
     """`bcrit.analyse`, each group also given `sweeps`: a Counter of its analysed runs (the
     ones not left out) per sweep stage, for `sweep_label`."""
     result = bcrit.analyse(runs, baseline_batch=baseline_batch, **kwargs)
-    draws.add_draw_checks(runs, result["fits"]["joint"], result["warnings"])
+    draws.add_draw_checks(runs, result)
     result["fits"]["summary"] = summary.sweep_summary(runs, result["fits"]["joint"],
                                                       warnings=result["warnings"])
     left_out = {d["run_dir"] for d in result["left_out"]}

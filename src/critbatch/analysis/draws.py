@@ -3,10 +3,14 @@
 A sweep trained again at another seed (`make sweep-batch ARGS="grid.seed=10
 grid.baseline_seeds='\\"11,12\\"'"`, docs/studies.md) and analysed together with the first
 (`python analysis/fit_bcrit.py <first> <second>`) measures every cell twice. The joint
-model is fitted to all of them (`analysis.joint`); here the runs are split again by their
-draw (the `grid.seed` override; 0 without one), each draw's cells are built and fitted alone
-in the form the joint fit kept, and `science.replicates.check_draws` compares the first
-two draws: fits.json `joint.<optimizer>.draws` (None with one draw).
+model is fitted to all of them (`analysis.joint`); here the analysed runs (those
+`bcrit.split_runs` keeps, of the groups the joint model used) are split again by their draw
+(the `grid.seed` override; 0 without one, as in tables and W&B runs, which do not keep the
+overrides), each draw's cells are built and fitted alone in the form the joint fit kept, and
+`science.replicates.check_draws` compares the first two draws: fits.json
+`joint.<optimizer>.draws` (None with one draw). Draws that share a run (the same batch, lr,
+tokens and seed: training is deterministic, so the same losses) are not independent and are
+not compared.
 """
 
 from __future__ import annotations
@@ -26,86 +30,109 @@ from critbatch.analysis.joint import (
     width_label,
 )
 from critbatch.science.fits import nominal_budgets
-from critbatch.science.joint import Form
-from critbatch.science.replicates import check_draws
+from critbatch.science.joint import Form, JointData
+from critbatch.science.replicates import NOISE, check_draws
 
-DRAW_KEY = "grid.seed="
+DRAW_KEY = "grid.seed"
 
 
 def draw_of(run: dict) -> int:
-    """The run's draw: its `grid.seed` override, 0 without one (a sweep's default draw)."""
+    """The run's draw: its `grid.seed` override (`grid.seed=10`, `++grid.seed='10'`), 0
+    without one (a sweep's default draw)."""
     for item in run.get("overrides") or []:
-        if str(item).startswith(DRAW_KEY):
+        key, _, value = str(item).lstrip("+~").partition("=")
+        if key == DRAW_KEY:
             try:
-                return int(str(item)[len(DRAW_KEY):])
+                return int(value.strip("'\""))
             except ValueError:
-                return 0
+                return 0  # grid.seed is an int in the schema: no run trains with another
     return 0
 
 
-def draw_groups(runs: list[dict]) -> dict[int, list[dict]]:
-    """Per draw (two or more, else {}), its groups as the joint model reads them: each a
-    {"key", "cells"} of the draw's runs of one model and optimizer at their best lr."""
+def shared_runs(members: list[dict]) -> int:
+    """How many runs of one group another draw trained identically (same batch, lr, tokens
+    and seed: the same losses, so not an independent measurement)."""
+    draws: dict[tuple, set] = defaultdict(set)
+    for r in members:
+        draws[(r["batch_size"], float(r["lr"]), r["tokens"], r.get("seed"))].add(draw_of(r))
+    return sum(len(d) > 1 for d in draws.values())
+
+
+def draw_groups(runs: list[dict], keys: list[dict]) -> tuple[dict[int, list[dict]], int]:
+    """(per draw, its groups as the joint model reads them: each a {"key", "cells"} of the
+    draw's runs of one group at their best lr; {} with fewer than two draws), the number of
+    runs two draws share. `keys`: the groups the joint model used. Budgets are named over
+    all draws at once, so that one cell has one name in every draw."""
+    groups, _, _ = bcrit.split_runs(runs)
     by_draw: dict[int, list[dict]] = defaultdict(list)
-    for run in runs:
-        by_draw[draw_of(run)].append(run)
-    if len(by_draw) < 2:
-        return {}
-    out = {}
-    for draw, mine in sorted(by_draw.items()):
-        groups, _, _ = bcrit.split_runs(mine)
-        out[draw] = []
-        for key, members in groups.items():
-            budgets = nominal_budgets([r["tokens"] for r in members], bcrit.BUDGET_TOLERANCE)
-            scatter = bcrit.seed_scatter(members, budgets)
-            cells = bcrit.best_lr_cells(members, scatter=scatter[0] if scatter else None)
-            out[draw].append({"key": dict(zip(bcrit.GROUP_KEYS, key, strict=True)),
-                              "cells": cells})
-    return out
+    shared = 0
+    for key, members in groups.items():
+        group_key = dict(zip(bcrit.GROUP_KEYS, key, strict=True))
+        if group_key not in keys or len({draw_of(r) for r in members}) < 2:
+            continue
+        shared += shared_runs(members)
+        budgets = nominal_budgets([r["tokens"] for r in members], bcrit.BUDGET_TOLERANCE)
+        for draw in sorted({draw_of(r) for r in members}):
+            mine = [r for r in members if draw_of(r) == draw]
+            scatter = bcrit.seed_scatter(mine, budgets)
+            cells = bcrit.best_lr_cells(mine, scatter=scatter[0] if scatter else None)
+            for c in cells:  # the cell's budget named over all draws
+                c.budget = budgets[c.tokens]
+            by_draw[draw].append({"key": group_key, "cells": cells})
+    return (dict(by_draw) if len(by_draw) >= 2 else {}), shared
 
 
-def draw_data(groups: list[dict], optimizer: str):
-    """(JointData, the cells' keys (width, batch, budget)) of one draw's optimizer, or None
+def draw_data(groups: list[dict]) -> tuple[JointData, list[tuple]] | None:
+    """(JointData, the cells' keys (width, batch, budget)) of one draw's groups, or None
     with fewer than MIN_CELLS usable cells."""
-    mine = comparable_groups(groups).get(optimizer)
-    if not mine:
-        return None
-    trends = [seed_noise(g) for g in mine]
-    used, _ = cells_of(mine, trends)
+    trends = [seed_noise(g) for g in groups]
+    used, _ = cells_of(groups, trends)
     if len(used) < MIN_CELLS:
         return None
     keys = [(width_label(g["key"]), c.batch_size, c.budget) for g, c, _ in used]
-    return build_data(used, noise_sources(used, mine, trends)), keys
+    return build_data(used, noise_sources(used, groups, trends)), keys
 
 
 def draws_document(draws: dict[int, list[dict]], optimizer: str, form: Form) -> dict | None:
     """fits.json `joint.<optimizer>.draws`: the first two draws with enough cells compared
-    (`check_draws`), or None where fewer than two have them or they share under 3 cells."""
+    (`check_draws`), or None where fewer than two have them. Raises ValueError where the
+    check cannot be made (`check_draws`)."""
     found = [(d, got) for d, groups in draws.items()
-             if (got := draw_data(groups, optimizer)) is not None]
+             if (got := draw_data([g for g in groups if g["key"]["optimizer"] == optimizer]))]
     if len(found) < 2:
         return None
     (d1, (first, keys1)), (d2, (second, keys2)) = found[:2]
     index2 = {k: n for n, k in enumerate(keys2)}
     shared = [(n, index2[k]) for n, k in enumerate(keys1) if k in index2]
-    if len(shared) < 3:
-        return None
-    pairs = (np.array([a for a, _ in shared]), np.array([b for _, b in shared]))
-    check = check_draws(first, second, pairs, form, seed=d1 + d2)
-    return {"draws": [d1, d2], "n_draws": len(draws), **check.as_dict()}
+    pairs = (np.array([a for a, _ in shared], dtype=int),
+             np.array([b for _, b in shared], dtype=int))
+    check = check_draws(first, second, pairs, form, seed=sum(map(ord, optimizer)))
+    return {"draws": [d1, d2], "n_draws": len(found), **check.as_dict()}
 
 
-def add_draw_checks(runs: list[dict], joint: dict, warnings: list[str]) -> None:
-    """Set `draws` in every optimizer's joint document (None without two draws); a warning
-    names a misfit the draws show to be the model's own error."""
-    draws = draw_groups(runs)
+def add_draw_checks(runs: list[dict], result: dict) -> None:
+    """Set `draws` in every optimizer's joint document of `bcrit.analyse`'s `result` (None
+    without two independent draws); a warning names a verdict other than noise, or why the
+    check could not be made."""
+    joint, warnings = result["fits"]["joint"], result["warnings"]
+    used = comparable_groups(result["groups"])
     for optimizer, doc in joint.items():
         doc["draws"] = None
+        draws, shared = draw_groups(runs, [g["key"] for g in used.get(optimizer, [])])
         if not draws:
+            continue
+        if shared:
+            warnings.append(f"joint model ({optimizer}): the draws share {shared} runs (the "
+                            "same batch, lr, tokens and seed, so the same losses): not "
+                            "compared; train a new draw at other `grid.baseline_seeds` too")
             continue
         print(f"  joint model ({optimizer}): the draws' check ...", flush=True)
         form = Form(small_batch=doc.get("b_small") is not None,
                     power=doc.get("transition_power") is not None)
-        doc["draws"] = draws_document(draws, optimizer, form)
-        if doc["draws"] and doc["draws"]["verdict"] != "noise":
+        try:
+            doc["draws"] = draws_document(draws, optimizer, form)
+        except ValueError as e:
+            warnings.append(f"joint model ({optimizer}), two draws: not compared: {e}")
+            continue
+        if doc["draws"] and doc["draws"]["verdict"] != NOISE:
             warnings.append(f"joint model ({optimizer}), two draws: {doc['draws']['sentence']}")

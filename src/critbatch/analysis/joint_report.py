@@ -22,6 +22,7 @@ from critbatch.analysis.joint import (
 )
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.science.joint import TERM_TEST_DRAWS, TERM_TEST_LEVEL, Form, JointFit
+from critbatch.science.replicates import MODEL_ERROR
 
 PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 seed sigma) "
                 "against tokens, per batch size, with the model's curve; held-out cells hollow, "
@@ -73,7 +74,7 @@ def seeds_text(precision: dict, draws: dict | None = None) -> str | None:
     noise = precision.get("seeds_for_target")
     if noise is None:
         return None
-    if (draws or {}).get("verdict") == "model error":
+    if (draws or {}).get("verdict") == MODEL_ERROR:
         kept = precision.get("seeds_for_target_misfit_kept")
         return ("two draws show the misfit to be the model's own error, so "
                 + ("no number of seeds gives a 95% interval " if kept is None else
