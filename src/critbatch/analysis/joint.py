@@ -15,7 +15,8 @@ interval's width for the same sweep longer, with larger batches or at more seeds
 (`science.precision`): what a bigger sweep would pin. A range check refits without the
 cells above the baseline's loss range (`range_check`): a law that moves out of its interval
 without them leans on the example curve's form. Results go into fits.json as `joint` (per
-optimizer) and as the `joint` method's rows of `kaplan`.
+optimizer) and as the `joint` method's rows of `kaplan`; where the runs hold two draws of
+the sweep, `analysis.draws` adds whether a misfit is noise or the model's own error.
 """
 
 from __future__ import annotations
