@@ -20,15 +20,7 @@ from collections import defaultdict
 import numpy as np
 
 from critbatch.analysis import bcrit
-from critbatch.analysis.joint import (
-    MIN_CELLS,
-    build_data,
-    cells_of,
-    comparable_groups,
-    noise_sources,
-    seed_noise,
-    width_label,
-)
+from critbatch.analysis.joint import comparable_groups, model_data, width_label
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import Form, JointData
 from critbatch.science.replicates import NOISE, check_draws
@@ -58,39 +50,40 @@ def shared_runs(members: list[dict]) -> int:
     return sum(len(d) > 1 for d in draws.values())
 
 
-def draw_groups(runs: list[dict], keys: list[dict]) -> tuple[dict[int, list[dict]], int]:
+def draw_groups(runs: list[dict], keys: list[dict]
+                ) -> tuple[dict[int, list[dict]], dict[str, int]]:
     """(per draw, its groups as the joint model reads them: each a {"key", "cells"} of the
-    draw's runs of one group at their best lr; {} with fewer than two draws), the number of
-    runs two draws share. `keys`: the groups the joint model used. Budgets are named over
-    all draws at once, so that one cell has one name in every draw."""
+    draw's runs of one group at their best lr; per optimizer, the runs two draws share).
+    `keys`: the groups the joint model used; only those with two draws or more count.
+    Budgets are named over all draws at once, so that one cell has one name in every draw."""
     groups, _, _ = bcrit.split_runs(runs)
     by_draw: dict[int, list[dict]] = defaultdict(list)
-    shared = 0
+    shared: dict[str, int] = defaultdict(int)
     for key, members in groups.items():
         group_key = dict(zip(bcrit.GROUP_KEYS, key, strict=True))
-        if group_key not in keys or len({draw_of(r) for r in members}) < 2:
+        drawn: dict[int, list[dict]] = defaultdict(list)
+        for r in members:
+            drawn[draw_of(r)].append(r)
+        if group_key not in keys or len(drawn) < 2:
             continue
-        shared += shared_runs(members)
+        shared[group_key["optimizer"]] += shared_runs(members)
         budgets = nominal_budgets([r["tokens"] for r in members], bcrit.BUDGET_TOLERANCE)
-        for draw in sorted({draw_of(r) for r in members}):
-            mine = [r for r in members if draw_of(r) == draw]
+        for draw, mine in sorted(drawn.items()):
             scatter = bcrit.seed_scatter(mine, budgets)
             cells = bcrit.best_lr_cells(mine, scatter=scatter[0] if scatter else None)
             for c in cells:  # the cell's budget named over all draws
                 c.budget = budgets[c.tokens]
             by_draw[draw].append({"key": group_key, "cells": cells})
-    return (dict(by_draw) if len(by_draw) >= 2 else {}), shared
+    return dict(by_draw), dict(shared)
 
 
 def draw_data(groups: list[dict]) -> tuple[JointData, list[tuple]] | None:
     """(JointData, the cells' keys (width, batch, budget)) of one draw's groups, or None
-    with fewer than MIN_CELLS usable cells."""
-    trends = [seed_noise(g) for g in groups]
-    used, _ = cells_of(groups, trends)
-    if len(used) < MIN_CELLS:
+    with fewer than MIN_CELLS usable cells (`analysis.joint.model_data`)."""
+    used, _, _, data = model_data(groups)
+    if data is None:
         return None
-    keys = [(width_label(g["key"]), c.batch_size, c.budget) for g, c, _ in used]
-    return build_data(used, noise_sources(used, groups, trends)), keys
+    return data, [(width_label(g["key"]), c.batch_size, c.budget) for g, c, _ in used]
 
 
 def draws_document(draws: dict[int, list[dict]], optimizer: str, form: Form) -> dict | None:
@@ -115,16 +108,17 @@ def add_draw_checks(runs: list[dict], result: dict) -> None:
     without two independent draws); a warning names a verdict other than noise, or why the
     check could not be made."""
     joint, warnings = result["fits"]["joint"], result["warnings"]
-    used = comparable_groups(result["groups"])
+    used = [g["key"] for mine in comparable_groups(result["groups"]).values() for g in mine]
+    draws, shared = draw_groups(runs, used)
     for optimizer, doc in joint.items():
         doc["draws"] = None
-        draws, shared = draw_groups(runs, [g["key"] for g in used.get(optimizer, [])])
-        if not draws:
+        if not any(g["key"]["optimizer"] == optimizer for groups in draws.values()
+                   for g in groups):
             continue
-        if shared:
-            warnings.append(f"joint model ({optimizer}): the draws share {shared} runs (the "
-                            "same batch, lr, tokens and seed, so the same losses): not "
-                            "compared; train a new draw at other `grid.baseline_seeds` too")
+        if shared.get(optimizer):
+            warnings.append(f"joint model ({optimizer}): the draws share {shared[optimizer]} "
+                            "runs (the same batch, lr, tokens and seed, so the same losses): "
+                            "not compared; train a new draw at other `grid.baseline_seeds` too")
             continue
         print(f"  joint model ({optimizer}): the draws' check ...", flush=True)
         form = Form(small_batch=doc.get("b_small") is not None,

@@ -330,13 +330,23 @@ def leans_on_extrapolation(doc: dict) -> str | None:
             f"1/alpha_B is {check['exponent']:.2f}, outside its interval")
 
 
+def model_data(groups: list[dict]) -> tuple[list[tuple], list, list[str], JointData | None]:
+    """The model's input from one optimizer's comparable groups: (the usable (group, cell,
+    sigma) triples, each group's `seed_noise`, why other cells are not usable, and the
+    JointData with its noise sources, None below MIN_CELLS usable cells)."""
+    trends = [seed_noise(g) for g in groups]
+    used, notes = cells_of(groups, trends)
+    data = (build_data(used, noise_sources(used, groups, trends)) if len(used) >= MIN_CELLS
+            else None)
+    return used, trends, notes, data
+
+
 def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict]]:
     """({optimizer: the joint model's document}, its Kaplan rows: method `joint`)."""
     documents, rows = {}, []
     for optimizer, mine in comparable_groups(groups).items():
-        trends = [seed_noise(g) for g in mine]
-        used, notes = cells_of(mine, trends)
-        if len(used) < MIN_CELLS:
+        used, trends, notes, data = model_data(mine)
+        if data is None:
             warnings.append(f"joint model ({optimizer}): {len(used)} usable cells, it needs "
                             f"{MIN_CELLS}" + (f" ({'; '.join(notes)})" if notes else "")
                             + "; train the baseline at two seeds for the seed noise")
@@ -345,7 +355,6 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         print(f"  joint model ({optimizer}): {len(used)} cells: the fit and its term tests, "
               f"{RESAMPLES} bootstrap "
               "refits, the held-out refits and the range check ...", flush=True)
-        data = build_data(used, noise_sources(used, mine, trends))
         fit, terms = select_form(data)
         interval = interval_of(data, fit, optimizer)
         test = (loss_alone_test(fit, fit_joint(data, per_width=True, form=fit.form))
