@@ -252,8 +252,8 @@ def seed_scatter(runs: list[dict], budgets: dict[int, int]) -> tuple[float, int]
 
 
 def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
-                  scatter: float | None = None) -> list[Cell]:
-    """Collapse a group's runs into cells (batch size x nominal budget), each at its best lr.
+                  scatter: float | None = None, budgets: dict | None = None) -> list[Cell]:
+    """A group's runs as cells (batch size x nominal budget: `budgets`, or named here) at best lr.
 
     A cell whose run trained too few steps for its warmup is flagged (`few_steps`,
     `too_few_steps`); it stays a cell, to be listed, but neither Kaplan's law (through its
@@ -267,7 +267,7 @@ def best_lr_cells(runs: list[dict], diverged_lrs: dict | None = None,
     (batch_size, budget) to the lrs that diverged, to say whether an edge optimum has a
     diverged neighbour.
     """
-    budgets = nominal_budgets([r["tokens"] for r in runs], BUDGET_TOLERANCE)
+    budgets = budgets or nominal_budgets([r["tokens"] for r in runs], BUDGET_TOLERANCE)
     trunk = trunks(runs)
     by_cell: dict[tuple, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:

@@ -70,9 +70,8 @@ def draw_groups(runs: list[dict], keys: list[dict]
         budgets = nominal_budgets([r["tokens"] for r in members], bcrit.BUDGET_TOLERANCE)
         for draw, mine in sorted(drawn.items()):
             scatter = bcrit.seed_scatter(mine, budgets)
-            cells = bcrit.best_lr_cells(mine, scatter=scatter[0] if scatter else None)
-            for c in cells:  # the cell's budget named over all draws
-                c.budget = budgets[c.tokens]
+            cells = bcrit.best_lr_cells(mine, scatter=scatter[0] if scatter else None,
+                                        budgets=budgets)
             by_draw[draw].append({"key": group_key, "cells": cells})
     return dict(by_draw), dict(shared)
 
