@@ -54,7 +54,7 @@ SHARED_FRACTION = 0.5  # of a cell's loss variance drawn once per trunk (branche
 NEWTON_STEPS_FIT = 3
 L_N_FLOOR = -30.0  # nats/token: L_N is a curve parameter here, free to fall below 0 (see fit_joint)
 CONFIDENCE = 0.95
-SPARSE_FROM_WIDTHS = 5  # widths from which fit_joint's Jacobian is sparse
+MAX_NFEV_PER_PARAMETER = 400  # a fit's evaluation limit, per parameter
 GAMMA_BOUNDS = (-20.0, 30.0)  # the fit's range of gamma = 1/alpha_B; on a bound: unresolved
 POWER_BOUNDS = (0.25, 4.0)  # the fit's range of the transition's power p
 TERM_TEST_LEVEL = 0.05  # an optional term is kept where its likelihood-ratio test's p is below
@@ -267,48 +267,116 @@ class JointFit:
         return np.where(ok, 0.5 * (lo + hi), np.nan)
 
 
+def law_terms(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
+              batch: np.ndarray, per_width: bool, form: Form) -> dict:
+    """The pieces of ln E(L) at each cell, shared by the model and its gradient: the curve's
+    parameters at the cell's width, gap = L - l_inf, v = ln(B / B_crit(L)), the overhead's
+    log p v and its logistic weight s = u / (1 + u) with u = (B / B_crit)^p (both computed
+    without overflow: a refit far from the data can put u past 1e308)."""
+    from scipy.special import expit
+
+    w = n_widths
+    law = width if per_width else np.zeros_like(width)
+    n_law = w if per_width else 1
+    b_small, power = form.terms(theta)
+    log_loss = np.log(np.maximum(loss, 1e-9))
+    gamma = theta[3 * w + n_law:3 * w + 2 * n_law][law]
+    v = np.log(batch) + gamma * log_loss - theta[3 * w:3 * w + n_law][law]
+    return {"l_inf": theta[:w][width], "log_a": theta[w:2 * w][width],
+            "alpha": np.exp(theta[2 * w:3 * w][width]), "gamma": gamma, "law": law,
+            "n_law": n_law, "gap": np.maximum(loss - theta[:w][width], 1e-12),
+            "loss": np.maximum(loss, 1e-9), "log_loss": log_loss, "v": v,
+            "pv": power * v, "s": expit(power * v), "b_small": b_small, "power": power}
+
+
 def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
                      batch: np.ndarray, per_width: bool,
                      form: Form = PLAIN) -> tuple[np.ndarray, np.ndarray]:
     """ln E(L) = ln E_min(L; N) + ln(1 + (B / B_crit(L))^p) [+ ln(1 + B_s / B)] and
     d ln E / dL, from the parameter vector [l_inf (W), ln a (W), ln alpha (W),
     ln B_star (1 or W), gamma (1 or W), (B_s), (p)]."""
-    w = n_widths
-    l_inf, a, alpha = theta[:w][width], np.exp(theta[w:2 * w][width]), np.exp(
-        theta[2 * w:3 * w][width])
-    law = width if per_width else np.zeros_like(width)
-    n_law = w if per_width else 1
-    log_b_star = theta[3 * w:3 * w + n_law][law]
-    gamma = theta[3 * w + n_law:3 * w + 2 * n_law][law]
-    gap = np.maximum(loss - l_inf, 1e-12)
-    loss = np.maximum(loss, 1e-9)
-    log_e_min = math.log(E_REF) + (np.log(a) - np.log(gap)) / alpha
-    b_small, power = form.terms(theta)
-    u = batch * np.exp(gamma * np.log(loss) - log_b_star)  # B / B_crit(L)
-    if form.power:
-        u = u ** power
-    log_e = log_e_min + np.log1p(u)
+    t = law_terms(theta, n_widths, loss, width, batch, per_width, form)
+    log_e = (math.log(E_REF) + (t["log_a"] - np.log(t["gap"])) / t["alpha"]
+             + np.logaddexp(0.0, t["pv"]))
     if form.small_batch:
-        log_e = log_e + np.log1p(b_small / batch)
-    slope = -1 / (alpha * gap) + u / (1 + u) * power * gamma / loss
+        log_e = log_e + np.log1p(t["b_small"] / batch)
+    slope = -1 / (t["alpha"] * t["gap"]) + t["s"] * t["power"] * t["gamma"] / t["loss"]
     return log_e, slope
+
+
+def log_tokens_gradient(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
+                        batch: np.ndarray, per_width: bool, form: Form = PLAIN) -> np.ndarray:
+    """d ln E(L) / d theta at fixed L, one row per cell (cells x parameters), in
+    `log_tokens_model`'s parameter order: the analytic partial derivatives of its terms."""
+    t = law_terms(theta, n_widths, loss, width, batch, per_width, form)
+    w, n_law, rows = n_widths, t["n_law"], np.arange(len(loss))
+    grad = np.zeros((len(loss), len(theta)))
+    grad[rows, width] = 1 / (t["alpha"] * t["gap"])  # l_inf
+    grad[rows, w + width] = 1 / t["alpha"]  # ln a
+    grad[rows, 2 * w + width] = -(t["log_a"] - np.log(t["gap"])) / t["alpha"]  # ln alpha
+    grad[rows, 3 * w + t["law"]] = -t["power"] * t["s"]  # ln B_star
+    grad[rows, 3 * w + n_law + t["law"]] = t["power"] * t["s"] * t["log_loss"]  # gamma
+    column = 3 * w + 2 * n_law
+    if form.small_batch:
+        grad[:, column] = 1 / (batch + t["b_small"])
+        column += 1
+    if form.power:
+        grad[:, column] = t["s"] * t["v"]
+    return grad
+
+
+RESIDUAL_CAP = 1e6  # a residual (seed sigmas) past this, or not finite, counts as this
+
+
+def newton_loss(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool,
+                form: Form = PLAIN, steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
+    """The loss the model predicts at each cell: Newton steps on ln E_model(L) = ln E from
+    the measured loss, held above l_inf (and above 0)."""
+    target = np.log(data.tokens)
+    loss = data.loss.copy()
+    floor = np.maximum(theta[:n_widths][data.width], 0.0) + 1e-9
+    with np.errstate(all="ignore"):
+        for _ in range(steps):
+            log_e, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch,
+                                            per_width, form)
+            slope = np.minimum(slope, -1e-6)  # a non-monotone model is pushed back
+            step = np.nan_to_num((log_e - target) / slope)
+            loss = np.maximum(loss - step, floor)
+    return loss
 
 
 def residuals(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool,
               form: Form = PLAIN, steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
-    """(predicted loss - measured loss) / sigma for every cell: Newton steps on
-    ln E_model(L) = ln E from the measured loss. An upper-bound cell (`data.upper`) counts
-    only where the model predicts more than its bound: a one-sided (censored) residual."""
-    target = np.log(data.tokens)
-    loss = data.loss.copy()
+    """(predicted loss - measured loss) / sigma for every cell (`newton_loss`). An
+    upper-bound cell (`data.upper`) counts only where the model predicts more than its
+    bound: a one-sided (censored) residual. Never NaN or inf: a parameter vector far from
+    the data (a refit's trial step) gets large finite residuals (RESIDUAL_CAP), so the
+    solver steps back instead of failing."""
+    loss = newton_loss(theta, data, n_widths, per_width, form, steps)
+    with np.errstate(all="ignore"):
+        chi = (loss - data.loss) / data.sigma
+    chi = np.where(data.upper, np.maximum(chi, 0.0), chi)
+    return np.clip(np.nan_to_num(chi, nan=RESIDUAL_CAP), -RESIDUAL_CAP, RESIDUAL_CAP)
+
+
+def residual_jacobian(theta: np.ndarray, data: JointData, n_widths: int, per_width: bool,
+                      form: Form = PLAIN, steps: int = NEWTON_STEPS_FIT) -> np.ndarray:
+    """d residuals / d theta (cells x parameters), analytic: the predicted loss L* solves
+    ln E_model(L*; theta) = ln E, so dL*/dtheta = -(d ln E/d theta) / (d ln E/dL) (the
+    implicit function theorem) at the Newton iterate. Zero where the residual does not move:
+    an upper bound the model stays below, a prediction held at its floor. One evaluation
+    where finite differences took one per parameter (7 to 60 here)."""
+    loss = newton_loss(theta, data, n_widths, per_width, form, steps)
+    with np.errstate(all="ignore"):
+        _, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch, per_width,
+                                    form)
+        grad = log_tokens_gradient(theta, n_widths, loss, data.width, data.batch, per_width,
+                                   form)
+        jac = -grad / (np.minimum(slope, -1e-6) * data.sigma)[:, None]
     floor = np.maximum(theta[:n_widths][data.width], 0.0) + 1e-9
-    for _ in range(steps):
-        log_e, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch, per_width,
-                                        form)
-        slope = np.minimum(slope, -1e-6)  # a non-monotone model is pushed back, not followed
-        loss = np.maximum(loss - (log_e - target) / slope, floor)
-    chi = (loss - data.loss) / data.sigma
-    return np.where(data.upper, np.maximum(chi, 0.0), chi)
+    still = (loss <= floor) | (data.upper & (loss <= data.loss))
+    jac[still] = 0.0
+    return np.clip(np.nan_to_num(jac), -1e12, 1e12)
 
 
 def initial_guess(data: JointData, per_width: bool, gamma: float,
@@ -356,26 +424,23 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
                             form.tail(b_small_max(data), POWER_BOUNDS[1])])
     starts = [start] if start is not None else [initial_guess(data, per_width, g, form)
                                                  for g in gammas]
-    # Up to SPARSE_FROM_WIDTHS widths a dense Jacobian: the exact trust-region solve is 2-5x
-    # faster than the sparse (lsmr) one, at the same optimum. With many widths a width's
-    # curve (and its own law) moves only its own cells: finite differences perturb every
-    # width's parameters at once (17 widths: 6x faster than dense)
-    sparse = {}
-    if n >= SPARSE_FROM_WIDTHS:
-        own = (data.width[:, None] == np.arange(n)[None, :]).astype(float)  # (cells, W)
-        every = np.ones((len(data), 1))
-        sparse["jac_sparsity"] = np.hstack([own, own, own, own if per_width else every,
-                                            own if per_width else every,
-                                            np.ones((len(data), form.extra))])
-    best = None
+    why = unfit_reason(data, lower, upper)
+    if why:
+        return failed_fit(data, per_width, form, why)
+    best, failure = None, ""
     for x0 in starts:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
-        with np.errstate(all="ignore"):
-            res = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac",
-                                args=(data, n, per_width, form), max_nfev=400 * len(x0),
-                                **sparse)
+        try:
+            res = least_squares(residuals, x0, jac=residual_jacobian, bounds=(lower, upper),
+                                x_scale="jac", args=(data, n, per_width, form),
+                                max_nfev=MAX_NFEV_PER_PARAMETER * len(x0))
+        except (ValueError, np.linalg.LinAlgError) as err:  # a solver's numerical failure
+            failure = f"the solver failed: {err}"
+            continue
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
+    if best is None:
+        return failed_fit(data, per_width, form, failure)
     theta = best.x
     chi = residuals(theta, data, n, per_width, form, steps=8)
     b_small, power = form.terms(theta)
@@ -386,6 +451,32 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
         chi2=float(np.sum(chi**2)), dof=len(data) - len(theta), n_cells=len(data),
         success=bool(best.success), widths=data.widths, message=str(best.message),
         residuals=chi, b_small=float(b_small), power=float(power), form=form)
+
+
+def unfit_reason(data: JointData, lower: np.ndarray, upper: np.ndarray) -> str | None:
+    """Why the model cannot be fitted to `data` at all (None where it can): a loss, sigma,
+    batch or token count that is not a positive finite number, or a width whose lowest
+    loss leaves l_inf no room above its floor."""
+    for name, values in (("loss", data.loss), ("sigma", data.sigma), ("batch", data.batch),
+                         ("tokens", data.tokens)):
+        bad = ~(np.isfinite(values) & (values > 0))
+        if bad.any():
+            return f"{int(bad.sum())} cell(s) with a {name} that is not a positive number"
+    if not (lower < upper).all():
+        return "a width's lowest loss leaves the curve's floor no room"
+    return None
+
+
+def failed_fit(data: JointData, per_width: bool, form: Form, why: str) -> JointFit:
+    """A fit that could not be made: NaN parameters, `success` False and `message` why."""
+    n = len(data.widths)
+    n_law = n if per_width else 1
+    nan = np.full(n, np.nan)
+    return JointFit(nan, nan.copy(), nan.copy(), np.full(n_law, np.nan), np.full(n_law, np.nan),
+                    chi2=math.nan, dof=len(data) - (3 * n + 2 * n_law + form.extra),
+                    n_cells=len(data), success=False, widths=data.widths, message=why,
+                    residuals=np.full(len(data), np.nan), form=form,
+                    power=1.0, b_small=0.0)
 
 
 def b_small_max(data: JointData) -> float:

@@ -126,7 +126,10 @@ def misfit_kept(width: float, ratio: float, scale: float) -> float:
 
 def seeds_for(width: float, target: float, scale: float) -> tuple[float, float | None]:
     """The seeds factor that brings `width` to `target`, if the excess scatter shrinks with
-    the seeds, and if it stays (None: no number of seeds reaches the target)."""
+    the seeds, and if it stays (None: no number of seeds reaches the target). A width of 0
+    (every refit alike) needs no more seeds either way."""
+    if width <= 0:
+        return 0.0, 0.0
     noise = (width / target) ** 2
     share = (target / width) ** 2 - (1 - 1 / scale**2)  # noise variance the target leaves
     return noise, (1 / scale**2) / share if share > 0 else None
