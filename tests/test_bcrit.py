@@ -68,6 +68,13 @@ def test_refine_best_lr_finds_the_parabola_vertex():
     assert fits.refine_best_lr([1e-3], [2.0])[2] == "single"
 
 
+def test_refine_best_lr_never_drops_past_the_larger_rise():
+    """Two nearly equal lrs make a steep parabola whose vertex fell to -247 nats/token; the
+    refined loss now stays within the larger rise to a neighbour below the grid minimum."""
+    lr, loss, edge = fits.refine_best_lr([1e-3, 1.000001e-3, 2e-3], [3.0, 2.0, 2.0])
+    assert edge is None and loss == pytest.approx(1.0) and 1e-3 < lr < 2e-3
+
+
 def test_per_run_bcrit_recovered_and_naive_formula_is_not(batch_sweep):
     _, _, result = batch_sweep
     rows = result["fits"]["per_run"]

@@ -23,6 +23,11 @@ def refine_best_lr(lrs: list[float], losses: list[float]) -> tuple[float, float,
     (lr*, L*, edge): `edge` is None, or "low"/"high" when the minimum is the first/last grid
     point, in which case (lr*, L*) is that grid point: the true optimum lies outside the
     grid. A single-point grid returns it with edge "single".
+
+    The vertex may lie below the grid minimum by at most the larger rise to a neighbour: on
+    an evenly spaced grid it lies at most a quarter of that below, and with one side 2x wider
+    than the other at most all of it; past that the parabola extrapolates into a gap the grid
+    never measured (two nearly equal lrs, 1e-3 and 1.0001e-3, once put L* at -247 nats/token).
     """
     order = np.argsort(lrs)
     grid = np.asarray(lrs, dtype=float)[order]
@@ -41,7 +46,7 @@ def refine_best_lr(lrs: list[float], losses: list[float]) -> tuple[float, float,
         return float(grid[i]), float(y1), None
     slope_at_x1 = s01 + c * (x1 - x0)
     x_star = x1 - slope_at_x1 / (2 * c)
-    y_star = y1 - slope_at_x1**2 / (4 * c)
+    y_star = max(y1 - slope_at_x1**2 / (4 * c), y1 - (max(y0, y2) - y1))
     return float(np.exp(x_star)), float(y_star), None
 
 
