@@ -50,7 +50,11 @@ from critbatch.science.laws import bcrit_corrected, bcrit_naive
 
 # A group's key: runs are comparable when all of these agree. `group_label` is None for
 # runs of this codebase and the `group` column of an external table (`analysis.tables`).
-GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer", "group_label")
+# a run's model is its data, vocabulary, seq_len, width and depth, or, in a table without
+# widths, its group label and parameter count: runs of several sizes in one labelled group
+# are one group per size (their cells are never mixed), and still one corpus for the joint model
+GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer", "group_label",
+              "params_nonembedding")
 UNKNOWN_OPTIMIZER = "unknown"  # a table without an optimizer column
 MIN_BASELINE_BUDGETS = 3
 BUDGET_TOLERANCE = 0.01  # runs whose tokens are this close (relative) share one budget
@@ -102,7 +106,7 @@ def group_key(run: dict) -> tuple:
 def model_name(key: tuple) -> str:
     """What a group's runs share but the optimizer: the table's group label, or the data,
     vocabulary, seq_len, width and depth."""
-    data, vocab, seq_len, width, depth, _, label = key
+    data, vocab, seq_len, width, depth, _, label = key[:7]
     return label if label is not None else f"{data} V{vocab} T{seq_len} w{width} d{depth}"
 
 
@@ -111,6 +115,9 @@ def group_name(key: tuple) -> str:
     optimizer is unknown)."""
     optimizer = key[GROUP_KEYS.index("optimizer")]
     model = model_name(key)
+    params = key[GROUP_KEYS.index("params_nonembedding")] if len(key) > 7 else None
+    if key[GROUP_KEYS.index("width")] is None and params is not None:
+        model += f" N{params:.3g}"
     return model if optimizer == UNKNOWN_OPTIMIZER else f"{model} {optimizer}"
 
 

@@ -136,8 +136,9 @@ def loss_tables(groups: list[dict]) -> list[str]:
                         fmt(cell.lr, ".3g") + base_lr_text(cell, g.get("lr_rule"))
                         + flag.get(cell.edge, "")]
             rows.append(row)
-        data, vocab, seq_len, width, depth, label = model
-        title = (f"{label}, seq_len {seq_len}" if label is not None else
+        data, vocab, seq_len, width, depth, label, params = model
+        size = f", {params:.3g} params" if params is not None and width is None else ""
+        title = (f"{label}{size}, seq_len {seq_len}" if label is not None else
                  f"{data}, vocabulary {vocab}, seq_len {seq_len}, width {width}, depth {depth}")
         out.append(f"**{title}** (baseline batch: " + ", ".join(
                        f"{g['key']['optimizer']} {g['baseline_batch'] or 'none'}" for g in gs)

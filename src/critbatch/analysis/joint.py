@@ -49,16 +49,25 @@ HELD_OUT_SIGMAS = 2.0  # a held-out cell "agrees" within this many seed sigmas
 HELD_OUT_SHARE = 0.8  # of a held-out set that must agree for the law to count as predictive
 HELD_OUT_RESAMPLES = 40  # bootstrap refits per held-out set for the prediction's own spread
 RESOLVED_WIDTH = 3.0  # an exponent interval wider than this does not pin the law
+# nats/token: the weight of every cell of a group no run of which was repeated at another seed
+# (the noise is unknown: every cell weighs the same, and the intervals are widened by the
+# scatter about the fit, sqrt(chi2/dof))
+NOMINAL_SIGMA = 1e-3
 
 
 def width_label(key: dict) -> str:
+    """The model of a group: its width (and depth), or in a table without widths its
+    parameter count."""
+    if key.get("width") is None and key.get("params_nonembedding") is not None:
+        return f"N {key['params_nonembedding']:.3g}"
     return f"width {key['width']}" + (f" depth {key['depth']}" if key.get("depth") else "")
 
 
-def width_order(key: dict) -> tuple[int, int, int]:
-    """Narrowest first; a table without widths (None) sorts before every width."""
+def width_order(key: dict) -> tuple[int, int, int, float]:
+    """Narrowest first; a table without widths (None) sorts before every width, by its
+    parameter count."""
     width, depth = key.get("width"), key.get("depth")
-    return (width is not None, width or 0, depth or 0)
+    return (width is not None, width or 0, depth or 0, key.get("params_nonembedding") or 0)
 
 
 def comparable_groups(groups: list[dict]) -> dict[str, list[dict]]:
@@ -128,8 +137,12 @@ def cells_of(groups: list[dict], trends: list[NoiseSplit | None] | None = None
             # the group's seed noise at the cell's batch and tokens, pooled over the budgets
             # where no trend is significant (the sd of two seeds alone has one degree of
             # freedom: at cpu scale 0.004 beside a pooled 0.017)
-            sigma = (float(trend.sd(c.batch_size, c.tokens)) / math.sqrt(c.n_seeds) if trend
-                     else c.loss_sigma)
+            if trend:
+                sigma = float(trend.sd(c.batch_size, c.tokens)) / math.sqrt(c.n_seeds)
+            elif c.sigma_source in ("seeds", "seed scatter"):
+                sigma = c.loss_sigma
+            else:  # no seeds: |grid - parabola| is no noise (it was 6e-8 on a public grid)
+                sigma = NOMINAL_SIGMA
             if not (math.isfinite(sigma) and sigma > 0):
                 notes["no seed noise"] += 1
                 continue

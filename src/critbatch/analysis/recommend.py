@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from critbatch.analysis.bcrit import BUDGET_TOLERANCE, best_lr_cells, seed_scatter, split_runs
-from critbatch.analysis.joint import MIN_CELLS, seed_noise, upper_bound
+from critbatch.analysis.joint import MIN_CELLS, NOMINAL_SIGMA, seed_noise, upper_bound
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import JointData, select_form
@@ -41,7 +41,6 @@ from critbatch.science.rules import beta2_for_half_life, beta2_half_life_tokens
 RESAMPLES = 100  # bootstrap refits (the joint model's number)
 DEFAULT_TOLERANCE = 0.01  # nats/token
 FAR = 10.0  # a target beyond this many times the sweep's params or tokens gets a loud warning
-NOMINAL_SIGMA = 1e-3  # nats/token: the weight of every cell when no run was repeated
 LR_MATCH = 1.5  # validation: an lr within this factor of the measured optimum matches
 BATCH_MATCH = 2.0  # validation: a batch within this factor (a doubling) matches
 
@@ -135,7 +134,7 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
         warnings.append("left out: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     by_opt: dict[str, dict[tuple, list]] = defaultdict(lambda: defaultdict(list))
     for key, members in groups.items():
-        data_name, vocab, seq_len, _width, _depth, optimizer, _label = key
+        data_name, vocab, seq_len, _width, _depth, optimizer, _label, _params = key
         by_opt[optimizer][(data_name, vocab, seq_len)].append(members)
     out = {}
     for optimizer, corpora in sorted(by_opt.items()):

@@ -357,7 +357,8 @@ def run_from_row(row: dict, source: str) -> dict:
 def target_from_row(row: dict, source: str) -> dict:
     """A steps-to-target row as `bcrit.target_frontiers` reads it."""
     return {**model_fields(row), "optimizer": row["optimizer"],
-            "seq_len": row["seq_len"], "target_loss": row["target_loss"],
+            "params_nonembedding": row.get("params"), "seq_len": row["seq_len"],
+            "target_loss": row["target_loss"],
             "batch_size": row["batch_size"], "steps": row["steps"], "sweep": source,
             "run_dir": row["run"]}
 
