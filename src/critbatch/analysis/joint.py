@@ -202,6 +202,10 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
         return None
     kept = data.subset(keep)
     fit = fit_joint(kept, form=form)
+    if not fit.usable:
+        return {"held_out": what, "n_cells": int((~keep).sum()), "within_2_sigma": 0,
+                "within_2_predictive_sigma": None, "tokens_reach": None, "fit_exponent": None,
+                "rows": [], "refit_failed": fit.message}
     out = np.flatnonzero(~keep)
     where = (data.width[out], data.batch[out], data.tokens[out])
     predicted = fit.predict_loss(*where)
@@ -310,7 +314,8 @@ def interval_of(data: JointData, fit: JointFit, optimizer: str) -> dict:
     boot = bootstrap_joint(data, fit, resamples=RESAMPLES, seed=sum(map(ord, optimizer)))
     return {"exponent_low": boot.exponent_low, "exponent_high": boot.exponent_high,
             "b_star_low": boot.b_star_low, "b_star_high": boot.b_star_high,
-            "resamples": boot.resamples, "interval": boot.interval}
+            "resamples": boot.resamples, "interval": boot.interval,
+            "failed_refits": boot.failed}
 
 
 def range_check(data: JointData, fit: JointFit) -> tuple[dict, np.ndarray]:
@@ -325,9 +330,24 @@ def range_check(data: JointData, fit: JointFit) -> tuple[dict, np.ndarray]:
         # from the full fit: the same optimum as from fit_joint's own starts on the cpu
         # sweep's cells (5.19 and 2.21), in a tenth of the time on the report's test world
         again = fit_joint(data.subset(~above), start=fit.as_vector(), form=fit.form)
-        doc.update(exponent=again.exponent, chi2_per_dof=again.chi2_per_dof,
-                   converged=again.success)
+        if again.usable:
+            doc.update(exponent=again.exponent, chi2_per_dof=again.chi2_per_dof,
+                       converged=again.success)
+        else:
+            doc.update(converged=False)
     return doc, above
+
+
+def refit_failures(interval: dict, held: list[dict], in_range: dict) -> dict:
+    """How many of the joint model's refits failed (a failed refit is left out, never fatal):
+    the bootstrap's, the held-out sets' and the range check's, each as (failed, tried) and
+    the bootstrap's share."""
+    tried = interval["resamples"] + interval["failed_refits"]
+    return {"bootstrap": interval["failed_refits"], "bootstrap_tried": tried,
+            "bootstrap_share": interval["failed_refits"] / tried if tried else None,
+            "held_out": sum(1 for h in held if h.get("refit_failed")),
+            "held_out_tried": len(held),
+            "range_check": int(in_range.get("converged") is False)}
 
 
 def leans_on_extrapolation(doc: dict) -> str | None:
@@ -369,6 +389,10 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
               f"{RESAMPLES} bootstrap "
               "refits, the held-out refits and the range check ...", flush=True)
         fit, terms = select_form(data)
+        if not fit.usable:
+            warnings.append(f"joint model ({optimizer}): no fit on its {len(data)} cells: "
+                            f"{fit.message}")
+            continue
         interval = interval_of(data, fit, optimizer)
         test = (loss_alone_test(fit, fit_joint(data, per_width=True, form=fit.form))
                 if len(data.widths) >= 2 else None)
@@ -382,6 +406,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             "left_out": notes, "chi2": fit.chi2, "dof": fit.dof,
             "chi2_per_dof": fit.chi2_per_dof, "noise_scale": noise_scale(fit),
             "converged": fit.success,
+            "failed_refits": refit_failures(interval, tested, in_range),
             "form": fit.form.formula,
             "b_small": fit.b_small if fit.small_batch else None,
             "small_batch_term": terms["small_batch"],

@@ -99,6 +99,8 @@ def headline(documents: dict) -> list[str]:
 def held_out_text(held: dict) -> str:
     """One held-out set in words: "<set> (x2 the refit's tokens): k of n within 2 seed sigma
     (k2 within 2 predictive sigma)", the reach and the second count where known."""
+    if held.get("refit_failed"):
+        return f"{held['held_out']}: the refit failed ({held['refit_failed']})"
     reach = (f" (x{held['tokens_reach']:.3g} the refit's tokens)" if held.get("tokens_reach")
              else "")
     predictive = held.get("within_2_predictive_sigma")
@@ -179,6 +181,7 @@ def joint_section(documents: dict) -> list[str]:
                         "cells (runs)", "widths", "ln L span", "loss alone",
                         "held out", "1/alpha_B without cells above the baseline's losses"],
                        rows), ""]
+    lines += [failures_text(doc) for doc in documents.values() if failures_text(doc)]
     terms = [term_row(doc, *term) for doc in documents.values() for term in TERM_ROWS
              if doc.get(term[1])]
     if terms:
@@ -241,6 +244,18 @@ def joint_section(documents: dict) -> list[str]:
                             "predicted", "residual (seed sigma)",
                             "residual (predictive sigma)"], held), ""]
     return lines
+
+
+def failures_text(doc: dict) -> str | None:
+    """The refits that failed, in one sentence (None where none did or the document predates
+    the count): a failed refit is left out and counted, never fatal."""
+    failed = doc.get("failed_refits")
+    if not failed or not (failed["bootstrap"] or failed["held_out"] or failed["range_check"]):
+        return None
+    return (f"{doc['optimizer']}: refits that failed and were left out: {failed['bootstrap']} "
+            f"of {failed['bootstrap_tried']} bootstrap ({failed['bootstrap_share']:.0%}), "
+            f"{failed['held_out']} of {failed['held_out_tried']} held-out, "
+            f"{failed['range_check']} range check.\n")
 
 
 def plot_joint(documents: dict, path: Path) -> None:

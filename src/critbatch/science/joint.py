@@ -190,6 +190,12 @@ class JointFit:
         return self.form.small_batch
 
     @property
+    def usable(self) -> bool:
+        """A fit whose parameters and chi-square are numbers (`success` may still be False
+        where the solver stopped at its evaluation limit); a failed fit's `message` says why."""
+        return bool(np.isfinite(self.chi2) and np.isfinite(self.as_vector()).all())
+
+    @property
     def per_width(self) -> bool:
         return len(self.gamma) > 1
 
@@ -610,12 +616,16 @@ def redrawn_data(data: JointData, fit: JointFit, resamples: int, seed: int,
 
 def redrawn_refits(data: JointData, fit: JointFit, resamples: int, seed: int,
                    shared: float = SHARED_FRACTION):
-    """The parametric bootstrap's converged refits: `redrawn_data`, each refitted from the
-    fit's parameters, weighted by the stated sigmas as the fit was."""
+    """The parametric bootstrap's refits: `redrawn_data`, each refitted from the fit's
+    parameters, weighted by the stated sigmas as the fit was; every refit, converged or not
+    (`converged` tells: callers count the others)."""
     for drawn in redrawn_data(data, fit, resamples, seed, shared):
-        again = fit_joint(drawn, fit.per_width, start=fit.as_vector(), form=fit.form)
-        if again.success and np.isfinite(again.chi2):
-            yield again
+        yield fit_joint(drawn, fit.per_width, start=fit.as_vector(), form=fit.form)
+
+
+def converged(fit: JointFit) -> bool:
+    """A refit that counts: the solver converged to finite parameters."""
+    return fit.success and fit.usable
 
 
 def term_statistic(base: JointFit, richer: JointFit) -> float:
@@ -662,6 +672,7 @@ class Bootstrap:
     noise_scale: float
     exponents: np.ndarray
     interval: str
+    failed: int = 0  # refits that did not converge (left out of the percentiles)
 
 
 def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: int = 0,
@@ -671,12 +682,18 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     width's) over `redrawn_refits`. None for a fit on gamma's bound: a percentile interval
     cut by the bound is no interval, and such refits run to their evaluation limit."""
     scale = noise_scale(fit)
+    if not fit.usable:
+        return Bootstrap(None, None, None, None, 0, scale, np.array([]),
+                         f"none: the fit failed ({fit.message})")
     if fit.at_bound:
         return Bootstrap(None, None, None, None, 0, scale, np.array([]),
                          f"none: 1/alpha_B sits on its bound ({fit.exponent:g}): the cells do "
                          "not pin the law")
-    gammas, log_b = [], []
+    gammas, log_b, failed = [], [], 0
     for again in redrawn_refits(data, fit, resamples, seed, shared):
+        if not converged(again):
+            failed += 1
+            continue
         gammas.append(again.exponent)
         log_b.append(math.log(again.b_star[0]))
     estimated = data.noise_estimated
@@ -684,15 +701,15 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
              f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}"
              f"{' (each noise estimate redrawn from its degrees of freedom)' if estimated else ''}"
              f", a trunk and its branches sharing {shared:.0%} of the variance, refitted "
-             f"{len(gammas)} times")
+             f"{len(gammas)} times" + (f" ({failed} refits failed)" if failed else ""))
     if len(gammas) < max(10, resamples // 2):
         return Bootstrap(None, None, None, None, len(gammas), scale, np.array(gammas),
-                         f"none: {len(gammas)} of {resamples} refits converged")
+                         f"none: {len(gammas)} of {resamples} refits converged", failed)
     tail = 100 * (1 - confidence) / 2
     lo, hi = np.percentile(gammas, [tail, 100 - tail])
     b_lo, b_hi = np.exp(np.percentile(log_b, [tail, 100 - tail]))
     return Bootstrap(float(lo), float(hi), float(b_lo), float(b_hi), len(gammas), scale,
-                     np.array(gammas), label)
+                     np.array(gammas), label, failed)
 
 
 def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,
@@ -703,10 +720,11 @@ def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,
     own uncertainty, beside the seed noise of the cells it is compared with. NaN where fewer
     than half the refits converged to a finite prediction, and for a fit on gamma's bound
     (see `bootstrap_joint`)."""
-    if fit.at_bound:
+    if fit.at_bound or not fit.usable:
         return np.full(np.shape(np.atleast_1d(tokens)), np.nan)
     predictions = [again.predict_loss(width, batch, tokens)
-                   for again in redrawn_refits(data, fit, resamples, seed, shared)]
+                   for again in redrawn_refits(data, fit, resamples, seed, shared)
+                   if converged(again)]
     if not predictions:
         return np.full(np.shape(np.atleast_1d(tokens)), np.nan)
     stack = np.array(predictions)
