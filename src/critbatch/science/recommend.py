@@ -44,6 +44,7 @@ from critbatch.science.joint import (
     JointFit,
     check_terms,
     draw_losses,
+    residual_jacobian,
     residuals,
 )
 
@@ -165,6 +166,22 @@ def scaling_residuals(theta: np.ndarray, data: JointData, sizes: np.ndarray, ter
                      False, form, steps=steps)
 
 
+def scaling_jacobian(theta: np.ndarray, data: JointData, sizes: np.ndarray, terms: int,
+                     form: Form, steps: int = 3) -> np.ndarray:
+    """d `scaling_residuals` / d theta by the chain rule: the joint model's analytic Jacobian
+    (`science.joint.residual_jacobian`) at the per-width vector times that vector's
+    derivative in the law's parameters (central differences: `joint_vector` touches no
+    cell, so they cost nothing beside the cells)."""
+    inner = joint_vector(theta, sizes, terms, form)
+    outer = np.empty((len(inner), len(theta)))
+    for k in range(len(theta)):
+        step = np.zeros(len(theta))
+        step[k] = 1e-6 * max(1.0, abs(theta[k]))
+        outer[:, k] = (joint_vector(theta + step, sizes, terms, form)
+                       - joint_vector(theta - step, sizes, terms, form)) / (2 * step[k])
+    return residual_jacobian(inner, data, len(sizes), False, form, steps) @ outer
+
+
 def curve_points(joint: JointFit, tokens: np.ndarray, width: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(width index, E_min, L) along each width's fitted example curve, over the tokens its
@@ -245,7 +262,8 @@ def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
     for x0 in [start] if isinstance(start, np.ndarray) else start:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
         with np.errstate(all="ignore"):
-            res = least_squares(scaling_residuals, x0, bounds=(lower, upper), x_scale="jac",
+            res = least_squares(scaling_residuals, x0, jac=scaling_jacobian,
+                                bounds=(lower, upper), x_scale="jac",
                                 args=(data, sizes, terms, form),
                                 max_nfev=200 * len(x0))
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
