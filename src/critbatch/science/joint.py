@@ -55,6 +55,12 @@ NEWTON_STEPS_FIT = 3
 L_N_FLOOR = -30.0  # nats/token: L_N is a curve parameter here, free to fall below 0 (see fit_joint)
 CONFIDENCE = 0.95
 MAX_NFEV_PER_PARAMETER = 400  # a fit's evaluation limit, per parameter
+FIT_FTOL = 1e-8  # a fit stops where chi2 changes by less than this share of itself (scipy's)
+# a refit from the fit's own parameters (bootstrap, simulated term test) stops at 1e-5 of its
+# chi2: 0.003 at chi2 300, far below the refits' spread. On a 2,000-run planted table the law
+# across sizes then converged in 100 of 100 refits in a median 6 evaluations (at 1e-8: 77 of
+# 100 within the evaluation limit, a median 483) and the 95% interval moved by 0.002
+REFIT_FTOL = 1e-5
 GAMMA_BOUNDS = (-20.0, 30.0)  # the fit's range of gamma = 1/alpha_B; on a bound: unresolved
 POWER_BOUNDS = (0.25, 4.0)  # the fit's range of the transition's power p
 TERM_TEST_LEVEL = 0.05  # an optional term is kept where its likelihood-ratio test's p is below
@@ -404,7 +410,7 @@ def initial_guess(data: JointData, per_width: bool, gamma: float,
 
 
 def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None = None,
-              gammas=(1.0, 4.0, 8.0), form: Form = PLAIN) -> JointFit:
+              gammas=(1.0, 4.0, 8.0), form: Form = PLAIN, ftol: float = FIT_FTOL) -> JointFit:
     """Weighted least squares of the joint model on `data` (see the module docstring).
 
     Started from `start` (a parameter vector, e.g. the full fit for a bootstrap refit) or
@@ -438,7 +444,7 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
         try:
             res = least_squares(residuals, x0, jac=residual_jacobian, bounds=(lower, upper),
-                                x_scale="jac", args=(data, n, per_width, form),
+                                x_scale="jac", args=(data, n, per_width, form), ftol=ftol,
                                 max_nfev=MAX_NFEV_PER_PARAMETER * len(x0))
         except (ValueError, np.linalg.LinAlgError) as err:  # a solver's numerical failure
             failure = f"the solver failed: {err}"
@@ -620,7 +626,8 @@ def redrawn_refits(data: JointData, fit: JointFit, resamples: int, seed: int,
     parameters, weighted by the stated sigmas as the fit was; every refit, converged or not
     (`converged` tells: callers count the others)."""
     for drawn in redrawn_data(data, fit, resamples, seed, shared):
-        yield fit_joint(drawn, fit.per_width, start=fit.as_vector(), form=fit.form)
+        yield fit_joint(drawn, fit.per_width, start=fit.as_vector(), form=fit.form,
+                        ftol=REFIT_FTOL)
 
 
 def converged(fit: JointFit) -> bool:
@@ -651,9 +658,11 @@ def simulated_term_p(data: JointData, base: JointFit, richer: JointFit,
     observed = term_statistic(base, richer)
     exceed = valid = 0
     for drawn in redrawn_data(data, base, draws, seed, scale=noise_scale(richer)):
-        null = fit_joint(drawn, base.per_width, start=base.as_vector(), form=base.form)
-        again = fit_joint(drawn, base.per_width, form=richer.form, start=np.concatenate(
-            [null.without_terms(), richer.form.tail(null.b_small, null.power)]))
+        null = fit_joint(drawn, base.per_width, start=base.as_vector(), form=base.form,
+                         ftol=REFIT_FTOL)
+        again = fit_joint(drawn, base.per_width, form=richer.form, ftol=REFIT_FTOL,
+                          start=np.concatenate([null.without_terms(),
+                                                richer.form.tail(null.b_small, null.power)]))
         if null.success and again.success and np.isfinite([null.chi2, again.chi2]).all():
             valid += 1
             exceed += term_statistic(null, again) >= observed

@@ -35,9 +35,11 @@ import numpy as np
 from critbatch.science.joint import (
     CONFIDENCE,
     E_REF,
+    FIT_FTOL,
     L_N_FLOOR,
     PLAIN,
     POWER_BOUNDS,
+    REFIT_FTOL,
     SHARED_FRACTION,
     Form,
     JointData,
@@ -245,7 +247,7 @@ def starts_from(joint: JointFit, sizes: np.ndarray,
 
 
 def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
-                form: Form = PLAIN) -> ScalingFit:
+                form: Form = PLAIN, ftol: float = FIT_FTOL) -> ScalingFit:
     """Weighted least squares of the law across sizes on the cells of `data` (width index i
     has `sizes[i]` non-embedding parameters), from `start` (a vector, or several: the best
     is kept; `starts_from` makes them from a joint fit)."""
@@ -264,7 +266,7 @@ def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
         with np.errstate(all="ignore"):
             res = least_squares(scaling_residuals, x0, jac=scaling_jacobian,
                                 bounds=(lower, upper), x_scale="jac",
-                                args=(data, sizes, terms, form),
+                                args=(data, sizes, terms, form), ftol=ftol,
                                 max_nfev=200 * len(x0))
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
@@ -296,7 +298,7 @@ def bootstrap_scaling(data: JointData, sizes, fit: ScalingFit, resamples: int = 
     refits = []
     for _ in range(resamples):
         again = fit_scaling(data.with_loss(draw_losses(rng, data, center, scale, shared)), sizes,
-                            start, form=fit.form)
+                            start, form=fit.form, ftol=REFIT_FTOL)
         if again.success and np.isfinite(again.chi2):
             refits.append(again)
     return refits
