@@ -16,6 +16,17 @@ from critbatch.training.data import stdlib_dir
 SAMPLE_PACKAGES = ("json", "email", "logging")  # real Python text, about 0.5 MB
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_blas_thread():
+    """numpy/scipy's BLAS on one thread in every test process, as the analysis commands run
+    it (`render.one_blas_thread`): the tests' matrices are small and `make test` runs one
+    worker per core, where a threaded BLAS only contends."""
+    from critbatch.analysis.render import one_blas_thread
+
+    with one_blas_thread():
+        yield
+
+
 @pytest.fixture(autouse=True)
 def restore_logging():
     """Each test starts and ends with the loggers it found: a Hydra run in-process configures

@@ -25,7 +25,8 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     slow = ("gns", "share")  # 80 fixed steps; fresh processes: in the slow test below
     sections = [s for s in bench.SECTIONS if s not in slow]
     bench.main(["--json", str(out), "--repeats", "1", "--steps", "4", "--no-compile",
-                "--analysis-runs", "60", *(f"--only={s}" for s in sections), *tiny_overrides,
+                "--analysis-runs", "60", "--analysis-rows", "400",
+                *(f"--only={s}" for s in sections), *tiny_overrides,
                 "train.batch_size=8", "train.micro_batch_size=4"])
     results = json.loads(out.read_text())
     assert set(results) == {"meta", *sections, "targets"}
@@ -53,11 +54,14 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     for row in results["data"].values():
         assert positive(row["batches_per_s"]) and positive(row["ratio"])
     assert results["analysis"]["n_runs"] >= 60 and positive(results["analysis"]["total_s"])
+    table = results["analysis"]["table"]
+    assert table["rows"] == 400
+    assert positive(table["fit_bcrit"]["rows_per_s"]) and positive(table["recommend"]["seconds"])
 
     targets = {t["target"]: t for t in results["targets"]}
-    assert len(targets) == 7
+    assert len(targets) == 9
     measured = [t for t in targets.values() if t["measured"] is not None]
-    assert len(measured) == 4
+    assert len(measured) == 6
     for t in measured:  # a cost measured far below zero (4 steps on a busy machine) is noise:
         undetermined = t["met"] is None and t["measured"] < 0  # undetermined, not met
         assert isinstance(t["met"], bool) or undetermined, t

@@ -13,7 +13,8 @@ section is a function `(Options) -> dict` registered in `SECTIONS`, run in this 
 - `variants`: step times of eager vs torch.compile, fp32 vs bf16 autocast, foreach vs
   fused AdamW, AdamW vs Muon, and torch threads, each pair interleaved step by step;
 - `data`: the data path alone (batches/s) against the training step it feeds;
-- `analysis`: loading and analysing ~1,000 synthetic runs (bcrit.benchmark);
+- `analysis`: loading and analysing ~1,000 synthetic runs (bcrit.benchmark), and
+  `fit_bcrit.py --table` and `recommend.py --table` each on a generated 2,000-row table;
 - `share`: several training jobs at once (1, 2, 4 on a GPU; on CPU one per core with the
   threads split, and unsplit): aggregate tokens/s;
 - `gns`: the cost of online gradient-noise-scale tracking (train.gns) in tokens/s.
@@ -21,13 +22,15 @@ section is a function `(Options) -> dict` registered in `SECTIONS`, run in this 
 Every timing is a median over short, warmed-up, interleaved repeats: the machine may be
 shared, and interleaving lets load from other processes hit both sides of a comparison.
 The speed targets (trainer overhead <= 5%, data path >= 20x the step, noise tracking < 3%,
-analysis < 10 s, MFU, sharing a GPU >= 2x) are printed at the end as met / not met with
-the measured figures.
+analysis < 10 s, each table command on 2,000 rows < 30 s, MFU, sharing a GPU >= 2x) are
+printed at the end as met / not met with the measured figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import multiprocessing
 import os
@@ -46,7 +49,9 @@ import torch
 
 from critbatch import files
 from critbatch.analysis import results as runs
-from critbatch.analysis.synthetic import benchmark
+from critbatch.analysis.bcrit_report import run_analysis
+from critbatch.analysis.recommend_report import run as recommend_run
+from critbatch.analysis.synthetic import benchmark, synthetic_table
 from critbatch.bench_table import table, targets
 from critbatch.errors import fail, user_errors
 from critbatch.science.model_size import flops_per_token, param_count
@@ -163,6 +168,7 @@ class Options:
     steps: int | None = None  # optimizer steps per timed run; None = each section's default
     compile: bool = True  # include the torch.compile variant (the slow one to set up)
     analysis_runs: int = 1000  # synthetic runs for the analysis section
+    analysis_rows: int = 2000  # rows of the generated results table for the analysis section
     results: dict = field(default_factory=dict)  # sections already measured (peak, train)
     probe: dict = field(default_factory=dict)  # matmul GFLOP/s per dtype when peak did not run
 
@@ -632,12 +638,32 @@ def bench_data(opts: Options) -> dict:
 
 
 def bench_analysis(opts: Options) -> dict:
-    """Loading and analysing ~`opts.analysis_runs` synthetic runs (bcrit.benchmark)."""
+    """Loading and analysing ~`opts.analysis_runs` synthetic runs (bcrit.benchmark), then the
+    two table commands, fit_bcrit (report, plots and every bootstrap) and recommend, each on
+    a generated results table of `opts.analysis_rows` rows (`synthetic.synthetic_table`:
+    4 sizes, 5 budgets, 10 batches, 5 lrs, seeds), timed end to end without W&B."""
     with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
         result = benchmark(tmp, opts.analysis_runs)
-    result["total_s"] = result["load_s"] + result["analyse_s"]
-    print(f"analysis: {result['n_runs']} synthetic runs loaded in {result['load_s']:.2f} s and "
-          f"analysed in {result['analyse_s']:.2f} s", flush=True)
+        result["total_s"] = result["load_s"] + result["analyse_s"]
+        print(f"analysis: {result['n_runs']} synthetic runs loaded in {result['load_s']:.2f} s "
+              f"and analysed in {result['analyse_s']:.2f} s", flush=True)
+        table = synthetic_table(Path(tmp) / "table.csv", opts.analysis_rows)
+        rows = sum(1 for _ in table.open()) - 1
+        commands = {
+            "fit_bcrit": lambda: run_analysis(tables=[str(table)], out=f"{tmp}/fit",
+                                              wandb_mode="disabled"),
+            "recommend": lambda: recommend_run([], [str(table)], None, None, params=3.2e7,
+                                               tokens=2e7, out=f"{tmp}/recommend",
+                                               wandb_mode="disabled")}
+        result["table"] = {"rows": rows}
+        for name, command in commands.items():
+            t0 = time.perf_counter()
+            with contextlib.redirect_stdout(io.StringIO()):
+                command()
+            seconds = time.perf_counter() - t0
+            result["table"][name] = {"seconds": seconds, "rows_per_s": rows / seconds}
+            print(f"analysis: {name} --table on {rows:,} generated rows in {seconds:.1f} s "
+                  f"({rows / seconds:,.0f} rows/s)", flush=True)
     return result
 
 
@@ -726,6 +752,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="skip the torch.compile variant (slow to set up: it compiles first)")
     parser.add_argument("--analysis-runs", type=int, default=1000,
                         help="synthetic runs for the analysis section")
+    parser.add_argument("--analysis-rows", type=int, default=2000,
+                        help="rows of the generated table fit_bcrit and recommend are timed on")
     parser.add_argument("--json", type=Path, default=Path("bench.json"),
                         help="where to write the results (default: ./bench.json)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. data.cache_dir=...")
@@ -743,7 +771,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"critbatch bench on {results['meta']['device']} ({device.type}, "
           f"{torch.get_num_threads()} threads), torch {torch.__version__}", flush=True)
     opts = Options(overrides=args.overrides, repeats=args.repeats, steps=args.steps,
-                   compile=args.compile, analysis_runs=args.analysis_runs, results=results)
+                   compile=args.compile, analysis_runs=args.analysis_runs,
+                   analysis_rows=args.analysis_rows, results=results)
     t0, seconds = time.perf_counter(), {}
     with user_errors():
         for name in [s for s in SECTIONS if s in (args.only or SECTIONS)]:

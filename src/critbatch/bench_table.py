@@ -32,6 +32,11 @@ def targets(results: dict, device_type: str) -> list[dict]:
     analysis = results.get("analysis", {}).get("total_s")
     add("analysis of 1,000 synthetic runs, s", analysis, "< 10",
         None if analysis is None else analysis < 10)
+    table = results.get("analysis", {}).get("table", {})
+    for name in ("fit_bcrit", "recommend"):
+        seconds = table.get(name, {}).get("seconds")
+        add(f"{name} --table on {table.get('rows', 2000):,} generated rows, s", seconds,
+            "< 30", None if seconds is None else seconds < 30)
     if device_type == "cpu":
         value = trained.get("cpu-w256", {}).get("mfu")
         add("CPU MFU at width 256 vs measured fp32 peak, %",
@@ -99,6 +104,10 @@ def table(results: dict) -> str:
         a = results["analysis"]
         lines.append(f"Analysis: {a['n_runs']} synthetic runs in {a['total_s']:.2f} s "
                      f"(load {a['load_s']:.2f} s, analyse {a['analyse_s']:.2f} s)")
+        table = a.get("table", {})
+        lines += [f"Analysis: {name} --table on {table['rows']:,} generated rows in "
+                  f"{table[name]['seconds']:.1f} s ({table[name]['rows_per_s']:,.0f} rows/s)"
+                  for name in ("fit_bcrit", "recommend") if name in table]
     if "share" in results:
         sh = results["share"]
         lines.append(f"Jobs sharing the device ({sh['preset']} preset, trainer): " + "; ".join(

@@ -26,7 +26,13 @@ from critbatch.analysis.recommend import (
     validate,
     width_params,
 )
-from critbatch.analysis.render import fmt, json_clean, md_table, publish_report
+from critbatch.analysis.render import (
+    fmt,
+    json_clean,
+    md_table,
+    on_one_blas_thread,
+    publish_report,
+)
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic
 
@@ -183,6 +189,7 @@ def target_params(sweeps: dict[str, SizedSweep], width: int | None,
     return width_params(width, depths.pop())
 
 
+@on_one_blas_thread
 def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, group: str | None,
         *, width: int | None = None, params: float | None = None, tokens: float | None = None,
         optimizer: str | None = None, tolerance: float = DEFAULT_TOLERANCE,

@@ -20,6 +20,7 @@ errors "no runs found" and "all runs left out", and the --wandb/--project argume
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import os
@@ -338,6 +339,29 @@ class Study:
     extra_files: Callable[[dict, Path], list[str]] = no_extra_files  # more files (bcrit.csv)
 
 
+def one_blas_thread():
+    """A context in which numpy/scipy's BLAS runs on one thread, for the analyses: their
+    matrices are small (a few hundred cells by tens of parameters), and a threaded BLAS
+    sharing two busy cores spent 80-300 ms on a 223 x 53 SVD that takes 0.5 ms on one thread;
+    the trust-region fits take one per step. threadpoolctl limits the libraries loaded so far,
+    so scipy.linalg (scipy's own OpenBLAS, beside numpy's) is loaded first."""
+    import scipy.linalg  # noqa: F401  (loads scipy's BLAS, so that the limit reaches it)
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def on_one_blas_thread(function):
+    """`function` run inside `one_blas_thread`."""
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        with one_blas_thread():
+            return function(*args, **kwargs)
+
+    return wrapped
+
+
 def run_study(study: Study, load: Callable[[], dict], inputs: list[str], out_dir: Path, *,
               wandb_mode: str = "offline", project: str = "critbatch") -> dict:
     """Load, analyse and write the report folder `out_dir`; returns {"out", "result",
@@ -355,8 +379,9 @@ def run_study(study: Study, load: Callable[[], dict], inputs: list[str], out_dir
     if not loaded["runs"] and not loaded["left_out"] and not extra:
         raise no_runs(where, study.no_runs_fix)
     print(f"analysing {len(loaded['runs'])} runs ...", flush=True)
-    result = study.analyse(loaded["runs"], left_out=loaded["left_out"],
-                           warnings=loaded["warnings"], **extra)
+    with one_blas_thread():
+        result = study.analyse(loaded["runs"], left_out=loaded["left_out"],
+                               warnings=loaded["warnings"], **extra)
     if not result["groups"]:
         raise all_left_out(where, result["left_out"])
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -12,14 +12,19 @@ loss a run planned for its budget reaches (the premise of cooldown branches, Hä
 
 from __future__ import annotations
 
+import csv
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from critbatch.analysis.bcrit import analyse
+from critbatch.analysis.render import one_blas_thread
 from critbatch.analysis.results import SCHEMA_VERSION, load_runs
 from critbatch.files import write_json_atomic
+from critbatch.science.joint import PlantedWorld
 from critbatch.science.synthetic import SyntheticTruth
 
 
@@ -201,7 +206,56 @@ def benchmark(root: str | Path, n_runs: int = 1000) -> dict:
     t0 = time.perf_counter()
     loaded = load_runs([root], progress=False)
     t1 = time.perf_counter()
-    result = analyse(loaded["runs"], left_out=loaded["left_out"])
+    with one_blas_thread():
+        result = analyse(loaded["runs"], left_out=loaded["left_out"])
     t2 = time.perf_counter()
     return {"n_runs": len(loaded["runs"]), "load_s": t1 - t0, "analyse_s": t2 - t1,
             "n_per_run": len(result["fits"]["per_run"])}
+
+
+def synthetic_table(path: str | Path, rows: int = 2000, seed: int = 0,
+                    world: PlantedWorld | None = None, seq_len: int = 64,
+                    loss_sd: float = 0.01) -> Path:
+    """A results table (CSV, `analysis.tables`' run rows) of about `rows` runs drawn from a
+    planted joint-model world (`science.joint.PlantedWorld`): 4 model sizes (a params
+    column) x 5 budgets x 3-10 batch sizes (8-4096 sequences) x 5 lrs around each cell's best
+    (a parabola in ln lr, 0.05 nats/token per unit^2) x seeds, as many seeds as bring the
+    rows to `rows` (at least one), each run's loss noisy by `loss_sd` (nats/token). The
+    analysis benchmark's and the fuzz tests' table: a grid the size of a public one."""
+    world = world or PlantedWorld(l_inf=(1.0, 0.9, 0.8, 0.7), a=(3.3,) * 4,
+                                  alpha=(0.16,) * 4)
+    truth = world.fit()
+    rng = np.random.default_rng(seed)
+    sizes = len(world.l_inf)
+    budgets = [1.5e6 * 2.0**k for k in range(-2, 3)]
+    lr_steps = np.log(2.0) * np.arange(-2, 3)  # the lr grid: factors of 2 around the best
+    per_batch = sizes * len(budgets) * len(lr_steps)
+    batches = [8 * 2**i for i in range(min(10, max(3, rows // per_batch)))]
+    seeds = max(1, round(rows / (sizes * len(budgets) * len(batches) * len(lr_steps))))
+    out = []
+    for w in range(sizes):
+        for batch in batches:
+            best_lr = 1e-3 * (batch / 8) ** 0.5
+            for tokens in budgets:
+                tokens = int(tokens // (batch * seq_len) * batch * seq_len) or batch * seq_len
+                loss = float(truth.predict_loss(w, batch, tokens)[0])
+                shift = rng.uniform(-0.5, 0.5) * np.log(2.0)  # the best lr between grid points
+                for step in lr_steps:
+                    for s in range(seeds):
+                        out.append({
+                            "run": f"w{w}_b{batch}_t{tokens}_lr{step:+.2f}_s{s}",
+                            "group": "planted", "optimizer": "adamw",
+                            "lr": best_lr * math.exp(step + shift), "seed": s,
+                            "batch_size": batch, "seq_len": seq_len, "tokens": tokens,
+                            "params": int(1e6 * 2**w),
+                            "loss": loss + 0.05 * (step + shift) ** 2
+                            + loss_sd * rng.standard_normal()})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = ("run", "group", "optimizer", "lr", "seed", "batch_size", "seq_len", "tokens",
+               "params", "loss")
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(out)
+    return path
