@@ -398,3 +398,16 @@ def held_out_predictive_z(data: JointData, seed: int) -> np.ndarray:
     spread = prediction_spread(kept, fit, *where, resamples=40, seed=seed)
     return (data.loss[largest] - fit.predict_loss(*where)) / np.hypot(data.sigma[largest],
                                                                       spread)
+
+
+def test_a_fit_that_cannot_be_made_says_why_and_a_failed_refit_is_counted():
+    """Cells no model can take (a loss of 0 or below) give a failed fit with its reason, not
+    an exception; the bootstrap of a fit that failed has no interval and says so."""
+    data = planted_world(PlantedWorld(), rng=np.random.default_rng(0))
+    broken = data.with_loss(np.where(np.arange(len(data)) == 3, 0.0, data.loss))
+    fit = fit_joint(broken)
+    assert not fit.usable and not fit.success and "loss" in fit.message
+    boot = bootstrap_joint(broken, fit, resamples=10)
+    assert boot.exponent_low is None and "the fit failed" in boot.interval
+    negative = data.with_loss(np.where(data.width == 0, -40.0, data.loss))  # below L_N_FLOOR
+    assert "20 cell(s) with a loss" in fit_joint(negative).message

@@ -10,7 +10,7 @@ import pytest
 
 from critbatch.analysis import bcrit
 from critbatch.analysis.bcrit_report import run_analysis
-from critbatch.analysis.joint import RESOLVED_WIDTH
+from critbatch.analysis.joint import RESOLVED_WIDTH, decide
 from critbatch.analysis.joint_report import held_out_summary, verdict
 from critbatch.analysis.results import load_runs
 from critbatch.analysis.synthetic import synthetic_branched_sweep
@@ -102,13 +102,24 @@ def test_range_check_refits_without_the_cells_above_the_baseline(sweep):
 
 
 def test_verdict_says_unresolved_when_the_law_leans_on_cells_above_the_baseline():
-    doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 1.8, "exponent_low": 0.5,
-           "exponent_high": 3.1, "log_loss_span": 0.4, "interval": "95% ...",
-           "above_baseline_range": {"n_cells": 6, "exponent": 5.2, "chi2_per_dof": 0.5}}
+    """The range check's shift is judged against its own sd: 3 sd away leaves the law
+    unresolved, 1 sd does not; a fits.json from before that sd judges the refit against the
+    full fit's interval."""
+    check = {"n_cells": 6, "exponent": 2.6, "chi2_per_dof": 0.5, "shift_sd": 0.1,
+             "shift_sigmas": 8.0}
+    doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 1.8, "exponent_low": 1.5,
+           "exponent_high": 2.1, "log_loss_span": 0.4, "interval": "95% ...",
+           "above_baseline_range": check}
     text = verdict(doc)
-    assert "unresolved" in text and "leans on losses the baseline batch never reached" in text
-    assert "without the 6 cell(s) above the baseline's loss range 1/alpha_B is 5.20" in text
-    doc["above_baseline_range"]["exponent"] = 2.0
+    assert "unresolved" in text and decide(doc)["verdict"] == "unresolved"
+    assert "without the 6 cell(s) above the baseline's loss range 1/alpha_B is 2.60, 8.0 sd" in text
+    check.update(exponent=1.9, shift_sigmas=1.0)
+    assert "unresolved" not in verdict(doc) and decide(doc) == {"verdict": "resolved",
+                                                                "reasons": []}
+    del check["shift_sigmas"], check["shift_sd"]  # an older fits.json
+    check["exponent"] = 2.6
+    assert "outside its interval" in verdict(doc)
+    check["exponent"] = 2.0
     assert "unresolved" not in verdict(doc)
 
 
@@ -166,17 +177,18 @@ def test_verdict_says_unresolved_for_a_wide_interval():
     doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 1.2, "exponent_low": -1.8,
            "exponent_high": 3.8, "log_loss_span": 0.17, "interval": "95% ..."}
     assert "unresolved" in verdict(doc) and f"wider than {RESOLVED_WIDTH:g}" in verdict(doc)
-    doc.update(exponent_low=0.5, exponent_high=2.0)
+    doc.update(exponent_low=0.8, exponent_high=1.7)
     assert "unresolved" not in verdict(doc)
 
 
 def test_verdict_names_misfit_and_missed_held_out_cells():
-    doc = {"optimizer": "muon", "b_star_tokens": 1e7, "exponent": 4.8, "exponent_low": 3.9,
-           "exponent_high": 5.6, "log_loss_span": 0.5, "interval": "95% ...",
+    doc = {"optimizer": "muon", "b_star_tokens": 1e7, "exponent": 4.8, "exponent_low": 4.4,
+           "exponent_high": 5.2, "log_loss_span": 0.5, "interval": "95% ...",
            "chi2_per_dof": 11.3,
            "held_out": [{"held_out": "the largest budget", "n_cells": 5, "within_2_sigma": 1}]}
     text = verdict(doc)
-    assert "unresolved" in text and "chi2/dof 11.3" in text and "1 of 5 within 2 seed sigma" in text
+    assert "unresolved" in text and "chi2/dof 11.3" in text
+    assert "1 of 5 cells within 2 sigma" in text
     doc.update(chi2_per_dof=1.1, held_out=[{"held_out": "the largest budget", "n_cells": 5,
                                             "within_2_sigma": 5}])
     assert "unresolved" not in verdict(doc)
@@ -213,7 +225,7 @@ def test_summary_says_when_the_numbers_are_not_a_measurement():
     from critbatch.analysis.summary import reliability
 
     row = {"b_crit_low": 50.0, "b_crit_high": 90.0, "held_out_ok": True}
-    good = {"exponent": 4.8, "exponent_low": 4.0, "exponent_high": 5.5, "chi2_per_dof": 1.2}
+    good = {"exponent": 4.8, "exponent_low": 4.5, "exponent_high": 5.3, "chi2_per_dof": 1.2}
     assert reliability(row, good, "cpu") == []
     assert "smoke scale" in reliability(row, good, "smoke")[0]
     assert any("unbounded" in w for w in reliability({**row, "b_crit_high": None}, good, "cpu"))

@@ -15,10 +15,10 @@ import numpy as np
 from critbatch.analysis import plotting
 from critbatch.analysis.joint import (
     HELD_OUT_SIGMAS,
+    RESOLVED,
     RESOLVED_WIDTH,
     curve_not_law,
-    leans_on_extrapolation,
-    passes,
+    decide,
 )
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.science.joint import TERM_TEST_DRAWS, TERM_TEST_LEVEL, Form, JointFit
@@ -30,41 +30,32 @@ PLOT_CAPTION = ("The joint model per optimizer: every cell's loss (points, +-1 s
 
 
 def verdict(doc: dict) -> str:
-    """One sentence: the law with its interval, or why it is unresolved (the interval's width,
-    the lever arm in ln L, the model's misfit, the held-out cells it missed)."""
+    """One sentence: the law with its interval, or why it is unresolved (`analysis.joint.
+    decide`'s reasons, with the lever arm in ln L, a fitted power, the model's misfit and
+    what more seeds would buy)."""
     low, high = doc["exponent_low"], doc["exponent_high"]
     law = (f"B_crit(L) = {doc['b_star_tokens']:.3g} tokens / L^{doc['exponent']:.2f}, "
            f"1/alpha_B {fmt_interval(doc['exponent'], low, high, '.2f')}")
     if low is None or high is None:
         return f"**{doc['optimizer']}: unresolved** ({law}; {doc['interval']})."
+    decision = decide(doc)  # a fits.json written before the verdict was data decides here
     why = [f"ln L spans {doc['log_loss_span']:.2f}"]
     if doc.get("transition_power") is not None:
         why.append(f"form {doc['form']} with p = {doc['transition_power']:.2f} fitted (p and "
                    "1/alpha_B trade against each other)")
     if doc.get("chi2_per_dof", 0) > 2:
         why.append(f"the model misfits the losses (chi2/dof {doc['chi2_per_dof']:.1f})")
-    missed = [h for h in doc.get("held_out", []) if not passes(h)]
-    why += [f"held out {held_out_text(h)}" for h in missed]
     curve = curve_not_law(doc.get("held_out", []))
     if curve:
         why.append(curve)
-    leans = leans_on_extrapolation(doc)
-    if leans:
-        why.append(leans)
+    if decision["verdict"] == RESOLVED:
+        return f"**{doc['optimizer']}**: {law} (95% parametric bootstrap; {'; '.join(why)})."
     if high - low > RESOLVED_WIDTH:
         seeds = seeds_text(doc.get("precision") or {}, doc.get("draws"))
         if seeds:
             why.append(seeds)
-        return (f"**{doc['optimizer']}: unresolved**: 1/alpha_B's 95% interval "
-                f"[{low:.2f}, {high:.2f}] is wider than {RESOLVED_WIDTH:g} ({'; '.join(why)}; "
-                f"fit {law}).")
-    if missed:
-        return (f"**{doc['optimizer']}: unresolved**: the law does not predict the held-out "
-                f"cells ({'; '.join(why)}; fit {law}).")
-    if leans:
-        return (f"**{doc['optimizer']}: unresolved**: the law leans on losses the baseline "
-                f"batch never reached ({'; '.join(why)}; fit {law}).")
-    return f"**{doc['optimizer']}**: {law} (95% parametric bootstrap; {'; '.join(why)})."
+    return (f"**{doc['optimizer']}: unresolved**: {'; '.join(decision['reasons'])} "
+            f"({'; '.join(why)}; fit {law}).")
 
 
 def seeds_text(precision: dict, draws: dict | None = None) -> str | None:

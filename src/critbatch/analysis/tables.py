@@ -93,8 +93,9 @@ NUMBERS = {
     "batch_size": ("a positive whole number", "write the sequences per optimizer step, e.g. 256"),
     "seq_len": ("a positive whole number", "write the tokens per sequence, e.g. 512"),
     "tokens": ("a positive whole number", "write the tokens the run trained on, e.g. 1.3e9"),
-    "loss": ("a number", "write the final validation loss in nats/token, e.g. 3.42 "
-                         "(blank or nan when the run has none)"),
+    "loss": ("a loss in nats/token (a number above 0 and below 1000)",
+             "write the final validation loss in nats/token, e.g. 3.42 (blank or nan when the "
+             "run has none; status diverged for a run that blew up)"),
     "target_loss": ("a positive number", "write the target validation loss in nats/token, "
                                          "e.g. 3.42"),
     "steps": ("a positive number", "write the optimizer steps the run took to first reach "
@@ -138,6 +139,9 @@ JSON_CELLS = {
              "val_loss, val_loss_per_byte, b_noise (optional, sequences)}, or leave it blank",
 }
 
+# nats/token: no language model's loss (ln of a 1e6-token vocabulary is 13.8); a loss of 1e300
+# would overflow the seed variance
+MAX_LOSS = 1000.0
 NO_LR = math.nan  # the lr of rows without one: one object, so a cell's rows share one lr bin
 
 TABLE_HINTS = FixHints(
@@ -224,8 +228,9 @@ def number(cell, column: str, where: str) -> float:
         value = float(cell)
     except ValueError:
         raise ResultsError(f"{where}, column {column}: {cell!r} is not {what}; {how}") from None
-    bad = column != "loss" and not math.isfinite(value)
+    bad = not math.isfinite(value) and not (column == "loss" and math.isnan(value))
     bad |= column in POSITIVE and not value > 0
+    bad |= column == "loss" and not (math.isnan(value) or 0 < value < MAX_LOSS)
     bad |= column in WHOLE and math.isfinite(value) and value != round(value)
     if bad:
         raise ResultsError(f"{where}, column {column}: {cell!r} is not {what}; {how}")

@@ -199,10 +199,11 @@ def fit_log_linear(x, y, sigma=None) -> dict | None:
     if n > 2:
         resid = yw - aw @ np.array([c, k])
         s2 = float(resid @ resid) / (n - 2)
-        cov = s2 * np.linalg.inv(aw.T @ aw)
-        out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
-                   t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)),
-                   residual_sd=math.sqrt(s2))
+        cov = s2 * np.linalg.pinv(aw.T @ aw)  # pinv: weights 1e13 apart made inv fail
+        if np.isfinite(cov).all() and cov[0, 0] >= 0 and cov[1, 1] >= 0:
+            out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
+                       t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)),
+                       residual_sd=math.sqrt(s2))
     return out
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from critbatch.science.joint import JointData, JointFit, noise_scale, residuals
+from critbatch.science.joint import JointData, JointFit, noise_scale, residual_jacobian
 
 # (tokens x, batches x, seeds x): the same sweep longer with its batch grid moved up alike,
 # and the same sweep at more seeds. Batches move with the tokens: with the batches fixed,
@@ -35,7 +35,6 @@ from critbatch.science.joint import JointData, JointFit, noise_scale, residuals
 # plan goes past 4x the tokens: the example curve's extrapolation is the projection's
 # weakest part.
 PLANS = ((2, 2, 1), (4, 4, 1), (1, 1, 4))
-FD_STEP = 1e-5  # relative finite-difference step of the Jacobian
 NEWTON_STEPS = 12  # as many as the fit's final residuals (8) and more: the Jacobian's accuracy
 RANK_TOLERANCE = 1e-9  # singular values below this share of the largest count as zero
 
@@ -72,25 +71,17 @@ def exponent_index(fit: JointFit) -> int:
 
 def exponent_sd(data: JointData, fit: JointFit) -> float:
     """The linearised standard deviation of 1/alpha_B on `data` at `fit`'s parameters: the
-    exponent's entry of (J^T J)^-1, J the Jacobian of the weighted residuals (forward
-    differences), from J's singular values. No misfit scaling: the sd the seed noise alone
-    allows. inf where the cells do not pin the exponent: fewer cells than parameters, a
-    non-finite Jacobian, or the exponent moving along a direction the cells do not see."""
+    exponent's entry of (J^T J)^-1, J the Jacobian of the weighted residuals (analytic,
+    `science.joint.residual_jacobian`), from J's singular values. No misfit scaling: the sd
+    the seed noise alone allows. inf where the cells do not pin the exponent: fewer cells
+    than parameters, a non-finite Jacobian, or the exponent moving along a direction the
+    cells do not see."""
     theta = fit.as_vector()
-    if len(data) < len(theta):
+    if len(data) < len(theta) or not np.isfinite(theta).all():
         return math.inf
-
-    def chi(t: np.ndarray) -> np.ndarray:
-        return residuals(t, data, len(fit.l_inf), fit.per_width, fit.form, steps=NEWTON_STEPS)
-
-    base = chi(theta)
-    jac = np.empty((len(data), len(theta)))
-    for k in range(len(theta)):
-        step = FD_STEP * max(1.0, abs(theta[k]))
-        moved = theta.copy()
-        moved[k] += step
-        jac[:, k] = (chi(moved) - base) / step
-    if not np.isfinite(jac).all():
+    jac = residual_jacobian(theta, data, len(fit.l_inf), fit.per_width, fit.form,
+                            steps=NEWTON_STEPS)
+    if not np.isfinite(jac).all() or not np.abs(jac).max() > 0:
         return math.inf
     _, singular, vt = np.linalg.svd(jac, full_matrices=False)
     seen = singular > RANK_TOLERANCE * singular[0]
