@@ -436,7 +436,7 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
                             form.tail(b_small_max(data), POWER_BOUNDS[1])])
     starts = [start] if start is not None else [initial_guess(data, per_width, g, form)
                                                  for g in gammas]
-    why = unfit_reason(data, lower, upper)
+    why = unfit_reason(data)
     if why:
         return failed_fit(data, per_width, form, why)
     best, failure = None, ""
@@ -465,17 +465,15 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
         residuals=chi, b_small=float(b_small), power=float(power), form=form)
 
 
-def unfit_reason(data: JointData, lower: np.ndarray, upper: np.ndarray) -> str | None:
+def unfit_reason(data: JointData) -> str | None:
     """Why the model cannot be fitted to `data` at all (None where it can): a loss, sigma,
-    batch or token count that is not a positive finite number, or a width whose lowest
-    loss leaves l_inf no room above its floor."""
+    batch or token count that is not a positive finite number (positive losses also leave
+    l_inf room between L_N_FLOOR and each width's lowest loss)."""
     for name, values in (("loss", data.loss), ("sigma", data.sigma), ("batch", data.batch),
                          ("tokens", data.tokens)):
         bad = ~(np.isfinite(values) & (values > 0))
         if bad.any():
             return f"{int(bad.sum())} cell(s) with a {name} that is not a positive number"
-    if not (lower < upper).all():
-        return "a width's lowest loss leaves the curve's floor no room"
     return None
 
 
