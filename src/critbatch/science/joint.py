@@ -409,12 +409,79 @@ def initial_guess(data: JointData, per_width: bool, gamma: float,
                            np.full(n_law, gamma), form.tail(0.5 * float(data.batch.min()), 1.0)])
 
 
+def curve_guess(data: JointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(l_inf, ln a, ln alpha) per width: each width's example curve L = l_inf + a (E/E_REF)
+    ^-alpha fitted to its smallest batch's cells (closest to E_min = E), or `initial_guess`'s
+    rough values where that batch has fewer than three budgets or the fit fails."""
+    from scipy.optimize import least_squares
+
+    n = len(data.widths)
+    rough = initial_guess(data, False, 0.0)
+    l_inf, log_a, log_alpha = rough[:n].copy(), rough[n:2 * n].copy(), rough[2 * n:3 * n].copy()
+    for i in range(n):
+        mine = data.width == i
+        base = mine & (data.batch == data.batch[mine].min())
+        if len(set(data.tokens[base].tolist())) < 3:
+            continue
+        u, loss = data.tokens[base] / E_REF, data.loss[base]
+
+        def miss(t, u=u, loss=loss):
+            with np.errstate(all="ignore"):
+                r = t[0] + np.exp(t[1]) * u ** -np.exp(t[2]) - loss
+            return np.where(np.isfinite(r), r, 1e6)
+
+        lower, upper = [L_N_FLOOR, -20.0, math.log(0.02)], [loss.min() - 1e-6, 20.0, math.log(5)]
+        x0 = np.clip([l_inf[i], log_a[i], log_alpha[i]], np.add(lower, 1e-9),
+                     np.subtract(upper, 1e-9))
+        try:
+            res = least_squares(miss, x0, bounds=(lower, upper))
+        except ValueError:
+            continue
+        l_inf[i], log_a[i], log_alpha[i] = res.x
+    return l_inf, log_a, log_alpha
+
+
+GRID_GAMMAS = np.arange(0.0, 13.0)  # the exponents the start grid tries
+GRID_STARTS = 2  # grid points (of distinct exponents) `fit_joint` starts from, besides its own
+
+
+def grid_starts(data: JointData, per_width: bool, form: Form = PLAIN) -> list[np.ndarray]:
+    """Starts for `fit_joint` from a grid: each width's curve from its smallest batch
+    (`curve_guess`), then 1/alpha_B over GRID_GAMMAS x B_crit at the cells' middle loss from
+    1/16 of the smallest batch to 16x the largest, the GRID_STARTS of lowest chi-square with
+    distinct exponents. The fixed starts alone can end far from the truth: in a planted
+    one-width world (1/alpha_B 4.8) the start at 1 stopped at 0.23 with chi2/dof 3590 and
+    those at 4 and 8 where they began, their large batches' Newton steps thrown far out."""
+    n = len(data.widths)
+    n_law = n if per_width else 1
+    curve = np.concatenate(curve_guess(data))
+    mid = math.log(float(np.median(data.loss)))
+    log_b = np.linspace(math.log(data.batch.min() / 16), math.log(data.batch.max() * 16), 17)
+    scored = []
+    for gamma in GRID_GAMMAS:
+        for lb in log_b:
+            theta = np.concatenate([curve, np.full(n_law, lb + gamma * mid),
+                                    np.full(n_law, gamma), form.tail(0.0, 1.0)])
+            cost = float(np.sum(residuals(theta, data, n, per_width, form) ** 2))
+            scored.append((cost, gamma, theta))
+    scored.sort(key=lambda s: s[0])
+    starts, seen = [], set()
+    for _, gamma, theta in scored:
+        if gamma not in seen:
+            seen.add(gamma)
+            starts.append(theta)
+        if len(starts) == GRID_STARTS:
+            break
+    return starts
+
+
 def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None = None,
               gammas=(1.0, 4.0, 8.0), form: Form = PLAIN, ftol: float = FIT_FTOL) -> JointFit:
     """Weighted least squares of the joint model on `data` (see the module docstring).
 
     Started from `start` (a parameter vector, e.g. the full fit for a bootstrap refit) or
-    from `initial_guess` at each of `gammas`, keeping the lowest chi-square. l_inf stays
+    from `initial_guess` at each of `gammas` and from `grid_starts`, keeping the lowest
+    chi-square. l_inf stays
     within [L_N_FLOOR, each width's lowest loss), alpha within [0.02, 5], gamma within
     [-20, 30], B_s (with `form.small_batch`) within [0, `b_small_max`] sequences and p (with
     `form.power`) within POWER_BOUNDS. l_inf may fall below zero: over a
@@ -434,11 +501,12 @@ def fit_joint(data: JointData, per_width: bool = False, start: np.ndarray | None
     upper = np.concatenate([lowest - 1e-6, np.full(n, 20.0), np.full(n, math.log(5.0)),
                             np.full(n_law, 80.0), np.full(n_law, GAMMA_BOUNDS[1]),
                             form.tail(b_small_max(data), POWER_BOUNDS[1])])
-    starts = [start] if start is not None else [initial_guess(data, per_width, g, form)
-                                                 for g in gammas]
     why = unfit_reason(data)
     if why:
         return failed_fit(data, per_width, form, why)
+    starts = [start] if start is not None else [
+        *(initial_guess(data, per_width, g, form) for g in gammas),
+        *grid_starts(data, per_width, form)]
     best, failure = None, ""
     for x0 in starts:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
