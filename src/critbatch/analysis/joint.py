@@ -199,9 +199,11 @@ def upper_bound(cell) -> bool:
 
 
 def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
-             form: Form) -> dict | None:
+             form: Form, noise_unknown: bool = False) -> dict | None:
     """Refit on `keep` and predict the other cells: measured, predicted and the residual in
-    seed sigmas per cell, and how many lie within HELD_OUT_SIGMAS."""
+    seed sigmas per cell, and how many lie within HELD_OUT_SIGMAS. With `noise_unknown` (no
+    run repeated: every sigma is NOMINAL_SIGMA, a weight, not a noise) the sigma is the
+    refit's own scatter, NOMINAL_SIGMA x sqrt(chi2/dof) of the cells it kept."""
     if keep.all() or keep.sum() < MIN_CELLS or len(set(data.width[keep])) < len(data.widths):
         return None
     if (keep & ~smallest_batch(data)).sum() < 2:  # only baselines: nothing pins the law
@@ -215,9 +217,11 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
     out = np.flatnonzero(~keep)
     where = (data.width[out], data.batch[out], data.tokens[out])
     predicted = fit.predict_loss(*where)
+    scale = math.sqrt(fit.chi2_per_dof) if noise_unknown and fit.dof > 0 else 1.0
     rows = []
     for i, p in zip(out, predicted, strict=True):
         _, c, sigma = used[i]
+        sigma *= scale
         ok = math.isfinite(p)
         rows.append({"width": data.widths[data.width[i]], "batch_size": c.batch_size,
                      "tokens": c.tokens, "tokens_reach": tokens_reach(kept, data, i),
@@ -277,7 +281,8 @@ BUDGET_SET = "the largest budget"
 ANCHORED_BUDGET_SET = "the largest budget above its smallest batch"
 
 
-def held_out_sets(data: JointData, used: list[tuple], form: Form) -> list[dict]:
+def held_out_sets(data: JointData, used: list[tuple], form: Form,
+                  noise_unknown: bool = False) -> list[dict]:
     """The held-out refits: the largest budget (the example curve and the law extrapolate
     together); the largest budget above each width's smallest batch (the baseline's cell
     stays: the law alone extrapolates to the lowest losses, from a curve measured there);
@@ -285,12 +290,13 @@ def held_out_sets(data: JointData, used: list[tuple], form: Form) -> list[dict]:
     largest_budget = np.array([c.budget == max(x.budget for x in g["cells"])
                                for g, c, _ in used])
     baseline = smallest_batch(data)
-    sets = [held_out(data, used, ~largest_budget, BUDGET_SET, form),
-            held_out(data, used, ~(largest_budget & ~baseline), ANCHORED_BUDGET_SET, form)]
+    sets = [held_out(data, used, ~largest_budget, BUDGET_SET, form, noise_unknown),
+            held_out(data, used, ~(largest_budget & ~baseline), ANCHORED_BUDGET_SET, form,
+                     noise_unknown)]
     if len(data.widths) >= 2:
         widest = data.width == len(data.widths) - 1
         sets.append(held_out(data, used, ~(widest & ~baseline),
-                             f"{data.widths[-1]} above its smallest batch", form))
+                             f"{data.widths[-1]} above its smallest batch", form, noise_unknown))
     return [s for s in sets if s]
 
 
@@ -451,7 +457,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         interval = interval_of(data, fit, optimizer)
         test = (loss_alone_test(fit, fit_joint(data, per_width=True, form=fit.form))
                 if len(data.widths) >= 2 else None)
-        tested = held_out_sets(data, used, fit.form)
+        tested = held_out_sets(data, used, fit.form,
+                               noise_unknown=all(s == NOMINAL_SIGMA for _, _, s in used))
         in_range, above = range_check(data, fit)
         low, high = interval["exponent_low"], interval["exponent_high"]
         doc = {
