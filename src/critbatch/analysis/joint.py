@@ -22,6 +22,7 @@ the sweep, `analysis.draws` adds whether a misfit is noise or the model's own er
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 
 import numpy as np
@@ -435,6 +436,23 @@ def model_data(groups: list[dict]) -> tuple[list[tuple], list, list[str], JointD
     return used, trends, notes, data
 
 
+def progress(what: str):
+    """A printer of live progress for one long computation: each call names the step
+    starting now (None: the end) on one line, with the seconds the previous step took."""
+    t0 = [time.perf_counter()]
+
+    def step(name: str | None) -> None:
+        now = time.perf_counter()
+        if step.started:
+            print(f" {now - t0[0]:.1f} s", flush=True)
+        if name:
+            print(f"  {what}: {name} ...", end="", flush=True)
+        t0[0], step.started = now, True
+
+    step.started = False
+    return step
+
+
 def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict]]:
     """({optimizer: the joint model's document}, its Kaplan rows: method `joint`)."""
     documents, rows = {}, []
@@ -446,20 +464,22 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
                             + "; train the baseline at two seeds for the seed noise")
             continue
         seq_len = mine[0]["key"]["seq_len"]
-        print(f"  joint model ({optimizer}): {len(used)} cells: the fit and its term tests, "
-              f"{RESAMPLES} bootstrap "
-              "refits, the held-out refits and the range check ...", flush=True)
+        step = progress(f"joint model ({optimizer}), {len(used)} cells")
+        step("the fit and its term tests")
         fit, terms = select_form(data)
         if not fit.usable:
             warnings.append(f"joint model ({optimizer}): no fit on its {len(data)} cells: "
                             f"{fit.message}")
             continue
+        step(f"{RESAMPLES} bootstrap refits")
         interval = interval_of(data, fit, optimizer)
+        step("the loss-alone test, the held-out refits and the range check")
         test = (loss_alone_test(fit, fit_joint(data, per_width=True, form=fit.form))
                 if len(data.widths) >= 2 else None)
         tested = held_out_sets(data, used, fit.form,
                                noise_unknown=all(s == NOMINAL_SIGMA for _, _, s in used))
         in_range, above = range_check(data, fit)
+        step(None)
         low, high = interval["exponent_low"], interval["exponent_high"]
         doc = {
             "optimizer": optimizer, "widths": list(data.widths), "seq_len": seq_len,
