@@ -14,11 +14,13 @@ from critbatch.science.joint import (
     JointData,
     PlantedWorld,
     above_baseline,
-    bootstrap_joint,
-    extra_term_test,
     fit_joint,
     loss_alone_test,
     planted_world,
+)
+from critbatch.science.joint_inference import (
+    bootstrap_joint,
+    extra_term_test,
     prediction_spread,
     select_form,
 )
@@ -107,7 +109,8 @@ def test_the_small_batch_fit_recovers_a_term_its_plain_start_misses():
     """A small-batch term that bends the loss against batch (planted B_s 12 sequences with
     batches 4-128): `fit_richer` tries the plain fit's start and fresh ones and keeps the
     better; B_s stays within the batches' geometric middle (`b_small_max`)."""
-    from critbatch.science.joint import b_small_max, fit_richer
+    from critbatch.science.joint import b_small_max
+    from critbatch.science.joint_inference import fit_richer
 
     truth = WORLDS["muon"].fit()
     truth.form, truth.b_small = Form(small_batch=True), 12.0
@@ -286,7 +289,7 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_a_fitted_power():
     90%. Fitted by `select_form` with its chi-square test alone (before the simulated one),
     the power was kept in 120 of 120 such worlds and the interval covered in 117; in worlds
     with p = 1 it covered in 110 of 120."""
-    from critbatch.science.joint import fit_richer
+    from critbatch.science.joint_inference import fit_richer
 
     worlds = {name: replace(world, power=0.7) for name, world in WORLDS.items()}
     covered = covered_worlds(
@@ -360,7 +363,7 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_upper_bounds():
 def test_the_prediction_spreads_more_where_it_extrapolates():
     """A refit's bootstrap spread at cells beyond its data (a 4x larger budget) exceeds its
     spread at cells it was fitted to, and the latter is about the seed noise or below."""
-    from critbatch.science.joint import prediction_spread
+    from critbatch.science.joint_inference import prediction_spread
 
     world = PlantedWorld(l_inf=(1.0,), a=(3.3,), alpha=(0.16,))
     data = planted_world(world, sigma=0.0125, rng=np.random.default_rng(3))

@@ -41,18 +41,16 @@ import numpy as np
 
 from critbatch.analysis.consistency import consistency_rows
 from critbatch.analysis.joint import joint_fits
-from critbatch.analysis.kaplan import collect_points, kaplan_fits
+from critbatch.analysis.kaplan import Z95, collect_points, kaplan_fits
 from critbatch.analysis.online_noise import online_noise_rows
 from critbatch.analysis.pareto import pareto_frontiers, pareto_row
 from critbatch.analysis.results import is_finite
 from critbatch.science.fits import LossCurve, fit_lr_scaling, nominal_budgets, refine_best_lr
 from critbatch.science.laws import bcrit_corrected, bcrit_naive
 
-# A group's key: runs are comparable when all of these agree. `group_label` is None for
-# runs of this codebase and the `group` column of an external table (`analysis.tables`).
-# a run's model is its data, vocabulary, seq_len, width and depth, or, in a table without
-# widths, its group label and parameter count: runs of several sizes in one labelled group
-# are one group per size (their cells are never mixed), and still one corpus for the joint model
+# A group's key: runs are comparable when all of these agree. `group_label` is None for runs
+# of this codebase, else an external table's `group` column (`analysis.tables`); in a table
+# without widths `params_nonembedding` splits a labelled group by model size (one corpus still)
 GROUP_KEYS = ("data_name", "vocab_size", "seq_len", "width", "depth", "optimizer", "group_label",
               "params_nonembedding")
 UNKNOWN_OPTIMIZER = "unknown"  # a table without an optimizer column
@@ -63,17 +61,14 @@ BUDGET_TOLERANCE = 0.01  # runs whose tokens are this close (relative) share one
 # them warmup): its cell is flagged `few_steps` (`too_few_steps`) and kept out of the per-run
 # Kaplan points and the Pareto fits
 MIN_STEPS_PER_WARMUP = 3
-Z95 = 1.959963984540054
 
 
 @dataclass(frozen=True)
 class FixHints:
     """How to fill each gap the analysis warns about, in the words of its input: sweeps to
-    run (`SWEEP_HINTS`) or rows to add to a table (`analysis.tables.TABLE_HINTS`).
-
-    Each is a sentence starting with its verb, formatted with `batch` (the batch size at
-    issue, sequences) and `more` (how many budgets it lacks); a hint may ignore them.
-    """
+    run (`SWEEP_HINTS`) or rows to add to a table (`analysis.tables.TABLE_HINTS`); each a
+    sentence starting with its verb, formatted with `batch` (the batch size at issue,
+    sequences) and `more` (how many budgets it lacks), which a hint may ignore."""
 
     baseline: str  # a baseline curve: one batch size at MIN_BASELINE_BUDGETS budgets
     batch: str  # more batch sizes (and learning rates) beside the baseline
@@ -113,12 +108,10 @@ def model_name(key: tuple) -> str:
 def group_name(key: tuple) -> str:
     """A readable label for a group key: its model and optimizer (the model alone when the
     optimizer is unknown)."""
-    optimizer = key[GROUP_KEYS.index("optimizer")]
-    model = model_name(key)
-    params = key[GROUP_KEYS.index("params_nonembedding")] if len(key) > 7 else None
-    if key[GROUP_KEYS.index("width")] is None and params is not None:
-        model += f" N{params:.3g}"
-    return model if optimizer == UNKNOWN_OPTIMIZER else f"{model} {optimizer}"
+    fields, model = dict(zip(GROUP_KEYS, key, strict=False)), model_name(key)
+    if fields.get("width") is None and fields.get("params_nonembedding") is not None:
+        model += f" N{fields['params_nonembedding']:.3g}"
+    return model if fields["optimizer"] == UNKNOWN_OPTIMIZER else f"{model} {fields['optimizer']}"
 
 
 def split_runs(runs: list[dict]) -> tuple[dict[tuple, list[dict]], list[dict], list[str]]:

@@ -6,8 +6,8 @@ Per optimizer, `joint_fits` takes the groups' best-lr cells (cells of too few st
 their warmup left out) with each cell's loss noise (the measured seed scatter, per batch
 where the batches' seeds differ: `seed_noise`) and trunk (a run and its cooldown branches
 share one), fits the shared law with the optional terms the data demand
-(`science.joint.select_form`), bootstraps it
-(`science.joint.bootstrap_joint`), fits one law per width where there are several widths
+(`science.joint_inference.select_form`), bootstraps it
+(`science.joint_inference.bootstrap_joint`), fits one law per width where there are several widths
 and tests the shared one against it, then refits without the largest budget (and, with
 several widths, without the widest model's batches above its smallest) and predicts the
 cells left out: the evidence that the law extrapolates; and it projects the exponent
@@ -34,13 +34,11 @@ from critbatch.science.joint import (
     JointData,
     JointFit,
     above_baseline,
-    bootstrap_joint,
     fit_joint,
     loss_alone_test,
     noise_scale,
-    prediction_spread,
-    select_form,
 )
+from critbatch.science.joint_inference import bootstrap_joint, prediction_spread, select_form
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 from critbatch.science.precision import exponent_sd, projected_widths
 

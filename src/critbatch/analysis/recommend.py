@@ -22,7 +22,8 @@ from critbatch.analysis.bcrit import BUDGET_TOLERANCE, best_lr_cells, seed_scatt
 from critbatch.analysis.joint import MIN_CELLS, NOMINAL_SIGMA, seed_noise, upper_bound
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
-from critbatch.science.joint import JointData, select_form
+from critbatch.science.joint import JointData
+from critbatch.science.joint_inference import select_form
 from critbatch.science.model_size import param_count
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
@@ -207,7 +208,7 @@ def lr_points(sweep: SizedSweep, keep: np.ndarray) -> tuple[list, list, list]:
 def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int = RESAMPLES,
               seed: int = 0) -> Model:
     """The loss law across sizes (with the joint model's optional terms where
-    `science.joint.select_form`'s tests keep them), its bootstrap refits and the lr law,
+    `science.joint_inference.select_form`'s tests keep them), its bootstrap refits and the lr law,
     on the cells in `keep`."""
     keep = np.ones(len(sweep.cells), bool) if keep is None else keep
     data, sizes = sweep.data(keep)

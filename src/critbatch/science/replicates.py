@@ -36,10 +36,8 @@ from critbatch.science.joint import (
     JointFit,
     draw_losses,
     fit_joint,
-    fit_richer,
-    model_center,
-    plausible_sigma,
 )
+from critbatch.science.joint_inference import fit_richer, model_center, plausible_sigma
 
 SIMULATIONS = 100  # data sets simulated with the model right, per check (smallest p: 1/101)
 LEVEL = 0.05  # a statistic beyond its simulated 95th percentile counts
