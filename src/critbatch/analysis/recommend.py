@@ -186,12 +186,13 @@ class Model:
     fit: ScalingFit
     refits: list[ScalingFit]
     lr_law: LrLaw | None
-    term_tests: dict  # per optional term (`science.joint.TERMS`) its tests (`select_form`)
+    term_tests: dict  # per optional term (`joint_inference.TERMS`) its tests (`select_form`)
     sizes: np.ndarray
     smallest_batch: int
     max_tokens: float
     min_loss: float
     beta2_rule: dict | None = None  # the sweep's (`beta2_rule`), carried to the answer
+    resamples: int = RESAMPLES  # bootstrap refits tried (`refits` holds those that converged)
 
 
 def lr_points(sweep: SizedSweep, keep: np.ndarray) -> tuple[list, list, list]:
@@ -220,7 +221,7 @@ def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int 
     refits = bootstrap_scaling(data, sizes, fit, resamples, seed=seed)
     lr_law = fit_lr_law(*lr_points(sweep, keep))
     return Model(fit, refits, lr_law, terms, sizes, int(data.batch.min()),
-                 float(data.tokens.max()), float(data.loss.min()), sweep.beta2_rule)
+                 float(data.tokens.max()), float(data.loss.min()), sweep.beta2_rule, resamples)
 
 
 def extrapolation(model: Model, params: float, tokens: float, loss: float | None) -> dict:
@@ -312,12 +313,13 @@ def model_summary(model: Model) -> dict:
         "transition_power": f.power if f.form.power else None, "chi2_per_dof": f.chi2_per_dof,
         "small_batch_term": model.term_tests["small_batch"],
         "transition_power_term": model.term_tests["power"], "sizes": model.sizes.tolist(),
-        "resamples": len(model.refits),
+        "resamples": len(model.refits), "failed_refits": model.resamples - len(model.refits),
         "lr_law": None if law is None else {
             "batch_exponent": law.batch_exponent, "size_exponent": law.size_exponent,
             "points": law.n_points, "residual_sd_log": law.residual_sd},
         "intervals": "95%: predicted loss and B_crit from the law's parametric bootstrap "
-                     f"({len(model.refits)} refits, seed noise x {noise_scale(f):.2f}); lr "
+                     f"({len(model.refits)} refits, {model.resamples - len(model.refits)} failed "
+                     f"and left out, seed noise x {noise_scale(f):.2f}); lr "
                      "from the lr law's t interval of the mean",
     }
 
