@@ -217,7 +217,13 @@ def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int 
         raise ResultsError(f"{sweep.optimizer}: {len(data)} usable cells, the model needs "
                            f"{MIN_CELLS}; train more batch sizes or budgets")
     joint, terms = select_form(data)
+    if not joint.usable:
+        raise ResultsError(f"{sweep.optimizer}: the joint model cannot be fitted to its "
+                           f"{len(data)} cells ({joint.message})")
     fit = fit_scaling(data, sizes, starts_from(joint, sizes, data), form=joint.form)
+    if not math.isfinite(fit.chi2):
+        raise ResultsError(f"{sweep.optimizer}: the loss law across sizes could not be fitted "
+                           f"to its {len(data)} cells; check the table's losses")
     refits = bootstrap_scaling(data, sizes, fit, resamples, seed=seed)
     lr_law = fit_lr_law(*lr_points(sweep, keep))
     return Model(fit, refits, lr_law, terms, sizes, int(data.batch.min()),

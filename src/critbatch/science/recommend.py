@@ -250,26 +250,38 @@ def fit_scaling(data: JointData, sizes, start: np.ndarray | list[np.ndarray],
                 form: Form = PLAIN, ftol: float = FIT_FTOL) -> ScalingFit:
     """Weighted least squares of the law across sizes on the cells of `data` (width index i
     has `sizes[i]` non-embedding parameters), from `start` (a vector, or several: the best
-    is kept; `starts_from` makes them from a joint fit)."""
+    is kept; `starts_from` makes them from a joint fit). Cells no law can take (a loss at or
+    below 0, as a bootstrap draw at a large misfit can make) or a solver's numerical failure
+    give a fit with `success` False and chi2 NaN, not an exception: a refit that failed."""
     from scipy.optimize import least_squares
 
     sizes = np.asarray(sizes, float)
     terms = size_terms(len(sizes))
+    starts = [start] if isinstance(start, np.ndarray) else list(start)
+    failed = ScalingFit(**unpack(starts[0], terms, form), size_terms=terms, chi2=math.nan,
+                        dof=len(data) - len(starts[0]), success=False)
+    if not (np.isfinite(data.loss).all() and data.loss.min() > 0):
+        return failed
     size = [(-20.0, 20.0), (math.log(0.01), math.log(3.0))][:terms]
     bounds = [(L_N_FLOOR, float(data.loss.min()) - 1e-6), *size, (-20.0, 20.0),
               (math.log(0.02), math.log(5.0)), (-50.0, 80.0), (-20.0, 30.0)]
     bounds += [(0.0, 1e4)] * form.small_batch + [POWER_BOUNDS] * form.power
     lower, upper = (np.array(x) for x in zip(*bounds, strict=True))
     best = None
-    for x0 in [start] if isinstance(start, np.ndarray) else start:
+    for x0 in starts:
         x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
-        with np.errstate(all="ignore"):
-            res = least_squares(scaling_residuals, x0, jac=scaling_jacobian,
-                                bounds=(lower, upper), x_scale="jac",
-                                args=(data, sizes, terms, form), ftol=ftol,
-                                max_nfev=200 * len(x0))
+        try:
+            with np.errstate(all="ignore"):
+                res = least_squares(scaling_residuals, x0, jac=scaling_jacobian,
+                                    bounds=(lower, upper), x_scale="jac",
+                                    args=(data, sizes, terms, form), ftol=ftol,
+                                    max_nfev=200 * len(x0))
+        except (ValueError, np.linalg.LinAlgError):
+            continue
         if best is None or (np.isfinite(res.cost) and res.cost < best.cost):
             best = res
+    if best is None:
+        return failed
     chi = scaling_residuals(best.x, data, sizes, terms, form, steps=8)
     return ScalingFit(**unpack(best.x, terms, form),
                       size_terms=terms, chi2=float(np.sum(chi**2)), dof=len(data) - len(best.x),
