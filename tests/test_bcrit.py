@@ -213,9 +213,8 @@ def test_kaplan_points_are_marked_by_method_and_fitted_apart(batch_sweep, tmp_pa
         "b_noise_online"]
     assert methods["pareto"] == pareto.PARETO_TARGETS and methods["per_run"] > 0
     rows = {(r["optimizer"], r["method"]): r for r in fits["kaplan"]}
-    assert set(rows) == {("adamw", m) for m in ("per_run", "pareto", "combined", "noise", "joint")}
+    assert set(rows) == {("adamw", m) for m in ("per_run", "pareto", "noise", "joint")}
     assert rows[("adamw", "noise")]["n_points"] == 2
-    assert rows[("adamw", "combined")]["n_points"] == methods["per_run"] + methods["pareto"]
     noise_point = next(p for p in points if p.get("kind") == "b_noise")
     assert noise_point["b_crit_tokens"] == 226.0 * 64 and noise_point["loss"] == 3.0
     assert noise_point["kaplan_tokens"] == pytest.approx(2e8 / 3.0**4.8)
@@ -450,7 +449,7 @@ def test_constant_bcrit_gives_exponent_zero_per_method_and_noise_apart(tmp_path)
         write_noise(run_dir, 10 * truth.b_crit, loss)
     fits = analyse_dir(tmp_path)["fits"]
     rows = {(r["optimizer"], r["method"]): r for r in fits["kaplan"]}
-    for method in ("per_run", "pareto", "combined"):
+    for method in ("per_run", "pareto"):
         assert abs(rows[("adamw", method)]["exponent"]) < 0.3, method
     noise = rows[("adamw", "noise")]
     assert noise["n_points"] == 4
@@ -462,10 +461,10 @@ def test_constant_bcrit_gives_exponent_zero_per_method_and_noise_apart(tmp_path)
     assert low <= 0.3 and high >= -0.3
 
 
-def test_three_pareto_frontiers_give_a_range_and_combined_counts_a_group_once(tmp_path):
+def test_three_pareto_frontiers_give_a_range(tmp_path):
     """Three widths: three Pareto frontiers, fewer than six independent units, so the Pareto
     exponent's interval is the range of the three frontiers' own fits, not a bootstrap
-    percentile; `combined` counts each width once (its runs and its frontier share cells)."""
+    percentile; per-run and Pareto points are not pooled (they share cells)."""
     synthetic_sweep(tmp_path, batch_sizes=(64, 256, 1024), all_budgets=True,
                     widths=(64, 128, 192))
     result = analyse_dir(tmp_path)
@@ -483,13 +482,9 @@ def test_three_pareto_frontiers_give_a_range_and_combined_counts_a_group_once(tm
            for g in sorted({p["group"] for p in points})]
     assert pareto_row["exponent_low"] == pytest.approx(min(own))
     assert pareto_row["exponent_high"] == pytest.approx(max(own))
-    combined = rows["combined"]
-    assert combined["n_units"] == 3 and combined["n_points"] == (
-        rows["per_run"]["n_points"] + pareto_row["n_points"])
-    assert combined["interval"].startswith("range of 3 per-unit estimates over 3 groups")
+    assert "combined" not in rows
     assert rows["per_run"]["n_units"] == 3 * 12  # runs: 3 batch sizes x 4 budgets per width
     assert rows["per_run"]["interval"] == "95% percentile bootstrap over 36 runs"
-    # the combined row's units did not leak into the points of the other methods
     assert {p["unit"] for p in points} == {f"pareto:{g['name']}" for g in result["groups"]}
 
 

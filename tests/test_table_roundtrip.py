@@ -110,7 +110,7 @@ def test_exported_table_gives_the_same_fits_and_intervals(sweep, tmp_path, suffi
 
     # what the equality is made of: none of it is empty or trivially equal
     kaplan = {r["method"]: r for r in fits["kaplan"]}
-    assert set(kaplan) == {"per_run", "pareto", "combined", "noise", "online_noise", "joint"}
+    assert set(kaplan) == {"per_run", "pareto", "noise", "online_noise", "joint"}
     per_run = kaplan["per_run"]
     assert per_run["n_units"] < per_run["n_points"]  # branches share their trunk's unit
     assert per_run["exponent_low"] < per_run["exponent_high"]

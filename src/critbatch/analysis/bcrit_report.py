@@ -442,8 +442,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "## Kaplan's law B_crit(L) = B* / L^(1/alpha_B)", "",
               "Fitted per optimizer and per method, in log-log (L in nats/token, B in tokens), "
               "each point weighted by its own uncertainty. Per-run and Pareto B_crit measure "
-              "the same quantity and are also fitted together (combined, where a group's "
-              "runs and its Pareto frontier, read off the same cells, are one unit); B_noise "
+              "the same quantity but are not pooled (a group's runs and its Pareto frontier are "
+              "read off the same cells); B_noise "
               "is a different quantity (B_simple) with rows of its own, never pooled: noise "
               "(the noise program's noise.json) and online_noise (the online tracker along "
               "the baseline's runs). Degenerate Pareto fits are left out (see the Pareto "

@@ -10,18 +10,18 @@ Kaplan et al. 2020 (section 5.1): B_crit(L) = B* / L^(1/alpha_B), with B* ~ 2e8 
 - `online_noise`: the online tracker's B_noise on each eval point of the baseline's main runs,
   at that eval's validation loss (`analysis.online_noise`): B_noise(L) along training.
 
-Per-run and Pareto measure the same quantity, so they are also fitted together
-(`combined`). Their points are not independent of each other: a group's per-run B_crit and its
-Pareto frontier are read off the same cells, so in `combined` a whole group is one unit. B_noise
-is B_simple, a different quantity (equal to B_crit only for SGD on a well-conditioned Hessian):
-both noise methods get their own rows, beside the others and apart from each other. Optimizers
-have their own laws: every row is one optimizer.
+Per-run and Pareto measure the same quantity, yet they are not pooled: a group's per-run
+B_crit and its Pareto frontier are read off the same cells, so a pooled fit counts each cell
+twice and its only honest units are the groups (the range over a handful of them is no 95%
+interval). B_noise is B_simple, a different quantity (equal to B_crit only for SGD on a
+well-conditioned Hessian): both noise methods get their own rows, beside the others and
+apart from each other. Optimizers have their own laws: every row is one optimizer.
 
 Each point carries its uncertainty in log B_crit (from its interval) and the fit weighs
 points by it. The exponent's interval is a percentile bootstrap over the independent units
 the points come from: runs for per-run and noise points (a per-run point of a cooldown
 branch belongs to the run it forked from: its `trunk`), Pareto frontiers (one per model)
-for Pareto points, groups for `combined`, and for the online series blocks of consecutive
+for Pareto points, and for the online series blocks of consecutive
 eval points (ONLINE_NOISE_BLOCKS per run: the EMA ties neighbouring evals together, so single
 evals are not independent). With fewer than `science.laws.MIN_BOOTSTRAP_UNITS` units (three
 Pareto frontiers, say) a percentile bootstrap undercovers, and the interval is the range of
@@ -46,7 +46,7 @@ from critbatch.science.laws import (
     kaplan_prediction_tokens,
 )
 
-METHODS = ("per_run", "pareto", "combined", "noise", "online_noise")
+METHODS = ("per_run", "pareto", "noise", "online_noise")
 NOISE_METHODS = ("noise", "online_noise")
 ONLINE_NOISE_BLOCKS = 4  # bootstrap units per run of the online series
 Z95 = 1.959963984540054
@@ -135,8 +135,6 @@ def fit_row(optimizer: str, method: str, points: list[dict], seed: int = 0) -> d
     fit = fit_kaplan(losses, b_tokens, sigmas)
     units = [p["unit"] for p in points]
     kinds = {"per_run": "runs", "noise": "runs", "pareto": "Pareto frontiers",
-             "combined": "groups (a group's per-run points and its Pareto frontier come from "
-                         "the same cells: one unit)",
              "online_noise": f"blocks of consecutive eval points (up to {ONLINE_NOISE_BLOCKS} "
                              "per run)"}
     boot = bootstrap_kaplan(losses, b_tokens, units, sigmas, resamples=BOOTSTRAP_RESAMPLES,
@@ -159,11 +157,7 @@ def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[
     rows = []
     for optimizer in sorted({p["optimizer"] for p in points}):
         mine = [p for p in points if p["optimizer"] == optimizer]
-        by_method = {m: [p for p in mine if p["method"] == m] for m in METHODS
-                     if m != "combined"}
-        if by_method["per_run"] and by_method["pareto"]:  # copies: a group is one unit here
-            by_method["combined"] = [{**p, "unit": p["group"]}
-                                     for p in by_method["per_run"] + by_method["pareto"]]
+        by_method = {m: [p for p in mine if p["method"] == m] for m in METHODS}
         for method in METHODS:
             pts = by_method.get(method, [])
             if not pts:
@@ -175,10 +169,9 @@ def kaplan_fits(points: list[dict], warnings: list[str], fix_hint: str) -> list[
                                 f"or more ({len(pts)} here); {hint}")
                 continue
             rows.append(row)
-            if method != "combined":
-                for p in pts:
-                    p["fit_tokens"] = kaplan_prediction_tokens(p["loss"], row["b_star_tokens"],
-                                                               row["exponent"])
+            for p in pts:
+                p["fit_tokens"] = kaplan_prediction_tokens(p["loss"], row["b_star_tokens"],
+                                                           row["exponent"])
     for p in points:
         p["kaplan_tokens"] = kaplan_prediction_tokens(p["loss"], KAPLAN_B_STAR_TOKENS,
                                                       KAPLAN_EXPONENT)
