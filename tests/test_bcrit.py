@@ -469,8 +469,8 @@ def test_three_pareto_frontiers_give_a_range(tmp_path):
                     widths=(64, 128, 192))
     result = analyse_dir(tmp_path)
     rows = {r["method"]: r for r in result["fits"]["kaplan"]}
-    assert list(rows["pareto"]) == list(kaplan.ROW_KEYS) + ["weighted", "kaplan_b_star_tokens",
-                                                             "kaplan_exponent"]
+    assert list(rows["pareto"]) == list(kaplan.ROW_KEYS) + [
+        "weighted", "kaplan_b_star_tokens", "kaplan_exponent", "left_out", "shown"]
     pareto_row = rows["pareto"]
     assert pareto_row["n_units"] == 3
     assert pareto_row["interval"] == ("range of 3 per-unit estimates over 3 Pareto frontiers "
@@ -485,6 +485,10 @@ def test_three_pareto_frontiers_give_a_range(tmp_path):
     assert "combined" not in rows
     assert rows["per_run"]["n_units"] == 3 * 12  # runs: 3 batch sizes x 4 budgets per width
     assert rows["per_run"]["interval"] == "95% percentile bootstrap over 36 runs"
+    # neither covers on planted worlds: both stay in fits.json, out of the report's table
+    assert not pareto_row["shown"] and "range of their own fits" in pareto_row["left_out"]
+    assert not rows["per_run"]["shown"] and "80 of 210" in rows["per_run"]["left_out"]
+    assert rows["joint"]["shown"] and rows["joint"]["left_out"] is None
     assert {p["unit"] for p in points} == {f"pareto:{g['name']}" for g in result["groups"]}
 
 

@@ -339,16 +339,24 @@ def exponent_text(row: dict) -> str:
 
 
 def kaplan_tables(rows: list[dict], points: list[dict]) -> list[str]:
-    """One row per optimizer and method against Kaplan et al.'s numbers, then each point."""
+    """One row per optimizer and method against Kaplan et al.'s numbers (the rows whose
+    interval covers on planted worlds; the others named below it, with why), then each
+    point."""
     table = [[r["optimizer"], r["method"],
               fmt_interval(r["b_star_tokens"], r["b_star_tokens_low"], r["b_star_tokens_high"]),
               exponent_text(r),
               str(r["n_points"]), r["interval"] + ("" if r["weighted"] else "; unweighted")]
-             for r in rows]
+             for r in rows if r.get("shown", True)]
     table.append(["Kaplan et al. 2020", "-", f"{KAPLAN_B_STAR_TOKENS:.0e}",
                   f"{KAPLAN_EXPONENT:g}", "-", "GPT-2 tokenizer on WebText2"])
     lines = [md_table(["optimizer", "method", "B* (tokens) [interval]",
                        "1/alpha_B [interval]", "points", "interval"], table)]
+    hidden = [r for r in rows if not r.get("shown", True)]
+    if hidden:
+        lines += ["", "Left out of the table (in fits.json with `shown: false`), as no "
+                  "measurement of the exponent:", ""]
+        lines += [f"- {r['optimizer']} {r['method']}: 1/alpha_B {fmt(r['exponent'], '.2f')}; "
+                  f"{r['left_out']}" for r in hidden]
     points = [p for p in points if p["method"] != "online_noise"]  # a section of their own
     if points:
         lines += ["", "Each point against its fit and Kaplan's law (the online B_noise series "
@@ -594,8 +602,8 @@ def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None
     if points:
         losses = np.array([p["loss"] for p in points])
         grid = np.geomspace(losses.min() / 1.05, losses.max() * 1.05, 50)
-        for r in rows:
-            if r["method"] in METHOD_STYLES and r["b_star_tokens"]:
+        for r in rows:  # a fit whose interval does not cover is no line to read a law off
+            if r["method"] in METHOD_STYLES and r["b_star_tokens"] and r.get("shown", True):
                 ax.plot(grid, r["b_star_tokens"] / grid ** r["exponent"],
                         ls=METHOD_STYLES[r["method"]][1], color=colors[r["optimizer"]], lw=1,
                         label=f"{r['optimizer']} {r['method'].replace('_', ' ')} fit: "
@@ -668,6 +676,9 @@ def summary_lines(result: dict) -> list[str]:
     lines += ["summary (what to act on; report.md opens with it):",
               *summary.lines(fits["summary"])]
     for k in fits["kaplan"]:
+        if not k.get("shown", True):
+            lines.append(f"  Kaplan {k['optimizer']} {k['method']}: left out ({k['left_out']})")
+            continue
         lines.append(f"  Kaplan {k['optimizer']} {k['method']}: B* = "
                      f"{fmt(k['b_star_tokens'], '.3g')} tokens, 1/alpha_B = "
                      f"{exponent_text(k)} "

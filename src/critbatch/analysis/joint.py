@@ -542,5 +542,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             "b_star_tokens_high": doc["b_star_tokens_high"], "n_points": len(data),
             "n_units": doc["n_units"], "interval": doc["interval"], "weighted": True,
             "chi2_per_dof": doc["chi2_per_dof"],
-            "kaplan_b_star_tokens": KAPLAN_B_STAR_TOKENS, "kaplan_exponent": KAPLAN_EXPONENT})
+            "kaplan_b_star_tokens": KAPLAN_B_STAR_TOKENS, "kaplan_exponent": KAPLAN_EXPONENT,
+            "shown": low is not None and high is not None,
+            "left_out": None if low is not None and high is not None else doc["interval"]})
     return documents, rows
