@@ -216,7 +216,8 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
     out = np.flatnonzero(~keep)
     where = (data.width[out], data.batch[out], data.tokens[out])
     predicted = fit.predict_loss(*where)
-    scale = math.sqrt(fit.chi2_per_dof) if noise_unknown and fit.dof > 0 else 1.0
+    # (at least 1e-3 of it: a refit through every cell exactly leaves no scatter to judge by)
+    scale = max(math.sqrt(fit.chi2_per_dof), 1e-3) if noise_unknown and fit.dof > 0 else 1.0
     rows = []
     for i, p in zip(out, predicted, strict=True):
         _, c, sigma = used[i]
