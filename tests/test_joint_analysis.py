@@ -5,6 +5,7 @@ held-out predictions and the report's opening lines."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -368,3 +369,28 @@ def test_a_precisely_recovered_law_is_resolved(tmp_path):
         assert doc["exponent_high"] - doc["exponent_low"] < 0.2
         assert doc["verdict"] == "resolved" and doc["reasons"] == [], doc["reasons"]
         assert "unresolved" not in verdict(doc)
+
+
+def test_failed_refits_are_named_without_a_bootstrap_and_a_failed_per_width_fit_tests_nothing():
+    """A fit on gamma's bound has no bootstrap (0 tried): a failed range-check refit is still
+    one line, and named as failed; a per-width fit that could not be made gives no
+    loss-alone verdict rather than "holds"."""
+    from critbatch.analysis.joint import refit_failures
+    from critbatch.analysis.joint_report import failures_text, range_summary
+    from critbatch.science.joint import (
+        PlantedWorld,
+        failed_fit,
+        fit_joint,
+        loss_alone_test,
+        planted_world,
+    )
+
+    check = {"n_cells": 4, "exponent": None, "converged": False, "refit_failed": "the solver"}
+    failed = refit_failures({"bootstrap_failed": 0, "resamples": 0}, [], check)
+    text = failures_text({"optimizer": "adamw", "failed_refits": failed})
+    assert "0 of 0 bootstrap, 0 of 0 held-out, 1 range check" in text
+    assert "the refit failed (the solver)" in range_summary({"above_baseline_range": check})
+    data = planted_world(PlantedWorld())
+    shared = fit_joint(data)
+    test = loss_alone_test(shared, failed_fit(data, True, shared.form, "no"))
+    assert test["holds"] is None and math.isnan(test["p_value"])

@@ -361,7 +361,7 @@ def range_check(data: JointData, fit: JointFit) -> tuple[dict, np.ndarray]:
                 doc.update(shift_sd=shift_sd,
                            shift_sigmas=(again.exponent - fit.exponent) / shift_sd)
         else:
-            doc.update(converged=False)
+            doc.update(converged=False, refit_failed=again.message)
     return doc, above
 
 
@@ -375,7 +375,7 @@ def refit_failures(interval: dict, held: list[dict], in_range: dict) -> dict:
             "bootstrap_share": failed / tried if tried else None,
             "held_out": sum(1 for h in held if h.get("refit_failed")),
             "held_out_tried": len(held),
-            "range_check": int(in_range.get("converged") is False)}
+            "range_check": int(bool(in_range.get("refit_failed")))}
 
 
 def leans_on_extrapolation(doc: dict) -> str | None:
@@ -467,6 +467,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         step("the fit and its term tests")
         fit, terms = select_form(data)
         if not fit.usable:
+            step(None)
             warnings.append(f"joint model ({optimizer}): no fit on its {len(data)} cells: "
                             f"{fit.message}")
             continue

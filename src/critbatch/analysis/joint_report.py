@@ -112,6 +112,8 @@ def range_summary(doc: dict) -> str:
         return "-"  # a fits.json from before the check
     if not check["n_cells"]:
         return "no such cell"
+    if check.get("refit_failed"):
+        return f"{check['n_cells']} cells; the refit failed ({check['refit_failed']})"
     if check["exponent"] is None:
         return f"{check['n_cells']} cells; too few left to refit"
     return f"{check['exponent']:.2f} ({check['n_cells']} cells left out)"
@@ -145,11 +147,14 @@ def joint_section(documents: dict) -> list[str]:
              "above the smallest (the baseline's cell there kept: the law alone "
              "extrapolates); with several widths, without the widest model's batches above "
              "its smallest; each refit predicts the cells it left out; residuals in seed "
-             "sigmas. Range check: the law refitted "
-             "(point estimate) without the cells whose loss lies above every loss of their "
+             "sigmas (where no run was repeated, in the refit's own scatter), and where a set "
+             "misses, also in predictive sigmas that add the refit's spread. Range check: the "
+             "law refitted without the cells whose loss lies above every loss of their "
              "width's smallest batch, where E_min comes from the example curve's form rather "
-             "than from baseline data; an exponent outside the interval leaves the law "
-             "unresolved.", ""]
+             "than from baseline data; a shift of the exponent beyond 3 sds of the shift's "
+             "own noise (linearised, nested fits) leaves the law unresolved. Resolved means "
+             "1/alpha_B known to +-0.5: a 95% interval at most 1 wide and every test passed "
+             "(fits.json: joint.<optimizer>.verdict and reasons).", ""]
     if not documents:
         return lines + ["No joint model (see the warnings).", ""]
     rows = []
@@ -165,8 +170,8 @@ def joint_section(documents: dict) -> list[str]:
                 f", {doc['n_upper_bounds']} bounds" if doc.get("n_upper_bounds") else ""),
             ", ".join(doc["widths"]),
             f"{doc['log_loss_span']:.3f}",
-            "-" if test is None else ("holds" if test["holds"] else "rejected")
-            + f" (p = {test['p_value']:.3g})",
+            "-" if test is None or test["holds"] is None else (
+                "holds" if test["holds"] else "rejected") + f" (p = {test['p_value']:.3g})",
             held_out_summary(doc), range_summary(doc)])
     lines += [md_table(["optimizer", "1/alpha_B [95%]", "B* (tokens) [95%]", "chi2/dof",
                         "cells (runs)", "widths", "ln L span", "loss alone",
@@ -243,9 +248,11 @@ def failures_text(doc: dict) -> str | None:
     failed = doc.get("failed_refits")
     if not failed or not (failed["bootstrap"] or failed["held_out"] or failed["range_check"]):
         return None
+    share = failed["bootstrap_share"]
     return (f"{doc['optimizer']}: refits that failed and were left out: {failed['bootstrap']} "
-            f"of {failed['bootstrap_tried']} bootstrap ({failed['bootstrap_share']:.0%}), "
-            f"{failed['held_out']} of {failed['held_out_tried']} held-out, "
+            f"of {failed['bootstrap_tried']} bootstrap"
+            + (f" ({share:.0%})" if share is not None else "")
+            + f", {failed['held_out']} of {failed['held_out_tried']} held-out, "
             f"{failed['range_check']} range check.\n")
 
 

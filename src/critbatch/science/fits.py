@@ -25,9 +25,9 @@ def refine_best_lr(lrs: list[float], losses: list[float]) -> tuple[float, float,
     grid. A single-point grid returns it with edge "single".
 
     The vertex may lie below the grid minimum by at most the larger rise to a neighbour: on
-    an evenly spaced grid it lies at most a quarter of that below, and with one side 2x wider
-    than the other at most all of it; past that the parabola extrapolates into a gap the grid
-    never measured (two nearly equal lrs, 1e-3 and 1.0001e-3, once put L* at -247 nats/token).
+    an evenly spaced grid it lies at most 1/8 of that below, and with one side 2x wider than
+    the other at most 1/3; past the cap the parabola extrapolates into a gap the grid never
+    measured (two nearly equal lrs, 1e-3 and 1.0001e-3, once put L* at -247 nats/token).
     """
     order = np.argsort(lrs)
     grid = np.asarray(lrs, dtype=float)[order]
@@ -199,8 +199,11 @@ def fit_log_linear(x, y, sigma=None) -> dict | None:
     if n > 2:
         resid = yw - aw @ np.array([c, k])
         s2 = float(resid @ resid) / (n - 2)
-        cov = s2 * np.linalg.pinv(aw.T @ aw)  # pinv: weights 1e13 apart made inv fail
-        if np.isfinite(cov).all() and cov[0, 0] >= 0 and cov[1, 1] >= 0:
+        # from the SVD of the weighted design itself (inv(aw' aw) failed, and squared the
+        # condition number, with weights 1e13 apart); none where it is numerically singular
+        _, singular, vt = np.linalg.svd(aw, full_matrices=False)
+        cov = s2 * (vt.T / singular**2) @ vt
+        if singular[-1] > 1e-12 * singular[0] and np.isfinite(cov).all():
             out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
                        t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)),
                        residual_sd=math.sqrt(s2))

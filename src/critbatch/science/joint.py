@@ -601,13 +601,14 @@ def draw_losses(rng: np.random.Generator, data: JointData, center: np.ndarray,
 def loss_alone_test(shared: JointFit, per_width: JointFit) -> dict:
     """Does B_crit depend on the loss alone? The chi-square difference between the shared
     law and one law per width, over the extra parameters (2 per extra width), with the
-    noise scaled by the per-width fit's chi2/dof when that exceeds 1. p < 0.05 rejects it."""
+    noise scaled by the per-width fit's chi2/dof when that exceeds 1. p < 0.05 rejects it;
+    no test (p NaN, `holds` None) where the per-width fit could not be made."""
     from scipy.stats import chi2 as chi2_dist
 
     extra = 2 * (len(shared.widths) - 1)
     scale2 = noise_scale(per_width) ** 2
     delta = max(0.0, shared.chi2 - per_width.chi2) / scale2
-    p = float(chi2_dist.sf(delta, extra)) if extra > 0 else math.nan
+    p = float(chi2_dist.sf(delta, extra)) if extra > 0 and per_width.usable else math.nan
     return {"delta_chi2": delta, "extra_parameters": extra, "p_value": p,
             "noise_scale": math.sqrt(scale2),
             "holds": None if not math.isfinite(p) else bool(p >= 0.05),
