@@ -411,9 +411,10 @@ def initial_guess(data: JointData, per_width: bool, gamma: float,
 
 def curve_guess(data: JointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(l_inf, ln a, ln alpha) per width: each width's example curve L = l_inf + a (E/E_REF)
-    ^-alpha fitted to its smallest batch's cells (closest to E_min = E), or `initial_guess`'s
-    rough values where that batch has fewer than three budgets or the fit fails."""
-    from scipy.optimize import least_squares
+    ^-alpha fitted to its smallest batch's cells (closest to E_min = E) by
+    `science.fits.fit_power_law`, or `initial_guess`'s rough values where that batch has
+    fewer than three budgets or the fit fails."""
+    from critbatch.science.fits import fit_power_law
 
     n = len(data.widths)
     rough = initial_guess(data, False, 0.0)
@@ -423,21 +424,12 @@ def curve_guess(data: JointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         base = mine & (data.batch == data.batch[mine].min())
         if len(set(data.tokens[base].tolist())) < 3:
             continue
-        u, loss = data.tokens[base] / E_REF, data.loss[base]
-
-        def miss(t, u=u, loss=loss):
-            with np.errstate(all="ignore"):
-                r = t[0] + np.exp(t[1]) * u ** -np.exp(t[2]) - loss
-            return np.where(np.isfinite(r), r, 1e6)
-
-        lower, upper = [L_N_FLOOR, -20.0, math.log(0.02)], [loss.min() - 1e-6, 20.0, math.log(5)]
-        x0 = np.clip([l_inf[i], log_a[i], log_alpha[i]], np.add(lower, 1e-9),
-                     np.subtract(upper, 1e-9))
-        try:
-            res = least_squares(miss, x0, bounds=(lower, upper))
-        except ValueError:
+        fitted = fit_power_law(data.tokens[base], data.loss[base])  # L = l_inf + A E^-alpha
+        if fitted is None or not (fitted[1] > 0 and fitted[2] > 0):
             continue
-        l_inf[i], log_a[i], log_alpha[i] = res.x
+        l_inf[i] = fitted[0]
+        log_alpha[i] = math.log(fitted[2])
+        log_a[i] = math.log(fitted[1]) - fitted[2] * math.log(E_REF)
     return l_inf, log_a, log_alpha
 
 
