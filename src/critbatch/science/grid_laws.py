@@ -1,0 +1,421 @@
+"""Laws of a dense (model size, token budget, batch, lr) grid of end-of-schedule losses.
+
+A public grid such as Step Law's trains every (N, D) cell, N non-embedding parameters and D
+tokens, at about ten batch sizes B (sequences) times a dozen peak lrs, each run a full
+schedule. From it, per cell:
+
+- per batch, the best lr and its loss: the vertex of the parabola in ln lr through the grid
+  minimum and its neighbours (`science.fits.refine_best_lr`); a minimum on the lr grid's edge
+  only bounds the optimum and is flagged;
+- the loss-optimal batch B_opt and its loss L*: the same vertex, in ln B, of the per-batch
+  best losses;
+- the lr at B_opt (Step Law's definition of the optimal lr): a line in ln B through the
+  per-batch optima of the LR_AT_BOPT_NEIGHBOURS grid batches nearest B_opt, read at B_opt;
+- the loss penalty of a batch away from B_opt: L(B) - L* = kappa u^2, u = ln(B / B_opt), one
+  curvature kappa above B_opt and one below, pooled over cells (`fit_penalty`).
+
+Across cells, log-linear laws (`fit_law`): ln B_opt, ln lr(B_opt) and, per batch, ln lr*(B)
+(`lr_points`) in ln N and ln D. Which of the N and D terms a law keeps is decided by held-out
+prediction (`select_terms`), never by default: every subset is fitted with a fold held out
+(each size's largest budget; the largest size) and the subset with the smallest held-out
+root-mean-square error of the logged quantity wins. Laws' intervals are a bootstrap over the
+cells (`bootstrap_law`), the resampling unit of the points they are fitted to, beside the OLS
+t interval. The loss at B_opt follows Hoffmann et al. 2022's form
+L*(N, D) = E + A (N / N_REF)^-alpha + B (D / D_REF)^-beta (`fit_loss_law`).
+
+`GridModel` puts them together into an answer for (N, D) at a tolerance T: the largest batch
+whose predicted loss is within T of the best, B_opt exp(sqrt(T / kappa_above)), its lr and
+loss. numpy/scipy only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from critbatch.science.fits import CONFIDENCE, refine_best_lr
+
+N_REF = 1e8  # parameters: the unit of the loss law's size term
+D_REF = 1e10  # tokens: the unit of the loss law's budget term
+LR_AT_BOPT_NEIGHBOURS = 5  # grid batches nearest B_opt whose lr optima give the lr at B_opt
+PENALTY_REACH = 8.0  # batches up to this factor from B_opt measure the penalty's curvature
+LR_WINDOW = 4.0  # per-batch lr optima within this factor of their cell's B_opt feed lr*(B)
+BOOTSTRAP = 2000  # cell resamples of a law's bootstrap
+TERMS = ("N", "D")  # the optional terms of a law in ln N and ln D
+
+
+# ---------------------------------------------------------------------------------------------
+# One cell
+
+
+@dataclass
+class BatchOptimum:
+    """The best lr of one batch of one cell."""
+
+    batch: float  # sequences
+    lr: float
+    loss: float  # nats/token, the parabola's vertex (or the grid point on an edge)
+    edge: str | None  # None inside the lr grid; "low"/"high"/"single" as refine_best_lr
+
+
+@dataclass
+class CellOptimum:
+    """One (N, D) cell: its per-batch optima and its loss-optimal batch."""
+
+    params: float
+    tokens: float
+    batches: list[BatchOptimum]
+    b_opt: float  # sequences
+    loss_opt: float  # nats/token
+    b_opt_edge: str | None  # the best batch on the batch grid's edge
+    lr_opt: float  # the lr at B_opt
+    lr_opt_points: int  # interior per-batch optima the lr at B_opt was read from
+
+    def loss_at(self, batch: float) -> float:
+        """The measured best loss of the grid batch nearest `batch` (in ln B)."""
+        return self.nearest(batch).loss
+
+    def nearest(self, batch: float) -> BatchOptimum:
+        return min(self.batches, key=lambda b: abs(math.log(b.batch / batch)))
+
+    def lr_at(self, batch: float) -> float:
+        """The best lr at `batch`, read from the grid (`lr_at`)."""
+        return lr_at(self.batches, batch)[0]
+
+    def largest_within(self, tolerance: float) -> float:
+        """The largest grid batch whose best loss is within `tolerance` of the cell's best."""
+        best = min(b.loss for b in self.batches)
+        return max(b.batch for b in self.batches if b.loss <= best + tolerance)
+
+
+def lr_at(batches: list[BatchOptimum], batch: float) -> tuple[float, int]:
+    """The best lr at `batch` read from the grid: a line in ln B through the interior lr optima
+    among the LR_AT_BOPT_NEIGHBOURS grid batches nearest it (neighbouring batches' optima
+    scatter by about a grid step), and the points it used; with fewer than two, the nearest
+    batch's optimum."""
+    nearest = sorted(batches, key=lambda p: abs(math.log(p.batch / batch)))
+    near = [p for p in nearest[:LR_AT_BOPT_NEIGHBOURS] if p.edge is None]
+    if len(near) < 2:
+        return nearest[0].lr, 0
+    slope, icept = np.polyfit(np.log([p.batch for p in near]), np.log([p.lr for p in near]), 1)
+    return float(math.exp(icept + slope * math.log(batch))), len(near)
+
+
+def cell_optimum(params: float, tokens: float, batch, lr, loss) -> CellOptimum | None:
+    """The optima of one cell's runs (parallel arrays; non-finite losses, diverged runs, are
+    left out); None without two batches of finite loss."""
+    batch, lr, loss = (np.asarray(x, float) for x in (batch, lr, loss))
+    ok = np.isfinite(loss)
+    per = []
+    for b in sorted(set(batch[ok].tolist())):
+        mine = ok & (batch == b)
+        best_lr, best_loss, edge = refine_best_lr(lr[mine].tolist(), loss[mine].tolist())
+        per.append(BatchOptimum(b, best_lr, best_loss, edge))
+    if len(per) < 2:
+        return None
+    b_opt, loss_opt, b_edge = refine_best_lr([p.batch for p in per], [p.loss for p in per])
+    lr_opt, points = lr_at(per, b_opt)
+    return CellOptimum(params, tokens, per, b_opt, loss_opt, b_edge, lr_opt, points)
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-linear laws in ln N and ln D
+
+
+@dataclass
+class Law:
+    """ln y = coef . [1, (ln B), (ln N), (ln D)]: the columns in `columns`."""
+
+    name: str
+    columns: tuple[str, ...]  # a subset of ("B", "N", "D"), in that order
+    coef: np.ndarray
+    cov: np.ndarray  # OLS covariance of coef
+    dof: int
+    residual_sd: float  # of ln y
+    boot: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # cell-bootstrap coefs
+    held_out: dict = field(default_factory=dict)  # select_terms' scores, when selected
+
+    def row(self, batch: float | None, params: float, tokens: float) -> np.ndarray:
+        values = {"B": batch, "N": params, "D": tokens}
+        return np.array([1.0, *(math.log(values[c]) for c in self.columns)])
+
+    def predict(self, params: float, tokens: float, batch: float | None = None) -> float:
+        return float(math.exp(self.row(batch, params, tokens) @ self.coef))
+
+    def exponent(self, column: str) -> float | None:
+        return float(self.coef[1 + self.columns.index(column)]) if column in self.columns \
+            else None
+
+    def interval(self, column: str, confidence: float = CONFIDENCE) -> dict | None:
+        """An exponent's intervals: the cell bootstrap's percentiles and the OLS t interval."""
+        from scipy.stats import t as t_dist
+
+        if column not in self.columns:
+            return None
+        k = 1 + self.columns.index(column)
+        tail = 100 * (1 - confidence) / 2
+        out = {"value": float(self.coef[k]), "confidence": confidence}
+        if len(self.boot) >= 10:
+            lo, hi = np.percentile(self.boot[:, k], [tail, 100 - tail])
+            out["bootstrap"] = [float(lo), float(hi)]
+        if self.dof > 0:
+            half = float(t_dist.ppf(0.5 + confidence / 2, self.dof)) * math.sqrt(self.cov[k, k])
+            out["t"] = [float(self.coef[k] - half), float(self.coef[k] + half)]
+        return out
+
+    def predict_interval(self, params: float, tokens: float, batch: float | None = None,
+                         confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
+        """The cell bootstrap's central interval of the law's prediction."""
+        if len(self.boot) < 10:
+            return None, None
+        values = self.boot @ self.row(batch, params, tokens)
+        tail = 100 * (1 - confidence) / 2
+        lo, hi = np.percentile(values, [tail, 100 - tail])
+        return float(math.exp(lo)), float(math.exp(hi))
+
+
+def design(columns: tuple[str, ...], batch, params, tokens) -> np.ndarray:
+    values = {"B": batch, "N": params, "D": tokens}
+    n = len(np.atleast_1d(params))
+    return np.column_stack([np.ones(n), *(np.log(np.asarray(values[c], float))
+                                          for c in columns)])
+
+
+def ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """(coef, covariance, dof, residual sd) of least squares; NaN covariance without dof."""
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    dof = len(y) - x.shape[1]
+    resid = y - x @ coef
+    var = float(resid @ resid / dof) if dof > 0 else math.nan
+    cov = var * np.linalg.pinv(x.T @ x) if dof > 0 else np.full((x.shape[1],) * 2, math.nan)
+    return coef, cov, dof, math.sqrt(var) if dof > 0 else math.nan
+
+
+def fit_law(name: str, columns: tuple[str, ...], y, params, tokens, batch=None) -> Law:
+    """The law of ln y on `columns` by ordinary least squares."""
+    coef, cov, dof, sd = ols(design(columns, batch, params, tokens), np.log(np.asarray(y, float)))
+    return Law(name, columns, coef, cov, dof, sd)
+
+
+def bootstrap_law(law: Law, y, params, tokens, cell, batch=None, resamples: int = BOOTSTRAP,
+                  seed: int = 0) -> Law:
+    """`law` with `boot`: refits on the points of `resamples` cell resamples (every point of a
+    drawn cell, a cell drawn as often as it is drawn); draws whose design is singular (too few
+    distinct sizes or budgets drawn) are left out."""
+    rng = np.random.default_rng(seed)
+    x = design(law.columns, batch, params, tokens)
+    y = np.log(np.asarray(y, float))
+    cell = np.asarray(cell)
+    ids = np.unique(cell)
+    members = [np.flatnonzero(cell == c) for c in ids]
+    coefs = []
+    for _ in range(resamples):
+        pick = np.concatenate([members[i] for i in rng.integers(0, len(ids), len(ids))])
+        if np.linalg.matrix_rank(x[pick]) < x.shape[1]:
+            continue
+        coefs.append(np.linalg.lstsq(x[pick], y[pick], rcond=None)[0])
+    law.boot = np.array(coefs).reshape(len(coefs), x.shape[1])
+    return law
+
+
+def held_out_folds(params, tokens) -> list[tuple[str, np.ndarray]]:
+    """(name, held-out mask) of each fold: every size's largest budget where the size has two
+    budgets or more, and the largest size (all its budgets) where two sizes or more remain."""
+    params, tokens = np.asarray(params, float), np.asarray(tokens, float)
+    folds = []
+    for n in sorted(set(params.tolist())):
+        mine = params == n
+        if len(set(tokens[mine].tolist())) >= 2:
+            folds.append((f"budget {tokens[mine].max():.3g} of {n:.3g}",
+                          mine & (tokens == tokens[mine].max())))
+    if len(set(params.tolist())) >= 3:
+        folds.append((f"size {params.max():.3g}", params == params.max()))
+    return folds
+
+
+def held_out_rms(columns: tuple[str, ...], y, params, tokens, batch=None) -> dict:
+    """Root-mean-square error of ln y on the held-out points of every fold (each fitted on
+    the rest), split into held-out budgets and the held-out size, and pooled."""
+    x = design(columns, batch, params, tokens)
+    ly = np.log(np.asarray(y, float))
+    errors: dict[str, list[float]] = {"budget": [], "size": []}
+    for name, held in held_out_folds(params, tokens):
+        if np.linalg.matrix_rank(x[~held]) < x.shape[1]:
+            return {"budget": math.inf, "size": math.inf, "pooled": math.inf}
+        coef = np.linalg.lstsq(x[~held], ly[~held], rcond=None)[0]
+        errors["size" if name.startswith("size") else "budget"] += (x[held] @ coef
+                                                                    - ly[held]).tolist()
+
+    def rms(e):
+        return float(math.sqrt(np.mean(np.square(e)))) if e else math.nan
+
+    return {"budget": rms(errors["budget"]), "size": rms(errors["size"]),
+            "pooled": rms(errors["budget"] + errors["size"])}
+
+
+def select_terms(name: str, y, params, tokens, batch=None, always: tuple[str, ...] = (),
+                 resamples: int = BOOTSTRAP, seed: int = 0) -> Law:
+    """The law of ln y whose optional terms (ln N, ln D: every subset, beside the `always`
+    columns) predict held-out folds best (`held_out_rms`, pooled); ties go to fewer terms.
+    Returns it with its cell bootstrap and every subset's scores in `held_out`."""
+    scores = {}
+    for k in range(len(TERMS) + 1):
+        for terms in itertools.combinations(TERMS, k):
+            columns = (*always, *terms)
+            scores[columns] = held_out_rms(columns, y, params, tokens, batch)
+    best = min(scores, key=lambda c: (round(scores[c]["pooled"], 12), len(c)))
+    law = fit_law(name, best, y, params, tokens, batch)
+    cell = [f"{n:.6g}|{d:.6g}" for n, d in zip(np.atleast_1d(params), np.atleast_1d(tokens),
+                                                 strict=True)]
+    law = bootstrap_law(law, y, params, tokens, cell, batch, resamples, seed)
+    law.held_out = {"+".join(c) or "constant": s for c, s in scores.items()}
+    law.held_out["chosen"] = "+".join(best) or "constant"
+    return law
+
+
+# ---------------------------------------------------------------------------------------------
+# The loss: at B_opt, and away from it
+
+
+@dataclass
+class LossLaw:
+    """L*(N, D) = E + A (N / N_REF)^-alpha + B (D / D_REF)^-beta, nats/token."""
+
+    e: float
+    a: float
+    alpha: float
+    b: float
+    beta: float
+    residual_sd: float
+
+    def predict(self, params, tokens):
+        return (self.e + self.a * (np.asarray(params, float) / N_REF) ** -self.alpha
+                + self.b * (np.asarray(tokens, float) / D_REF) ** -self.beta)
+
+
+def fit_loss_law(params, tokens, loss) -> LossLaw | None:
+    """Least squares of L* in `LossLaw`'s form (five parameters: needs six cells), from a few
+    starting exponents; None when too few cells or no fit."""
+    from scipy.optimize import least_squares
+
+    n, d, y = (np.asarray(x, float) for x in (params, tokens, loss))
+    if len(y) < 6:
+        return None
+    u, v = np.log(n / N_REF), np.log(d / D_REF)
+
+    def resid(theta):
+        e, la, alpha, lb, beta = theta
+        return e + np.exp(la - alpha * u) + np.exp(lb - beta * v) - y
+
+    best = None
+    for alpha0, beta0 in itertools.product((0.2, 0.5), (0.2, 0.5)):
+        x0 = [0.8 * y.min(), math.log(0.2), alpha0, math.log(0.2), beta0]
+        res = least_squares(resid, x0, bounds=([0, -20, 0.01, -20, 0.01],
+                                               [y.min(), 20, 3, 20, 3]))
+        if best is None or res.cost < best.cost:
+            best = res
+    if best is None or not best.success:
+        return None
+    e, la, alpha, lb, beta = best.x
+    sd = math.sqrt(2 * best.cost / max(len(y) - 5, 1))
+    return LossLaw(float(e), math.exp(la), float(alpha), math.exp(lb), float(beta), sd)
+
+
+@dataclass
+class Penalty:
+    """L(B) - L* = kappa u^2, u = ln(B / B_opt): `above` for B > B_opt, `below` under it."""
+
+    above: float  # nats/token per (e-fold)^2
+    below: float
+    points: int
+    residual_sd: float
+
+    def loss_over_best(self, batch: float, b_opt: float) -> float:
+        u = math.log(batch / b_opt)
+        return (self.above if u > 0 else self.below) * u * u
+
+
+def fit_penalty(cells: list[CellOptimum]) -> Penalty:
+    """kappa above and below B_opt by least squares through the origin, over the per-batch
+    best losses of batches within PENALTY_REACH of their cell's B_opt (cells whose B_opt is on
+    the grid's edge left out)."""
+    u, dl = [], []
+    for c in cells:
+        if c.b_opt_edge is not None:
+            continue
+        for p in c.batches:
+            x = math.log(p.batch / c.b_opt)
+            if abs(x) <= math.log(PENALTY_REACH):
+                u.append(x)
+                dl.append(p.loss - c.loss_opt)
+    u, dl = np.array(u), np.array(dl)
+    kappa = {}
+    fitted = np.zeros_like(u)
+    for side, mask in (("above", u > 0), ("below", u <= 0)):
+        q = u[mask] ** 2
+        kappa[side] = float(q @ dl[mask] / (q @ q)) if q @ q > 0 else math.nan
+        fitted[mask] = kappa[side] * q
+    sd = float(np.sqrt(np.mean((dl - fitted) ** 2))) if len(u) else math.nan
+    return Penalty(kappa["above"], kappa["below"], len(u), sd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything together
+
+
+def lr_points(cells: list[CellOptimum]) -> dict[str, np.ndarray]:
+    """The per-batch lr optima inside their lr grid and within LR_WINDOW of their cell's
+    B_opt: the points of the lr law in (B, N, D)."""
+    rows = [(p.batch, c.params, c.tokens, p.lr) for c in cells for p in c.batches
+            if p.edge is None and abs(math.log(p.batch / c.b_opt)) <= math.log(LR_WINDOW)]
+    b, n, d, lr = (np.array(x, float) for x in zip(*rows, strict=True))
+    return {"batch": b, "params": n, "tokens": d, "lr": lr}
+
+
+@dataclass
+class GridModel:
+    """The laws of one grid (see the module docstring)."""
+
+    cells: list[CellOptimum]
+    b_opt: Law  # ln B_opt (sequences) in ln N, ln D
+    lr_at_b_opt: Law  # ln lr(B_opt) in ln N, ln D: Step Law's definition
+    lr: Law  # ln lr*(B) in ln B and ln N, ln D: the lr at any batch
+    loss: LossLaw | None
+    penalty: Penalty
+
+    def answer(self, params: float, tokens: float, tolerance: float) -> dict:
+        """The largest batch within `tolerance` of the predicted best, its lr and loss, with
+        the cell bootstrap's intervals on the batch and lr."""
+        b_opt = self.b_opt.predict(params, tokens)
+        stretch = math.exp(math.sqrt(tolerance / self.penalty.above))
+        batch = b_opt * stretch
+        best = float(self.loss.predict(params, tokens)) if self.loss else math.nan
+        lo, hi = self.b_opt.predict_interval(params, tokens)
+        lr_lo, lr_hi = self.lr.predict_interval(params, tokens, batch)
+        return {"batch_size": batch, "batch_size_low": lo and lo * stretch,
+                "batch_size_high": hi and hi * stretch, "b_opt": b_opt,
+                "lr": self.lr.predict(params, tokens, batch), "lr_low": lr_lo, "lr_high": lr_hi,
+                "predicted_best_loss": best, "predicted_loss": best + tolerance}
+
+    def loss_at(self, params: float, tokens: float, batch: float) -> float:
+        best = float(self.loss.predict(params, tokens)) if self.loss else math.nan
+        return best + self.penalty.loss_over_best(batch, self.b_opt.predict(params, tokens))
+
+
+def fit_grid(cells: list[CellOptimum], resamples: int = BOOTSTRAP, seed: int = 0) -> GridModel:
+    """Every law of `cells`, terms chosen by held-out prediction (`select_terms`)."""
+    inner = [c for c in cells if c.b_opt_edge is None]
+    n = np.array([c.params for c in inner])
+    d = np.array([c.tokens for c in inner])
+    b_opt = select_terms("B_opt", [c.b_opt for c in inner], n, d, resamples=resamples,
+                         seed=seed)
+    lr_at = select_terms("lr(B_opt)", [c.lr_opt for c in inner], n, d, resamples=resamples,
+                         seed=seed)
+    pts = lr_points(inner)
+    lr = select_terms("lr*(B)", pts["lr"], pts["params"], pts["tokens"], pts["batch"],
+                      always=("B",), resamples=resamples, seed=seed)
+    loss = fit_loss_law(n, d, [c.loss_opt for c in inner])
+    return GridModel(cells, b_opt, lr_at, lr, loss, fit_penalty(inner))
