@@ -1,0 +1,327 @@
+"""`make peers`: every public sweep read from its source's file, analysed and written up.
+
+For each source: find the file (`sources.locate`: PEERS_DIR, else a sha256-checked download
+pinned by commit), analyse it (`steplaw`, `zhang`), and write OUT/peers.md, OUT/peers.json,
+the figures (`plots`), and the same page to docs/results/peers.md with its figures beside it.
+Step Law's grid also goes through critbatch's own table path (OUT/steplaw_table.csv, the
+user's copy, never the repository's) to the joint model, for B_crit(L) beside Kaplan's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from critbatch.analysis.render import fmt, json_clean, md_table
+from critbatch.files import write_json_atomic, write_text_atomic
+from critbatch.peers import plots, steplaw, zhang
+from critbatch.peers.sources import SOURCES, locate
+
+JSON_FILE = "peers.json"
+REPORT_FILE = "peers.md"
+TABLE_FILE = "steplaw_table.csv"
+
+
+def progress(message: str) -> None:
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+def joint_on_table(runs: list[dict], out: Path) -> dict:
+    """Step Law's runs through critbatch's table path and `bcrit.analyse`: the joint model's
+    verdict and its B_crit(L) row (Kaplan's form)."""
+    from critbatch.analysis import bcrit, tables
+
+    path = out / TABLE_FILE
+    tables.write_table(steplaw.table_rows(runs), path)
+    loaded = tables.load_tables([path])
+    fits = bcrit.analyse(loaded["runs"], **loaded["analyse_kwargs"])["fits"]
+    joint = fits["joint"].get("adamw", {})
+    row = next((k for k in fits["kaplan"] if k["method"] == "joint"), None)
+    keep = ("verdict", "chi2_per_dof", "form", "b_small", "transition_power", "n_cells",
+            "loss_alone", "log_loss_span")
+    return {"table": str(path), "joint": {k: joint.get(k) for k in keep},
+            "kaplan_joint": row}
+
+
+def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
+        resamples: int = steplaw.BOOTSTRAP, cache: str | Path | None = None) -> dict:
+    """Analyse every source and write the report; returns the JSON document."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache_dir = Path(cache) if cache else None
+    progress("Step Law: locating the grid and its bootstrap file")
+    grid = locate(SOURCES["steplaw"], peers_dir, cache_dir)
+    boot = locate(SOURCES["steplaw_bootstrap"], peers_dir, cache_dir)
+    progress(f"Step Law: cell optima, laws ({resamples} cell resamples) and held-out checks")
+    step = steplaw.analyse(grid, boot, resamples)
+    model = step.pop("model")
+    progress("Step Law: the joint model on critbatch's table of the grid")
+    step["table_path"] = joint_on_table(steplaw.read_runs(grid), out)
+    progress("Zhang et al.: Pareto fits and the CBS law")
+    z = zhang.analyse_zhang()
+    progress("figures")
+    runs = steplaw.read_runs(grid)
+    shown = [(v["params"], v["tokens"]) for v in step["validation"]][:6]
+    plots.lr_curves(runs, step["cells"], shown, out / plots.LR_CURVES)
+    plots.laws(step, model, lambda n, d: steplaw.formula(step["published"], n, d),
+               out / plots.LAWS)
+    plots.zhang(z, out / plots.ZHANG)
+    elapsed = time.perf_counter() - t0
+    document = json_clean({"steplaw": step, "zhang": z, "provenance": provenance(
+        grid, boot, peers_dir, elapsed)})
+    write_json_atomic(out / JSON_FILE, document)
+    text = markdown(document)
+    write_text_atomic(out / REPORT_FILE, text)
+    if docs:
+        docs = Path(docs)
+        figures = docs.parent / "peers"
+        figures.mkdir(parents=True, exist_ok=True)
+        for name in (plots.LR_CURVES, plots.LAWS, plots.ZHANG):
+            shutil.copyfile(out / name, figures / name)
+        write_text_atomic(docs, text.replace("](steplaw_", "](peers/steplaw_")
+                          .replace("](zhang_", "](peers/zhang_"))
+    print(summary_lines(document))
+    print(f"report: {out / REPORT_FILE}" + (f", {docs}" if docs else "")
+          + f" ({elapsed:.0f} s)", flush=True)
+    return document
+
+
+def provenance(grid: Path, boot: Path, peers_dir, elapsed: float) -> dict:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=False).stdout.strip() or None
+    except OSError:
+        rev = None
+    return {"date": datetime.date.today().isoformat(), "git_revision": rev,
+            "elapsed_s": elapsed, "load_average": os.getloadavg()[0],
+            "command": "make peers" + (f" PEERS_DIR={peers_dir}" if peers_dir else ""),
+            "files": {s.key: {"url": s.url, "sha256": s.sha256, "license": s.license}
+                      for s in (SOURCES["steplaw"], SOURCES["steplaw_bootstrap"])},
+            "read_from": [str(grid), str(boot), str(zhang.table_path())]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+
+
+def interval_text(entry: dict | None, key: str = "bootstrap", spec: str = ".3f") -> str:
+    if not entry:
+        return "-"
+    lo, hi = entry.get(key) or (None, None)
+    bounds = f" [{format(lo, spec)}, {format(hi, spec)}]" if lo is not None else ""
+    return f"{format(entry['value'], spec)}{bounds}"
+
+
+def overlaps(entry: dict | None, published: dict) -> str:
+    if not entry or "bootstrap" not in entry:
+        return "-"
+    lo, hi = entry["bootstrap"]
+    plo, phi = published["interval"]
+    return "yes" if lo <= phi and plo <= hi else "**no**"
+
+
+def exponent_rows(step: dict) -> list[list[str]]:
+    pub = step["published"]
+    forms, laws = step["steplaw_forms"], step["laws"]
+    pairs = [("lr at B_opt: N exponent", forms["lr_at_b_opt"]["exponents"].get("N"),
+              pub["lr_size_exponent"]),
+             ("lr at B_opt: D exponent", forms["lr_at_b_opt"]["exponents"].get("D"),
+              pub["lr_budget_exponent"]),
+             ("B_opt (tokens): D exponent, D-only law",
+              forms["b_opt_tokens"]["exponents"].get("D"), pub["batch_budget_exponent"]),
+             ("B_opt: D exponent, law chosen held out (" + laws["b_opt"]["terms"] + ")",
+              laws["b_opt"]["exponents"].get("D"), pub["batch_budget_exponent"])]
+    return [[name, interval_text(ours), interval_text(ours, "t"),
+             f"{theirs['median']:.3f} [{theirs['interval'][0]:.3f}, "
+             f"{theirs['interval'][1]:.3f}]", overlaps(ours, theirs)]
+            for name, ours, theirs in pairs]
+
+
+def held_out_terms_table(step: dict) -> str:
+    rows = []
+    for key, label in (("b_opt", "B_opt"), ("lr_at_b_opt", "lr at B_opt"),
+                       ("lr", "lr*(B) at any batch")):
+        law = step["laws"][key]
+        for terms, s in law["held_out_rms_log"].items():
+            rows.append([label, terms + (" (chosen)" if terms == law["terms"] else ""),
+                         fmt(s["budget"], ".3f"), fmt(s["size"], ".3f"),
+                         fmt(s["pooled"], ".3f")])
+    return md_table(["law", "terms", "held-out budgets", "held-out size", "pooled"], rows)
+
+
+def validation_table(step: dict) -> str:
+    rows = []
+    for v in step["validation"]:
+        for who, key in (("critbatch", "critbatch"), ("Step Law formula", "steplaw_formula")):
+            c = v.get(key)
+            if not c:
+                continue
+            checks = c["checks"]
+            mark = {True: "yes", False: "**no**", None: "-"}
+            rows.append([v["case"] if who == "critbatch" else "", who,
+                         f"{c['batch_size']:.0f}", f"{c['measured_batch_size']:.0f}",
+                         mark[checks["batch_within_a_doubling"]],
+                         f"{c['lr']:.2e}", f"{c['measured_lr']:.2e} ({c['grid_batch_lr']:.2e})",
+                         mark[checks["lr_within_1.5x"]],
+                         fmt(c["predicted_loss"], ".3f"), f"{c['measured_loss']:.3f}",
+                         mark[checks["loss_within_0.03"]]])
+    return md_table(["held out", "answer", "batch (seq)", "measured largest within 0.01",
+                     "within 2x", "lr", "measured lr at it (nearest grid batch)", "within 1.5x",
+                     "loss", "measured loss", "within 0.03"], rows)
+
+
+def zhang_table(z: dict) -> str:
+    rows = [[s["label"], f"{s['s_min']:.0f}", f"{s['published_s_min']:.0f}",
+             f"{100 * s['s_min_rel_diff']:+.2f}%", f"{s['e_min']:.4g}",
+             f"{s['published_e_min']:.4g}", f"{100 * s['e_min_rel_diff']:+.2f}%",
+             f"{s['cbs']:.0f}", f"{s['published_cbs']:.0f}", f"{s['b_crit']:.0f}"]
+            for s in z["sizes"]]
+    return md_table(["model", "S_min (steps)", "published", "diff", "E_min (seq)", "published",
+                     "diff", "CBS (seq)", "published", "E_min/S_min (seq)"], rows)
+
+
+def markdown(doc: dict) -> str:
+    step, z, prov = doc["steplaw"], doc["zhang"], doc["provenance"]
+    laws = step["laws"]
+    lr_law = laws["lr"]
+    kaplan = step["table_path"]["kaplan_joint"] or {}
+    joint = step["table_path"]["joint"]
+    cbs, bcrit_law = z["cbs_law"], z["b_crit_law"]
+    loss = laws["loss"] or {}
+    lines = [
+        "# critbatch on public sweeps",
+        "",
+        f"Generated by `{prov['command']}` on {prov['date']} (revision {prov['git_revision']}, "
+        f"{prov['elapsed_s']:.0f} s, load average {prov['load_average']:.1f}). Every number "
+        "below comes from the sources' own files, read unchanged (sha256 in peers.json); "
+        "intervals are 95%.",
+        "",
+        "## Step Law (Li et al. 2025): the dense grid",
+        "",
+        f"{step['runs']} runs, {len(step['cells'])} (N, D) cells: 215M-1.07B non-embedding "
+        "parameters, 4B-100B tokens, about 10 batch sizes x 12 peak lrs each; losses are the "
+        "smoothed end of training (nats/token on StepFun's corpus and tokenizer: comparable "
+        "within the grid only). Batches are sequences of 2,048 tokens.",
+        "",
+        "How critbatch reads a cell: per batch, the best lr is the vertex of a parabola in "
+        "ln lr through the grid minimum and its neighbours; the loss-optimal batch B_opt is "
+        "the same vertex in ln B over the batches' best losses; the lr at B_opt is read off a "
+        "line in ln B through the lr optima of the five grid batches nearest it. Step Law "
+        "instead pools every run within 0.25% of its cell's best loss and fits those runs. "
+        "Intervals: critbatch's are a bootstrap over the cells (the unit its laws are fitted "
+        f"to, {laws['b_opt']['resamples']} resamples) beside the OLS t interval; Step Law's "
+        f"the 2.5-97.5 percentiles of its {step['published']['resamples']} bootstrap fits.",
+        "",
+        "### Exponents, like with like",
+        "",
+        md_table(["quantity", "critbatch (cell bootstrap)", "critbatch (t)",
+                  "Step Law median [95%]", "intervals overlap"], exponent_rows(step)),
+        "",
+        "### Which terms each law keeps (held-out prediction)",
+        "",
+        "Every subset of the ln N and ln D terms is fitted with a fold held out: each size's "
+        "largest budget (held-out budgets), and the largest model (held-out size). The "
+        "subset with the lowest pooled root-mean-square error of the logged quantity is kept "
+        "(ties go to fewer terms). Errors are in e-folds (0.1 is about 10%).",
+        "",
+        held_out_terms_table(step),
+        "",
+        f"The lr at any batch, lr*(B) ~ B^{lr_law['exponents']['B']['value']:.2f}"
+        + "".join(f" {c}^{e['value']:.2f}" for c, e in lr_law["exponents"].items() if c != "B")
+        + f", keeps {lr_law['terms']}: "
+        + ("at a given batch the best lr does not move with the budget; Step Law's D "
+           "exponent in the lr comes from the loss-optimal batch growing with D."
+           if "D" not in lr_law["terms"] else "at a given batch the best lr still grows with "
+           "the budget.")
+        + " The loss at B_opt: "
+        + (f"L* = {loss['e']:.3f} + {loss['a']:.3f} (N/1e8)^-{loss['alpha']:.3f} + "
+           f"{loss['b']:.3f} (D/1e10)^-{loss['beta']:.3f} (residual sd "
+           f"{loss['residual_sd']:.4f} nats/token)" if loss else "not fitted")
+        + f"; a batch away from B_opt loses {laws['penalty']['above']:.4f} nats/token per "
+          f"squared e-fold above it and {laws['penalty']['below']:.4f} below.",
+        "",
+        "### Held out in turn",
+        "",
+        "critbatch's answer is fitted without the held-out cells; its batch is the largest "
+        "within 0.01 nats/token of the predicted best (B_opt exp(sqrt(0.01 / kappa_above))). "
+        "The measured lr at a batch is the same line through the nearest grid batches' "
+        "optima (the nearest batch's own optimum in brackets: neighbours scatter by about a "
+        "grid step). Step Law's formula was fitted on every cell, these included, and "
+        "aims at B_opt rather than the largest batch within 0.01.",
+        "",
+        validation_table(step),
+        "",
+        "![loss against lr](steplaw_loss_vs_lr.png)",
+        "",
+        f"*{plots.CAPTIONS[plots.LR_CURVES]}*",
+        "",
+        "![laws](steplaw_laws.png)",
+        "",
+        f"*{plots.CAPTIONS[plots.LAWS]}*",
+        "",
+        "### B_crit(L) from the joint model, beside Kaplan's",
+        "",
+        f"The grid as a critbatch table (`critbatch-fit --table {TABLE_FILE}`, written to the "
+        f"report folder): the joint model over {joint.get('n_cells')} best-lr cells fits "
+        f"B_crit(L) = B* / L^{fmt(kaplan.get('exponent'), '.1f')} "
+        f"[{fmt(kaplan.get('exponent_low'), '.1f')}, {fmt(kaplan.get('exponent_high'), '.1f')}]"
+        f" with B* = {fmt(kaplan.get('b_star_tokens'), '.3g')} tokens, chi2/dof "
+        f"{fmt(joint.get('chi2_per_dof'), '.0f')}, verdict {joint.get('verdict')}; Kaplan et al. "
+        "2020: B* ~ 2e8 tokens, 1/alpha_B ~ 4.8 (WebText2 nats, losses 2-6). Units differ "
+        "(StepFun's tokenizer and corpus against WebText2), and the grid spans a loss range "
+        f"of only {fmt(joint.get('log_loss_span'), '.2f')} e-folds, where a power of L is "
+        "barely measured. The joint model assumes B_crit depends on the loss alone; "
+        + ("its loss-alone test rejects that here (per-size exponents "
+           + ", ".join(f"{x:.0f}" for x in (joint.get("loss_alone") or {}).get(
+               "per_width_exponents", [])) + "): on this grid the batch follows the budget "
+           "and size (the B_opt law above) more than the loss."
+           if (joint.get("loss_alone") or {}).get("holds") is False else
+           "its loss-alone test does not reject that here."),
+        "",
+        "## Zhang et al. 2025: steps to a target loss",
+        "",
+        "Steps to reach a C4 validation loss per model and batch (sequences of 512 tokens), "
+        "fitted per model as S = S_min + E_min / B by critbatch's Pareto fit (the "
+        "`--table` path; the rows are vendored under their MIT license).",
+        "",
+        zhang_table(z),
+        "",
+        f"CBS(N) = d N_M^beta with their CBS (0.2 E_min/S_min + {zhang.CBS_OFFSET} sequences, "
+        f"the rule that reproduces their printed numbers): beta = {cbs['beta']:.3f}, t "
+        f"interval [{cbs['beta_t_low']:.3f}, {cbs['beta_t_high']:.3f}] (3 dof), residual "
+        f"bootstrap [{cbs['beta_boot_low']:.3f}, {cbs['beta_boot_high']:.3f}]; published "
+        f"{cbs['published_beta']:.3f}. Without the offset, B_crit = E_min/S_min (McCandlish's "
+        f"definition, and the 20% rule's, which is a fifth of it) grows as N^"
+        f"{bcrit_law['beta']:.3f} [{bcrit_law['beta_boot_low']:.3f}, "
+        f"{bcrit_law['beta_boot_high']:.3f}]: the published 0.468 rests on the constant "
+        "307.2-sequence offset, which flattens the law.",
+        "",
+        "![Zhang CBS](zhang_cbs.png)",
+        "",
+        f"*{plots.CAPTIONS[plots.ZHANG]}*",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def summary_lines(doc: dict) -> str:
+    step = doc["steplaw"]
+    rows = exponent_rows(step)
+    passed = sum(all(v for v in r[k]["checks"].values() if v is not None)
+                 for r in step["validation"] for k in ("critbatch",))
+    out = ["Step Law: critbatch [cell bootstrap] against Step Law's bootstrap:"]
+    out += [f"  {r[0]}: {r[1]} vs {r[3]} (overlap: {r[4]})" for r in rows]
+    out.append(f"  held out: {passed} of {len(step['validation'])} cases pass every check")
+    cbs = doc["zhang"]["cbs_law"]
+    worst = max(max(abs(s["s_min_rel_diff"]), abs(s["e_min_rel_diff"]))
+                for s in doc["zhang"]["sizes"])
+    out.append(f"Zhang: S_min and E_min within {100 * worst:.2f}% of published; CBS beta "
+               f"{cbs['beta']:.3f} [{cbs['beta_boot_low']:.3f}, {cbs['beta_boot_high']:.3f}] "
+               f"vs {cbs['published_beta']:.3f}")
+    return "\n".join(out)
