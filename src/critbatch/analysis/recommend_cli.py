@@ -5,6 +5,8 @@
                         [--json FILE] [--out DIR] [--wandb MODE]
     critbatch-recommend --table FILE ... --params N --tokens D
     critbatch-recommend RUNS_DIR --validate
+    critbatch-recommend --peers steplaw --params N --tokens D [--peers-dir DIR]
+    critbatch-recommend --peers steplaw --validate
 
 (`python analysis/recommend.py` is the same command.) Fits one law to the sweep's best-lr
 losses over batch, tokens and model size (the joint model, docs/science.md sections 8 and 9),
@@ -16,18 +18,24 @@ the lr law's fit. A target more than 10x beyond the sweep is answered with a lou
 --validate holds out the sweep's largest model (with one model, its largest budget), recommends
 for it from the rest and prints that beside what its runs measured. Writes recommend.md,
 recommend.json and recommend.png to --out (default: <sweep dir>/report) and logs them to W&B
-(offline by default). The work is done by `critbatch.analysis.recommend_report`; this module
+(offline by default). --peers steplaw answers from Step Law's public grid alone (Li et al.
+2025; `critbatch.peers.recommend`), for users with no sweep of their own: its file is read from
+--peers-dir (or $PEERS_DIR) or downloaded at a pinned commit and checked by sha256. The work
+is done by `critbatch.analysis.recommend_report`; this module
 only parses arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from critbatch.analysis.recommend import DEFAULT_TOLERANCE
 from critbatch.analysis.recommend_report import run
 from critbatch.analysis.render import add_wandb_arguments
 from critbatch.errors import user_errors
+from critbatch.peers import recommend as peers
+from critbatch.peers.recommend import GRIDS
 
 
 def count(text: str) -> float:
@@ -66,14 +74,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--validate", action="store_true",
                         help="hold out the largest model (or budget) and check the "
                              "recommendation against its runs")
+    parser.add_argument("--peers", metavar="GRID", choices=GRIDS,
+                        help="answer from a public grid instead of your runs: "
+                             + ", ".join(GRIDS))
+    parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR") or None,
+                        help="with --peers: a folder holding the grid's files (default "
+                             "$PEERS_DIR, else download them into the cache)")
     add_wandb_arguments(parser)
     args = parser.parse_args(argv)
     with user_errors():
-        if sum(map(bool, (args.paths, args.from_wandb, args.table))) > 1:
-            parser.error("pass one of RUNS_DIR, --from-wandb or --table")
+        if sum(map(bool, (args.paths, args.from_wandb, args.table, args.peers))) > 1:
+            parser.error("pass one of RUNS_DIR, --from-wandb, --table or --peers")
+        if args.peers and args.width:
+            parser.error("--peers: give the target's size as --params N (a public grid has "
+                         "no depth of yours to turn a width into parameters)")
         if not args.validate and (args.tokens is None or not (args.width or args.params)):
             parser.error("say the target: --width W or --params N, and --tokens D "
                          "(or --validate)")
+        if args.peers:
+            peers.run(args.peers, args.params, args.tokens, args.tolerance, args.peers_dir,
+                      None, args.out, args.json_file, args.validate)
+            return
         run(args.paths, args.table, args.from_wandb, args.group, width=args.width,
             params=args.params, tokens=args.tokens, optimizer=args.optimizer,
             tolerance=args.tolerance, target_loss=args.target_loss, json_file=args.json_file,
