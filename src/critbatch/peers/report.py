@@ -49,8 +49,10 @@ def joint_on_table(runs: list[dict], out: Path) -> dict:
 
 
 def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
-        resamples: int = steplaw.BOOTSTRAP, cache: str | Path | None = None) -> dict:
-    """Analyse every source and write the report; returns the JSON document."""
+        resamples: int = steplaw.BOOTSTRAP, cache: str | Path | None = None,
+        joint: bool = True) -> dict:
+    """Analyse every source and write the report (`joint` False: without the joint model on
+    Step Law's table, its slowest part); returns the JSON document."""
     t0 = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -61,8 +63,10 @@ def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
     progress(f"Step Law: cell optima, laws ({resamples} cell resamples) and held-out checks")
     step = steplaw.analyse(grid, boot, resamples)
     model = step.pop("model")
-    progress("Step Law: the joint model on critbatch's table of the grid")
-    step["table_path"] = joint_on_table(steplaw.read_runs(grid), out)
+    step["table_path"] = {"joint": {}, "kaplan_joint": None}
+    if joint:
+        progress("Step Law: the joint model on critbatch's table of the grid")
+        step["table_path"] = joint_on_table(steplaw.read_runs(grid), out)
     progress("Zhang et al.: Pareto fits and the CBS law")
     z = zhang.analyse_zhang()
     progress("figures")
@@ -186,6 +190,29 @@ def zhang_table(z: dict) -> str:
                      "diff", "CBS (seq)", "published", "E_min/S_min (seq)"], rows)
 
 
+def joint_text(joint: dict, kaplan: dict) -> str:
+    """The paragraph on the joint model's B_crit(L) beside Kaplan's."""
+    if not joint:
+        return "(The joint model was not run.)"
+    return (
+        f"The grid as a critbatch table (`critbatch-fit --table {TABLE_FILE}`, written to the "
+        f"report folder): the joint model over {joint.get('n_cells')} best-lr cells fits "
+        f"B_crit(L) = B* / L^{fmt(kaplan.get('exponent'), '.1f')} "
+        f"[{fmt(kaplan.get('exponent_low'), '.1f')}, {fmt(kaplan.get('exponent_high'), '.1f')}]"
+        f" with B* = {fmt(kaplan.get('b_star_tokens'), '.3g')} tokens, chi2/dof "
+        f"{fmt(joint.get('chi2_per_dof'), '.0f')}, verdict {joint.get('verdict')}; Kaplan et al. "
+        "2020: B* ~ 2e8 tokens, 1/alpha_B ~ 4.8 (WebText2 nats, losses 2-6). Units differ "
+        "(StepFun's tokenizer and corpus against WebText2), and the grid spans a loss range "
+        f"of only {fmt(joint.get('log_loss_span'), '.2f')} e-folds, where a power of L is "
+        "barely measured. The joint model assumes B_crit depends on the loss alone; "
+        + ("its loss-alone test rejects that here (per-size exponents "
+           + ", ".join(f"{x:.0f}" for x in (joint.get("loss_alone") or {}).get(
+               "per_width_exponents", [])) + "): on this grid the batch follows the budget "
+           "and size (the B_opt law above) more than the loss."
+           if (joint.get("loss_alone") or {}).get("holds") is False else
+           "its loss-alone test does not reject that here."))
+
+
 def markdown(doc: dict) -> str:
     step, z, prov = doc["steplaw"], doc["zhang"], doc["provenance"]
     laws = step["laws"]
@@ -267,22 +294,7 @@ def markdown(doc: dict) -> str:
         "",
         "### B_crit(L) from the joint model, beside Kaplan's",
         "",
-        f"The grid as a critbatch table (`critbatch-fit --table {TABLE_FILE}`, written to the "
-        f"report folder): the joint model over {joint.get('n_cells')} best-lr cells fits "
-        f"B_crit(L) = B* / L^{fmt(kaplan.get('exponent'), '.1f')} "
-        f"[{fmt(kaplan.get('exponent_low'), '.1f')}, {fmt(kaplan.get('exponent_high'), '.1f')}]"
-        f" with B* = {fmt(kaplan.get('b_star_tokens'), '.3g')} tokens, chi2/dof "
-        f"{fmt(joint.get('chi2_per_dof'), '.0f')}, verdict {joint.get('verdict')}; Kaplan et al. "
-        "2020: B* ~ 2e8 tokens, 1/alpha_B ~ 4.8 (WebText2 nats, losses 2-6). Units differ "
-        "(StepFun's tokenizer and corpus against WebText2), and the grid spans a loss range "
-        f"of only {fmt(joint.get('log_loss_span'), '.2f')} e-folds, where a power of L is "
-        "barely measured. The joint model assumes B_crit depends on the loss alone; "
-        + ("its loss-alone test rejects that here (per-size exponents "
-           + ", ".join(f"{x:.0f}" for x in (joint.get("loss_alone") or {}).get(
-               "per_width_exponents", [])) + "): on this grid the batch follows the budget "
-           "and size (the B_opt law above) more than the loss."
-           if (joint.get("loss_alone") or {}).get("holds") is False else
-           "its loss-alone test does not reject that here."),
+        joint_text(joint, kaplan),
         "",
         "## Zhang et al. 2025: steps to a target loss",
         "",

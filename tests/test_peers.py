@@ -1,0 +1,172 @@
+"""`make peers` and `critbatch-recommend --peers`: public grids read from their sources' files.
+
+A planted grid in Step Law's file format stands in for the real one where the real one is not
+beside the repository (it has no license: never copied here); the sources' pinned sha256 is
+swapped for the planted file's. The real grid, where it is, is checked against the published
+numbers (slow)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_grid_laws import BATCHES, BUDGETS, LR_STEPS, SIZES, planted
+
+from critbatch.errors import ResultsError
+from critbatch.peers import recommend as peers_recommend
+from critbatch.peers import report, sources, steplaw
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "peers"
+
+
+def planted_steplaw(folder: Path, noise: float = 2e-3) -> dict[str, Path]:
+    """A Step Law-format grid (`steplaw.COLUMNS` and more) and bootstrap file from planted
+    laws (`test_grid_laws.planted`), under the sources' file names."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    grid = folder / sources.SOURCES["steplaw"].filename
+    with open(grid, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["h", "lr", "bs", "loss", "smooth loss", "D", "N"])
+        for n in SIZES:
+            for d in BUDGETS[n]:
+                for b in BATCHES:
+                    for lr in 2e-3 * (b / 256) ** 0.35 * (n / 4e8) ** -0.7 * LR_STEPS / LR_STEPS[6]:
+                        loss = planted(n, d, b, lr) + noise * rng.normal()
+                        writer.writerow([512, lr, int(b), loss, loss, int(d), int(n)])
+    boot = folder / sources.SOURCES["steplaw_bootstrap"].filename
+    with open(boot, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(steplaw.BOOTSTRAP_COLUMNS)
+        for _ in range(50):
+            writer.writerow([1.8 + 0.1 * rng.normal(), -0.71 + 0.03 * rng.normal(),
+                             0.31 + 0.02 * rng.normal(), -0.5, 0.57 + 0.02 * rng.normal()])
+    return {"steplaw": grid, "steplaw_bootstrap": boot}
+
+
+@pytest.fixture
+def planted_sources(tmp_path, monkeypatch):
+    """The planted files, with the sources' sha256 and URLs (file://) pointing at them."""
+    files = planted_steplaw(tmp_path / "peers")
+    for key, path in files.items():
+        monkeypatch.setitem(sources.SOURCES, key, dataclasses.replace(
+            sources.SOURCES[key], sha256=sources.sha256_of(path), url=path.as_uri()))
+    return tmp_path / "peers"
+
+
+def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_path, capsys):
+    doc = report.run(str(planted_sources), tmp_path / "out", tmp_path / "docs" / "peers.md",
+                     resamples=50)
+    for name in (report.REPORT_FILE, report.JSON_FILE, report.TABLE_FILE,
+                 "steplaw_loss_vs_lr.png", "steplaw_laws.png", "zhang_cbs.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+    page = (tmp_path / "docs" / "peers.md").read_text()
+    assert "](peers/steplaw_laws.png)" in page and (tmp_path / "docs/peers/zhang_cbs.png").exists()
+    saved = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
+    assert saved["steplaw"]["laws"]["lr"]["terms"] == "B+N"  # the planted lr has no D term
+    assert len(saved["steplaw"]["validation"]) == 1 + len(SIZES)
+    assert all(v["critbatch"]["checks"]["batch_within_a_doubling"]
+               for v in doc["steplaw"]["validation"])
+    assert "Step Law: critbatch" in capsys.readouterr().out
+
+
+def test_the_download_path_fills_the_cache_and_then_reads_it(planted_sources, tmp_path):
+    cache = tmp_path / "cache"
+    report.run(None, tmp_path / "out", None, resamples=20, cache=cache, joint=False)
+    assert {p.name for p in cache.iterdir()} == {s.filename for k, s in sources.SOURCES.items()
+                                                 if k.startswith("steplaw")}
+
+
+def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
+    from critbatch.analysis.recommend_cli import main
+
+    main(["--peers", "steplaw", "--peers-dir", str(planted_sources), "--params", "4e8",
+          "--tokens", "2e10", "--out", str(tmp_path / "rec")])
+    doc = json.loads((tmp_path / "rec" / peers_recommend.JSON_FILE).read_text())
+    assert doc["b_opt"] == pytest.approx(300, rel=0.15)  # the planted B_opt
+    assert doc["batch_size_low"] < doc["batch_size"] < doc["batch_size_high"]
+    assert doc["lr_low"] < doc["lr"] < doc["lr_high"]
+    assert not doc["warnings"]  # inside the grid
+    main(["--peers", "steplaw", "--peers-dir", str(planted_sources), "--params", "7e10",
+          "--tokens", "1e12", "--out", str(tmp_path / "far")])
+    assert "FAR OUTSIDE THE GRID" in capsys.readouterr().out
+    main(["--peers", "steplaw", "--peers-dir", str(planted_sources), "--validate", "--out",
+          str(tmp_path / "val")])
+    rows = json.loads((tmp_path / "val" / peers_recommend.JSON_FILE).read_text())["validation"]
+    assert len(rows) == 1 + len(SIZES) and all("steplaw_formula" in r for r in rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--peers", "steplaw", "--width", "512", "--tokens", "1e9"], "--params N"),
+    (["--peers", "steplaw", "--table", "x.csv", "--params", "1e9", "--tokens", "1e9"],
+     "pass one of"),
+])
+def test_recommend_peers_argument_errors_are_one_line(argv, message, capsys):
+    from critbatch.analysis.recommend_cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_offline_without_peers_dir_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sources.SOURCES, "steplaw", dataclasses.replace(
+        sources.SOURCES["steplaw"], url="http://127.0.0.1:9/dense_lr_bs_loss.csv"))
+    monkeypatch.setenv("CRITBATCH_CACHE", str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c",
+                           "import dataclasses, sys; from critbatch.peers import sources; "
+                           "sources.SOURCES['steplaw'] = dataclasses.replace("
+                           "sources.SOURCES['steplaw'], url='http://127.0.0.1:9/x.csv'); "
+                           "from critbatch.peers.cli import main; main(['--out', sys.argv[1], "
+                           "'--no-docs'])", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    error = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert len(error) == 1 and "PEERS_DIR" in error[0] and "cannot download" in error[0]
+
+
+def test_a_grid_file_without_its_columns_is_one_line(tmp_path):
+    path = tmp_path / "grid.csv"
+    path.write_text("N,D,bs,lr\n1,2,3,4\n")
+    with pytest.raises(ResultsError, match="no column smooth loss") as err:
+        steplaw.read_runs(path)
+    assert "\n" not in str(err.value)
+    path.write_text("N,D,bs,lr,smooth loss\n1,2,x,4,2.0\n")
+    with pytest.raises(ResultsError, match="row 2"):
+        steplaw.read_runs(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real grids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / sources.SOURCES["steplaw"].filename).is_file(),
+                    reason=f"no local copy of Step Law's grid in {SHARED}")
+def test_step_law_and_zhang_reproduced_from_their_own_files(tmp_path):
+    """The real grid through `critbatch-peers`: critbatch's exponents overlap Step Law's
+    bootstrap intervals (lr in N and D at the loss-optimal batch, the batch in D), every
+    held-out case lands (batch within 2x, lr within 1.5x, loss within 0.03), and Zhang et
+    al.'s S_min, E_min within 2% with the CBS exponent's interval holding their 0.468."""
+    proc = subprocess.run([sys.executable, "-m", "critbatch.peers.cli", "--peers-dir",
+                           str(SHARED), "--out", str(tmp_path / "out"), "--docs",
+                           str(tmp_path / "docs" / "peers.md"), "--resamples", "1000"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
+    step = doc["steplaw"]
+    assert all(row[4] == "yes" for row in report.exponent_rows(step))
+    for case in step["validation"]:
+        assert all(case["critbatch"]["checks"].values()), case
+    z = doc["zhang"]
+    assert all(abs(s["s_min_rel_diff"]) < 0.02 and abs(s["e_min_rel_diff"]) < 0.02
+               for s in z["sizes"])
+    law = z["cbs_law"]
+    assert law["beta_boot_low"] <= law["published_beta"] <= law["beta_boot_high"]
