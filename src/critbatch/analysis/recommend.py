@@ -195,15 +195,13 @@ class Model:
     resamples: int = RESAMPLES  # bootstrap refits tried (`refits` holds those that converged)
 
 
-def lr_points(sweep: SizedSweep, keep: np.ndarray) -> tuple[list, list, list]:
-    """(batch, params, lr) of the cells with an interior lr optimum at each size's largest
-    budget (the full runs: a cooldown branch shares its trunk's lr)."""
-    top: dict[float, int] = {}
-    for i in np.flatnonzero(keep):
-        top[sweep.params[i]] = max(top.get(sweep.params[i], 0), sweep.cells[i].budget)
-    rows = [(c.batch_size, sweep.params[i], c.lr) for i in np.flatnonzero(keep)
-            if (c := sweep.cells[i]).edge is None and c.budget == top[sweep.params[i]]]
-    return tuple(map(list, zip(*rows, strict=True))) if rows else ([], [], [])
+def lr_points(sweep: SizedSweep, keep: np.ndarray) -> tuple[list, list, list, list]:
+    """(batch, params, lr, tokens) of the cells with an interior lr optimum, at every budget
+    of a full run (a cooldown branch shares its trunk's lr, so its cell says nothing of the
+    lr at its own budget)."""
+    rows = [(c.batch_size, sweep.params[i], c.lr, c.tokens) for i in np.flatnonzero(keep)
+            if (c := sweep.cells[i]).edge is None and c.trunk in ("", c.run_dir)]
+    return tuple(map(list, zip(*rows, strict=True))) if rows else ([], [], [], [])
 
 
 def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int = RESAMPLES,
@@ -322,6 +320,7 @@ def model_summary(model: Model) -> dict:
         "resamples": len(model.refits), "failed_refits": model.resamples - len(model.refits),
         "lr_law": None if law is None else {
             "batch_exponent": law.batch_exponent, "size_exponent": law.size_exponent,
+            "budget_exponent": law.budget_exponent, "budget_term": law.budget_test,
             "points": law.n_points, "residual_sd_log": law.residual_sd},
         "intervals": "95%: predicted loss and B_crit from the law's parametric bootstrap "
                      f"({len(model.refits)} refits, {model.resamples - len(model.refits)} failed "

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from critbatch.analysis.render import fmt, json_clean, md_table
 from critbatch.files import write_json_atomic, write_text_atomic
 from critbatch.peers import plots, steplaw, zhang
@@ -45,7 +47,36 @@ def joint_on_table(runs: list[dict], out: Path) -> dict:
     keep = ("verdict", "chi2_per_dof", "form", "b_small", "transition_power", "n_cells",
             "loss_alone", "log_loss_span")
     return {"table": str(path), "joint": {k: joint.get(k) for k in keep},
-            "kaplan_joint": row}
+            "kaplan_joint": row, "sweep_recommend": sweep_recommend(loaded["runs"])}
+
+
+def sweep_recommend(runs: list[dict], resamples: int = 20) -> list[dict]:
+    """The recommend of a user's sweep (`analysis.recommend`: the loss law across sizes and
+    the lr law) on the grid's table, held out like `steplaw.validate`: what a user would get
+    by passing the grid as their own sweep. `resamples` bootstrap refits: its point answer is
+    what is compared."""
+    from critbatch.analysis.recommend import answer, fit_model, sized_sweeps
+
+    sweep = sized_sweeps(runs, [])["adamw"]
+    cells = steplaw.cells_of([{"params": r["params_nonembedding"], "tokens": r["tokens"],
+                               "batch_size": r["batch_size"], "lr": r["lr"],
+                               "loss": r["val_loss"]} for r in runs])
+    out = []
+    for name, held, cell in steplaw.held_out_cases(cells):
+        gone = {(c.params, c.tokens) for c, h in zip(cells, held, strict=True) if h}
+        keep = np.array([(p, float(c.budget)) not in gone
+                         for p, c in zip(sweep.params, sweep.cells, strict=True)])
+        model = fit_model(sweep, keep, resamples)
+        doc = answer(model, "adamw", cell.params, cell.tokens, steplaw.SEQ_LEN,
+                     steplaw.TOLERANCE)
+        if doc["batch_size"] is None:
+            continue
+        grid_batch = cell.nearest(doc["batch_size"]).batch
+        rows = {r["batch_size"]: r for r in doc["candidates"]}
+        loss = rows.get(grid_batch, {}).get("predicted_loss", doc["predicted_loss"])
+        out.append({"case": name, **steplaw.compare(cell, doc["batch_size"], doc["lr"], loss,
+                                                    steplaw.TOLERANCE)})
+    return out
 
 
 def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
@@ -161,8 +192,11 @@ def held_out_terms_table(step: dict) -> str:
 
 def validation_table(step: dict) -> str:
     rows = []
+    sweep = {r["case"]: r for r in step["table_path"].get("sweep_recommend") or []}
     for v in step["validation"]:
-        for who, key in (("critbatch", "critbatch"), ("Step Law formula", "steplaw_formula")):
+        v = {**v, "sweep": sweep.get(v["case"])}
+        for who, key in (("critbatch", "critbatch"), ("Step Law formula", "steplaw_formula"),
+                         ("critbatch, sweep recommend", "sweep")):
             c = v.get(key)
             if not c:
                 continue
@@ -280,7 +314,11 @@ def markdown(doc: dict) -> str:
         "The measured lr at a batch is the same line through the nearest grid batches' "
         "optima (the nearest batch's own optimum in brackets: neighbours scatter by about a "
         "grid step). Step Law's formula was fitted on every cell, these included, and "
-        "aims at B_opt rather than the largest batch within 0.01.",
+        "aims at B_opt rather than the largest batch within 0.01. The third row per case is "
+        "`critbatch-recommend --table` on the same held-out table, what a user passing the "
+        "grid as their own sweep gets: batches are powers of two, the loss comes from the "
+        "joint model's law across sizes, in which B_crit depends on the loss alone (rejected "
+        "on this grid, see below), and the lr from a power law in B over all batches.",
         "",
         validation_table(step),
         "",

@@ -16,8 +16,9 @@ cannot pin three parameters) and A is fitted. The fit is
 bootstrap (`bootstrap_scaling`) like the joint model's.
 
 The best lr follows a power law in batch and size, fitted to the cells' lr-parabola optima:
-ln lr* = c + p ln B + q ln(N / N_REF) (`fit_lr_law`), its interval the fit's t interval of
-the mean.
+ln lr* = c + p ln B + q ln(N / N_REF) [+ r ln(D / D_REF)] (`fit_lr_law`), its interval the
+fit's t interval of the mean. The budget term is kept only where some size has optima at two
+budgets or more and it predicts held-out budgets and sizes better (`choose_budget_term`).
 
 `candidates` turns both into the answer for (N, D): for each batch a power of two up from
 the sweep's smallest, the predicted loss at D tokens, its steps, token overhead and lr; the
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from critbatch.science.grid_laws import held_out_rms
 from critbatch.science.joint import (
     CONFIDENCE,
     E_REF,
@@ -51,6 +53,7 @@ from critbatch.science.joint import (
 )
 
 N_REF = 1e6  # non-embedding parameters: the size term is measured in units of this
+D_REF = 1e9  # tokens: the lr law's budget term is measured in units of this
 # the size exponent a where two sizes cannot measure it (three parameters, two floors):
 # Hoffmann et al. 2022's fitted alpha for parameters (approach 3)
 FIXED_SIZE_EXPONENT = 0.34
@@ -322,7 +325,8 @@ def bootstrap_scaling(data: JointData, sizes, fit: ScalingFit, resamples: int = 
 
 @dataclass
 class LrLaw:
-    """ln lr* = coef . [1, ln B, ln(N / N_REF)] (the size column only with several sizes)."""
+    """ln lr* = coef . [1, ln B, ln(N / N_REF), ln(D / D_REF)]: the size column only with
+    several sizes, the budget column only where `choose_budget_term` keeps it."""
 
     coef: np.ndarray
     cov: np.ndarray  # of coef
@@ -330,6 +334,8 @@ class LrLaw:
     n_points: int
     one_size: bool
     residual_sd: float  # of ln lr*
+    budget_term: bool = False
+    budget_test: dict | None = None  # `choose_budget_term`'s held-out scores
 
     @property
     def batch_exponent(self) -> float:
@@ -339,36 +345,75 @@ class LrLaw:
     def size_exponent(self) -> float | None:
         return None if self.one_size else float(self.coef[2])
 
-    def row(self, batch: float, params: float) -> np.ndarray:
+    @property
+    def budget_exponent(self) -> float | None:
+        return float(self.coef[-1]) if self.budget_term else None
+
+    def row(self, batch: float, params: float, tokens: float | None = None) -> np.ndarray:
         x = [1.0, math.log(batch)]
-        return np.array(x if self.one_size else [*x, math.log(params / N_REF)])
+        if not self.one_size:
+            x.append(math.log(params / N_REF))
+        if self.budget_term:
+            if tokens is None:
+                raise ValueError("this lr law has a budget term: pass the tokens")
+            x.append(math.log(tokens / D_REF))
+        return np.array(x)
 
-    def lr(self, batch: float, params: float) -> float:
-        return float(math.exp(self.row(batch, params) @ self.coef))
+    def lr(self, batch: float, params: float, tokens: float | None = None) -> float:
+        return float(math.exp(self.row(batch, params, tokens) @ self.coef))
 
-    def interval(self, batch: float, params: float,
+    def interval(self, batch: float, params: float, tokens: float | None = None,
                  confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
-        """The t interval of the fitted mean ln lr* at (batch, params); None without dof."""
+        """The t interval of the fitted mean ln lr* at (batch, params, tokens); None without
+        dof."""
         from scipy.stats import t as t_dist
 
         if self.dof <= 0:
             return None, None
-        x = self.row(batch, params)
+        x = self.row(batch, params, tokens)
         half = float(t_dist.ppf(0.5 + confidence / 2, self.dof)) * math.sqrt(
             max(float(x @ self.cov @ x), 0.0))
         centre = float(x @ self.coef)
         return math.exp(centre - half), math.exp(centre + half)
 
 
-def fit_lr_law(batch, params, lr) -> LrLaw | None:
-    """Ordinary least squares of ln lr* on ln B (and ln N where sizes differ); None with
-    fewer points than coefficients, or no spread in batch."""
-    batch, params, lr = (np.asarray(x, float) for x in (batch, params, lr))
-    one_size = len(set(params.tolist())) < 2
+def lr_design(batch, params, tokens, one_size: bool, budget_term: bool) -> np.ndarray:
     columns = [np.ones_like(batch), np.log(batch)]
     if not one_size:
         columns.append(np.log(params / N_REF))
-    design = np.column_stack(columns)
+    if budget_term:
+        columns.append(np.log(tokens / D_REF))
+    return np.column_stack(columns)
+
+
+def choose_budget_term(batch, params, tokens, lr) -> dict | None:
+    """Whether the lr law keeps a budget term: where some size has lr optima at two budgets
+    or more, the law with and without ln D each predicts held-out folds (each size's largest
+    budget; the largest size, with three sizes or more) and the term is kept when its pooled
+    root-mean-square error of ln lr* is lower. None where no size has two budgets."""
+    batch, params, tokens, lr = (np.asarray(x, float) for x in (batch, params, tokens, lr))
+    if not any(len(set(tokens[params == n].tolist())) >= 2 for n in set(params.tolist())):
+        return None
+    base = ("B",) if len(set(params.tolist())) < 2 else ("B", "N")
+    without = held_out_rms(base, lr, params, tokens, batch)
+    with_d = held_out_rms((*base, "D"), lr, params, tokens, batch)
+    keep = bool(np.isfinite(with_d["pooled"]) and with_d["pooled"] < without["pooled"])
+    return {"kept": keep, "held_out_rms_log_without": without,
+            "held_out_rms_log_with": with_d,
+            "rule": "kept when it lowers the pooled held-out rms of ln lr* (folds: each "
+                    "size's largest budget, and the largest size)"}
+
+
+def fit_lr_law(batch, params, lr, tokens=None) -> LrLaw | None:
+    """Ordinary least squares of ln lr* on ln B (and ln N where sizes differ, and ln D where
+    `choose_budget_term` keeps it: give `tokens`); None with fewer points than coefficients,
+    or no spread in batch."""
+    batch, params, lr = (np.asarray(x, float) for x in (batch, params, lr))
+    one_size = len(set(params.tolist())) < 2
+    test = None if tokens is None else choose_budget_term(batch, params, tokens, lr)
+    budget_term = bool(test and test["kept"])
+    tokens = None if tokens is None else np.asarray(tokens, float)
+    design = lr_design(batch, params, tokens, one_size, budget_term)
     if len(lr) < design.shape[1] or len(set(batch.tolist())) < 2:
         return None
     y = np.log(lr)
@@ -379,7 +424,8 @@ def fit_lr_law(batch, params, lr) -> LrLaw | None:
     cov = var * np.linalg.pinv(design.T @ design) if dof > 0 else np.full((len(coef),) * 2,
                                                                            math.nan)
     return LrLaw(coef=coef, cov=cov, dof=dof, n_points=len(y), one_size=one_size,
-                 residual_sd=math.sqrt(var) if dof > 0 else math.nan)
+                 residual_sd=math.sqrt(var) if dof > 0 else math.nan, budget_term=budget_term,
+                 budget_test=test)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,8 +485,8 @@ def recommend(fit: ScalingFit, refits: list[ScalingFit], lr_law: LrLaw | None, p
         b_crit = float(fit.b_crit(loss))
         crit_draws = [float(r.b_crit(x)) for r, x in zip(refits, boot[:, i], strict=True)
                       if np.isfinite(x)]
-        lr = lr_law.lr(b, params) if lr_law else None
-        lr_low, lr_high = lr_law.interval(b, params) if lr_law else (None, None)
+        lr = lr_law.lr(b, params, tokens) if lr_law else None
+        lr_low, lr_high = lr_law.interval(b, params, tokens) if lr_law else (None, None)
         rows.append({"batch_size": b, "predicted_loss": loss, "predicted_loss_low": low,
                      "predicted_loss_high": high, "steps": int(tokens // (b * seq_len)),
                      "token_overhead": float(fit.overhead_factor(loss, b)) - 1,
