@@ -89,6 +89,29 @@ def test_lr_law_recovers_planted_exponents_exactly():
     assert fit_lr_law([8, 8], [1e5, 1e5], [1e-3, 2e-3]) is None  # no spread in batch
 
 
+def test_lr_law_keeps_a_budget_term_only_where_held_out_budgets_need_it():
+    """Optima at three budgets per size with 5% scatter, 200 draws: a planted lr ~ D^0.3
+    keeps the budget term every time and recovers it; without one, the term is kept in 6%
+    of draws (measured; a 15% ceiling is four binomial sds above); a single budget per size
+    never tests it."""
+    rows = [(b, n, d) for n in (1e5, 2e5, 4e5) for d in (1e8, 3e8, 1e9) for b in (8, 16, 32, 64)]
+    batch, params, tokens = (np.array(x, float) for x in zip(*rows, strict=True))
+    kept_true = kept_false = 0
+    for seed in range(200):
+        scatter = np.exp(0.05 * np.random.default_rng(seed).normal(size=len(batch)))
+        law = fit_lr_law(batch, params, planted_lr(batch, params) * (tokens / 1e9) ** 0.3
+                         * scatter, tokens)
+        kept_true += law.budget_term
+        assert law.budget_exponent is None or abs(law.budget_exponent - 0.3) < 0.05
+        flat = fit_lr_law(batch, params, planted_lr(batch, params) * scatter, tokens)
+        kept_false += flat.budget_term
+        assert flat.budget_term or flat.budget_exponent is None
+    assert kept_true == 200 and kept_false <= 30, (kept_true, kept_false)
+    one = tokens == 1e9
+    assert fit_lr_law(batch[one], params[one], planted_lr(batch[one], params[one]),
+                      tokens[one]).budget_test is None
+
+
 def test_target_loss_tokens_follow_the_model():
     world = truth()
     # 0.1 nats/token is 25% more tokens at 4.0 for batch 8; batch 64 costs 16% more, 512 124%

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.science.grid_laws import held_out_rms
+from critbatch.science.grid_laws import TERM_GAIN, held_out_rms
 from critbatch.science.joint import (
     CONFIDENCE,
     E_REF,
@@ -389,19 +389,21 @@ def lr_design(batch, params, tokens, one_size: bool, budget_term: bool) -> np.nd
 def choose_budget_term(batch, params, tokens, lr) -> dict | None:
     """Whether the lr law keeps a budget term: where some size has lr optima at two budgets
     or more, the law with and without ln D each predicts held-out folds (each size's largest
-    budget; the largest size, with three sizes or more) and the term is kept when its pooled
-    root-mean-square error of ln lr* is lower. None where no size has two budgets."""
+    budget; the largest size, with three sizes or more) and the term is kept when it lowers
+    the pooled root-mean-square error of ln lr* by TERM_GAIN or more (`grid_laws`). None
+    where no size has two budgets."""
     batch, params, tokens, lr = (np.asarray(x, float) for x in (batch, params, tokens, lr))
     if not any(len(set(tokens[params == n].tolist())) >= 2 for n in set(params.tolist())):
         return None
     base = ("B",) if len(set(params.tolist())) < 2 else ("B", "N")
     without = held_out_rms(base, lr, params, tokens, batch)
     with_d = held_out_rms((*base, "D"), lr, params, tokens, batch)
-    keep = bool(np.isfinite(with_d["pooled"]) and with_d["pooled"] < without["pooled"])
+    keep = bool(np.isfinite(with_d["pooled"])
+                and with_d["pooled"] < (1 - TERM_GAIN) * without["pooled"])
     return {"kept": keep, "held_out_rms_log_without": without,
             "held_out_rms_log_with": with_d,
-            "rule": "kept when it lowers the pooled held-out rms of ln lr* (folds: each "
-                    "size's largest budget, and the largest size)"}
+            "rule": f"kept when it lowers the pooled held-out rms of ln lr* by {TERM_GAIN:.0%} "
+                    "or more (folds: each size's largest budget, and the largest size)"}
 
 
 def fit_lr_law(batch, params, lr, tokens=None) -> LrLaw | None:
