@@ -61,6 +61,7 @@ def planted_sources(tmp_path, monkeypatch):
     return tmp_path / "peers"
 
 
+@pytest.mark.slow
 def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_path, capsys):
     doc = report.run(str(planted_sources), tmp_path / "out", tmp_path / "docs" / "peers.md",
                      resamples=50)
