@@ -10,6 +10,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from critbatch import files
 from critbatch.analysis import bcrit, kaplan, pareto, synthetic
@@ -589,3 +591,16 @@ def test_batches_below_the_baseline_are_listed_never_zero(tmp_path):
     assert below and all(r["below_baseline"] and r["b_crit"] is None for r in below)
     assert all(r["b_crit"] is None or r["b_crit"] > 0 for r in result["fits"]["per_run"])
     assert any("below the baseline 64" in w for w in result["warnings"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(1.0, 1e7), min_size=2, max_size=9))
+def test_fit_pareto_never_raises_on_any_steps(steps):
+    """Steps that no frontier fits (scattered, rising with batch): a result, never an
+    exception (an upper bound past a float's range once raised OverflowError)."""
+    batches = 2.0 ** np.arange(len(steps)) * 16
+    fit = laws.fit_pareto(batches, steps)
+    assert fit["n_batch_sizes"] == len(steps)
+    if fit["b_crit_low"] is not None:
+        assert 0 <= fit["b_crit_low"] <= fit["b_crit"]
+        assert fit["b_crit_high"] is None or fit["b_crit_high"] >= fit["b_crit"]

@@ -21,6 +21,7 @@ numpy/scipy only.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -57,9 +58,10 @@ def fit_pareto(batch_sizes, steps) -> dict:
     (relative errors: reading E off a loss curve errs by a fraction of E), and the covariance
     scaled by the residuals. B_crit = E_min / S_min (sequences) with a 95% interval from the
     delta method on log B_crit and Student's t (needs three batch sizes or more; with two the
-    fit is exact and the intervals are None). Assumes the model holds at this loss.
+    fit is exact and the intervals are None; an upper end past a float's range is None, an
+    open interval). Assumes the model holds at this loss.
     """
-    from scipy.optimize import curve_fit
+    from scipy.optimize import OptimizeWarning, curve_fit
     from scipy.stats import t as student_t
 
     x = 1.0 / np.asarray(batch_sizes, dtype=float)
@@ -73,8 +75,10 @@ def fit_pareto(batch_sizes, steps) -> dict:
     a = np.stack([np.ones_like(x), x], axis=1) / s[:, None]  # weighted linear system
     (s_min, e_min), *_ = np.linalg.lstsq(a, np.ones_like(s), rcond=None)
     if n > 2:
-        (s_min, e_min), cov = curve_fit(lambda x, s0, e0: s0 + e0 * x, x, s,
-                                        p0=(s_min, e_min), sigma=s, absolute_sigma=False)
+        with warnings.catch_warnings():  # an inestimable covariance is inf: no interval below
+            warnings.simplefilter("ignore", OptimizeWarning)
+            (s_min, e_min), cov = curve_fit(lambda x, s0, e0: s0 + e0 * x, x, s,
+                                            p0=(s_min, e_min), sigma=s, absolute_sigma=False)
     out.update(s_min=float(s_min), e_min=float(e_min))
     if s_min <= 0 or e_min <= 0:
         return out
@@ -84,8 +88,8 @@ def fit_pareto(batch_sizes, steps) -> dict:
         sd_s, sd_e = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
         var_log = cov[1, 1] / e_min**2 + cov[0, 0] / s_min**2 - 2 * cov[0, 1] / (e_min * s_min)
         sd_log = math.sqrt(max(var_log, 0.0))
-        out.update(b_crit_low=out["b_crit"] * math.exp(-tq * sd_log),
-                   b_crit_high=out["b_crit"] * math.exp(tq * sd_log),
+        out.update(b_crit_low=out["b_crit"] * math.exp(-min(tq * sd_log, 700.0)),
+                   b_crit_high=exp_or_none(math.log(out["b_crit"]) + tq * sd_log),
                    s_min_low=s_min - tq * sd_s, s_min_high=s_min + tq * sd_s,
                    e_min_low=e_min - tq * sd_e, e_min_high=e_min + tq * sd_e)
     return out
