@@ -172,10 +172,21 @@ def exponent_rows(step: dict) -> list[list[str]]:
               forms["b_opt_tokens"]["exponents"].get("D"), pub["batch_budget_exponent"]),
              ("B_opt: D exponent, law chosen held out (" + laws["b_opt"]["terms"] + ")",
               laws["b_opt"]["exponents"].get("D"), pub["batch_budget_exponent"])]
+    rule = step.get("steplaw_rule") or {}
+    keys = ("lr_size_exponent", "lr_budget_exponent", "batch_budget_exponent",
+            "batch_budget_exponent")
     return [[name, interval_text(ours), interval_text(ours, "t"),
              f"{theirs['median']:.3f} [{theirs['interval'][0]:.3f}, "
-             f"{theirs['interval'][1]:.3f}]", overlaps(ours, theirs)]
-            for name, ours, theirs in pairs]
+             f"{theirs['interval'][1]:.3f}]", overlaps(ours, theirs),
+             rule_text(rule.get(key))]
+            for (name, ours, theirs), key in zip(pairs, keys, strict=True)]
+
+
+def rule_text(entry: dict | None) -> str:
+    if not entry:
+        return "-"
+    lo, hi = entry["interval"]
+    return f"{entry['value']:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
 def held_out_terms_table(step: dict) -> str:
@@ -222,6 +233,41 @@ def zhang_table(z: dict) -> str:
             for s in z["sizes"]]
     return md_table(["model", "S_min (steps)", "published", "diff", "E_min (seq)", "published",
                      "diff", "CBS (seq)", "published", "E_min/S_min (seq)"], rows)
+
+
+def differences(step: dict) -> str:
+    """Where critbatch and Step Law differ, with the numbers behind it."""
+    laws, rule = step["laws"], step.get("steplaw_rule") or {}
+    b_opt, lr = laws["b_opt"], laws["lr"]
+    scores = b_opt["held_out_rms_log"]
+    text = []
+    if rule:
+        text.append(
+            f"Step Law's own rule as its repository's code states it (the runs within "
+            f"{100 * rule['threshold']:.2f}% of their cell's best, {rule['runs']} here, pooled "
+            "and resampled) applied to this public file gives the last column: its budget "
+            f"exponent of the lr, {rule['lr_budget_exponent']['value']:.3f}, lies outside the "
+            f"published interval, so the public file alone does not reproduce the published "
+            f"{step['published']['lr_budget_exponent']['median']:.3f} (the paper reports about "
+            f"3,700 models; the file holds {step['runs']:,} runs).")
+    n_exp = b_opt["exponents"].get("N")
+    if n_exp:
+        text.append(
+            f"The held-out test keeps a size term in B_opt (exponent {n_exp['value']:.2f}, "
+            f"cell bootstrap [{n_exp['bootstrap'][0]:.2f}, {n_exp['bootstrap'][1]:.2f}]): "
+            f"with it the pooled held-out error is {scores['N+D']['pooled']:.3f} e-folds, "
+            f"without it (Step Law's D-only form) {scores['D']['pooled']:.3f}; at one budget "
+            "a larger model's loss-optimal batch is smaller here.")
+    if "D" not in lr["terms"]:
+        p = lr["exponents"]["B"]["value"]
+        k = b_opt["exponents"]["D"]["value"]
+        text.append(
+            f"At a fixed batch the best lr does not grow with the budget (the D term is "
+            f"dropped: pooled held-out error {lr['held_out_rms_log']['B+N+D']['pooled']:.3f} "
+            f"with it, {lr['held_out_rms_log']['B+N']['pooled']:.3f} without); the lr's "
+            f"budget exponent at B_opt comes mostly through the batch: lr ~ B^{p:.2f} and "
+            f"B_opt ~ D^{k:.2f} give D^{p * k:.2f}.")
+    return " ".join(text)
 
 
 def joint_text(joint: dict, kaplan: dict) -> str:
@@ -282,7 +328,10 @@ def markdown(doc: dict) -> str:
         "### Exponents, like with like",
         "",
         md_table(["quantity", "critbatch (cell bootstrap)", "critbatch (t)",
-                  "Step Law median [95%]", "intervals overlap"], exponent_rows(step)),
+                  "Step Law median [95%]", "intervals overlap",
+                  "Step Law's rule on this file"], exponent_rows(step)),
+        "",
+        differences(step),
         "",
         "### Which terms each law keeps (held-out prediction)",
         "",

@@ -117,6 +117,42 @@ def published(path: str | Path) -> dict:
             "lr_intercept": summary(0), "batch_intercept": summary(3)}
 
 
+NEAR_BEST = 0.0025  # Step Law's rule: the runs within this relative loss of their cell's best
+
+
+def steplaw_rule(runs: list[dict], resamples: int = BOOTSTRAP, seed: int = 0) -> dict:
+    """Step Law's own estimator on this file: every run within NEAR_BEST (relative) of its
+    cell's lowest loss, pooled; ln lr on ln N and ln D and ln B (tokens) on ln D by least
+    squares; intervals from resampling those runs (the paper's bootstrap). Whether the
+    published exponents follow from the public file."""
+    best: dict[tuple[float, float], float] = {}
+    for r in runs:
+        if math.isfinite(r["loss"]):
+            key = (r["params"], r["tokens"])
+            best[key] = min(best.get(key, math.inf), r["loss"])
+    near = [r for r in runs if math.isfinite(r["loss"])
+            and abs(r["loss"] / best[(r["params"], r["tokens"])] - 1) < NEAR_BEST]
+    n, d, lr, b = (np.array([r[k] for r in near], float)
+                   for k in ("params", "tokens", "lr", "batch_size"))
+    lr_x = np.column_stack([np.ones(len(n)), np.log(n), np.log(d)])
+    b_x = np.column_stack([np.ones(len(n)), np.log(d)])
+    y_lr, y_b = np.log(lr), np.log(b * SEQ_LEN)
+    rng = np.random.default_rng(seed)
+    draws = []
+    for _ in range(resamples):
+        i = rng.integers(0, len(near), len(near))
+        draws.append([*np.linalg.lstsq(lr_x[i], y_lr[i], rcond=None)[0][1:],
+                      np.linalg.lstsq(b_x[i], y_b[i], rcond=None)[0][1]])
+    draws = np.array(draws)
+    point = [*np.linalg.lstsq(lr_x, y_lr, rcond=None)[0][1:],
+             np.linalg.lstsq(b_x, y_b, rcond=None)[0][1]]
+    names = ("lr_size_exponent", "lr_budget_exponent", "batch_budget_exponent")
+    return {"runs": len(near), "threshold": NEAR_BEST, **{
+        name: {"value": float(point[k]),
+               "interval": [float(x) for x in np.percentile(draws[:, k], [2.5, 97.5])]}
+        for k, name in enumerate(names)}}
+
+
 def formula(law: dict, params: float, tokens: float) -> dict:
     """Step Law's point formula at (N, D): lr, and the batch in sequences of SEQ_LEN."""
     lr = math.exp(law["lr_intercept"]["mean"] + law["lr_size_exponent"]["mean"] * math.log(
@@ -254,5 +290,6 @@ def analyse(runs_path: str | Path, bootstrap_path: str | Path | None = None,
     law = published(bootstrap_path) if bootstrap_path else None
     return {"runs": len(runs), "cells": cell_rows(cells), "laws": model_summary(model),
             "steplaw_forms": steplaw_forms(cells, resamples),
+            "steplaw_rule": steplaw_rule(runs, resamples),
             "published": law, "validation": validate(cells, law, tolerance, resamples),
             "seq_len": SEQ_LEN, "tolerance": tolerance, "model": model}
