@@ -64,10 +64,13 @@ def planted_sources(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_path, capsys):
     doc = report.run(str(planted_sources), tmp_path / "out", tmp_path / "docs" / "peers.md",
-                     resamples=50)
-    for name in (report.REPORT_FILE, report.JSON_FILE, report.TABLE_FILE,
-                 "steplaw_loss_vs_lr.png", "steplaw_laws.png", "zhang_cbs.png"):
+                     resamples=50, cache=tmp_path / "cache")
+    for name in (report.REPORT_FILE, report.JSON_FILE, "steplaw_loss_vs_lr.png",
+                 "steplaw_laws.png", "zhang_cbs.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
+    # the grid re-expressed as a table goes to the cache, never beside the report
+    assert (tmp_path / "cache" / report.TABLE_FILE).exists()
+    assert not (tmp_path / "out" / report.TABLE_FILE).exists()
     page = (tmp_path / "docs" / "peers.md").read_text()
     assert "](peers/steplaw_laws.png)" in page and (tmp_path / "docs/peers/zhang_cbs.png").exists()
     saved = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
@@ -106,6 +109,10 @@ def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--peers", "steplaw", "--width", "512", "--tokens", "1e9"], "--params N"),
+    (["--peers", "steplaw", "--params", "inf", "--tokens", "1e9"], "finite"),
+    (["--peers", "steplaw", "--params", "1e9", "--tokens", "1e9", "--target-loss", "2"],
+     "--target-loss"),
+    (["--peers", "steplaw", "--validate", "--params", "1e9"], "drop"),
     (["--peers", "steplaw", "--table", "x.csv", "--params", "1e9", "--tokens", "1e9"],
      "pass one of"),
 ])
@@ -131,6 +138,31 @@ def test_offline_without_peers_dir_is_one_line(tmp_path, monkeypatch):
     assert proc.returncode == 2
     error = [line for line in proc.stderr.splitlines() if "error" in line]
     assert len(error) == 1 and "PEERS_DIR" in error[0] and "cannot download" in error[0]
+
+
+def test_a_grid_too_small_for_its_laws_is_one_line(tmp_path):
+    """Two batches per cell, each best on the batch grid's edge: no law, one line."""
+    path = tmp_path / "grid.csv"
+    rows = ["N,D,bs,lr,smooth loss"] + [f"{n},{d},{b},{lr},{3 - 0.001 * b + (lr - 2e-3) ** 2}"
+                                         for n in (1e8, 2e8) for d in (1e9, 2e9)
+                                         for b in (32, 64) for lr in (1e-3, 2e-3, 4e-3)]
+    path.write_text("\n".join(rows) + "\n")
+    cells = steplaw.cells_of(steplaw.read_runs(path))
+    with pytest.raises(ResultsError, match="cannot give its laws") as err:
+        steplaw.fit(cells, resamples=10)
+    assert "\n" not in str(err.value)
+
+
+def test_one_size_is_validated_on_its_budgets_only():
+    """With one model size there is no size to hold out: only its largest budget."""
+    from test_grid_laws import planted_cells
+
+    cells = [c for c in planted_cells() if c.params in (2e8, 3e8, 4e8)]
+    assert [name.split(" ")[0] for name, _, _ in steplaw.held_out_cases(cells)] == [
+        "the", "200M", "300M", "400M"]
+    one = [c for c in cells if c.params == 2e8]
+    assert [name for name, _, _ in steplaw.held_out_cases(one)] == [
+        "200M at its largest budget, 30B tokens (3.0x its next)"]
 
 
 def test_a_grid_file_without_its_columns_is_one_line(tmp_path):

@@ -44,8 +44,8 @@ def count(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 3e6)") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite")
     return value
 
 
@@ -88,6 +88,12 @@ def main(argv: list[str] | None = None) -> None:
         if args.peers and args.width:
             parser.error("--peers: give the target's size as --params N (a public grid has "
                          "no depth of yours to turn a width into parameters)")
+        if args.peers and (args.target_loss or args.optimizer):
+            parser.error("--peers answers for a budget with the grid's optimizer: drop "
+                         "--target-loss and --optimizer")
+        if args.validate and (args.params or args.width or args.tokens):
+            parser.error("--validate picks its own targets (the held-out cells): drop "
+                         "--width, --params and --tokens")
         if not args.validate and (args.tokens is None or not (args.width or args.params)):
             parser.error("say the target: --width W or --params N, and --tokens D "
                          "(or --validate)")

@@ -14,12 +14,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from critbatch.analysis.render import json_clean
+from critbatch.analysis.render import fmt, json_clean
 from critbatch.errors import ConfigError
 from critbatch.files import write_json_atomic, write_text_atomic
 from critbatch.peers import steplaw
 from critbatch.peers.sources import SOURCES, locate
-from critbatch.science.grid_laws import fit_grid
 
 GRIDS = ("steplaw",)  # the public grids `--peers` knows
 FAR = 10.0  # beyond this factor of the grid's largest size or budget: a loud warning
@@ -58,7 +57,7 @@ def answer(source: str, params: float, tokens: float, tolerance: float,
            resamples: int = steplaw.BOOTSTRAP) -> dict:
     """The recommendation document for (params, tokens) from the public grid `source`."""
     cells, published = load(source, peers_dir, cache)
-    model = fit_grid(cells, resamples)
+    model = steplaw.fit(cells, resamples)
     out = model.answer(params, tokens, tolerance)
     extra, warnings = extrapolation(cells, params, tokens)
     power = 2 ** math.floor(math.log2(out["batch_size"]))
@@ -69,8 +68,8 @@ def answer(source: str, params: float, tokens: float, tolerance: float,
             "laws": {"b_opt": model.b_opt.held_out["chosen"], "lr": model.lr.held_out["chosen"]},
             "extrapolation": extra, "warnings": warnings,
             "units": "batch in sequences of 2,048 tokens; loss in nats/token on the grid's "
-                     "corpus and tokenizer; intervals 95% from a bootstrap over the grid's "
-                     "cells"}
+                     "corpus and tokenizer; intervals: 95% prediction intervals (a bootstrap "
+                     "over the grid's cells, with each law's residual scatter)"}
 
 
 def lines_of(doc: dict) -> list[str]:
@@ -87,7 +86,8 @@ def lines_of(doc: dict) -> list[str]:
           f"{doc['batch_size_power_of_two']})",
         f"  lr     {doc['lr']:.3g}" + interval(doc["lr_low"], doc["lr_high"], ".3g")
         + f" (at {doc['batch_size_power_of_two']}: {doc['lr_at_power_of_two']:.3g})",
-        f"  loss   {doc['predicted_loss']:.4g} nats/token predicted (the grid's corpus)",
+        f"  loss   {fmt(doc['predicted_loss'])} nats/token predicted (the grid's corpus)",
+        "  (intervals: 95% prediction intervals from a bootstrap over the grid's cells)",
         f"  Step Law's formula: batch {f['batch_size']:.0f}, lr {f['lr']:.3g}",
         f"  laws kept by held-out tests: B_opt in {doc['laws']['b_opt']}, lr in "
         f"{doc['laws']['lr']}",

@@ -3,8 +3,9 @@
 For each source: find the file (`sources.locate`: PEERS_DIR, else a sha256-checked download
 pinned by commit), analyse it (`steplaw`, `zhang`), and write OUT/peers.md, OUT/peers.json,
 the figures (`plots`), and the same page to docs/results/peers.md with its figures beside it.
-Step Law's grid also goes through critbatch's own table path (OUT/steplaw_table.csv, the
-user's copy, never the repository's) to the joint model, for B_crit(L) beside Kaplan's.
+Step Law's grid also goes through critbatch's own table path (steplaw_table.csv in the
+download cache, never beside the report: the grid has no license) to the joint model, for
+B_crit(L) beside Kaplan's, and to the recommend of a user's sweep.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from critbatch.analysis.render import fmt, json_clean, md_table
 from critbatch.files import write_json_atomic, write_text_atomic
 from critbatch.peers import plots, steplaw, zhang
 from critbatch.peers.sources import SOURCES, locate
+from critbatch.peers.sources import cache_dir as default_cache
 
 JSON_FILE = "peers.json"
 REPORT_FILE = "peers.md"
@@ -33,12 +35,15 @@ def progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def joint_on_table(runs: list[dict], out: Path) -> dict:
+def joint_on_table(runs: list[dict], folder: Path) -> dict:
     """Step Law's runs through critbatch's table path and `bcrit.analyse`: the joint model's
-    verdict and its B_crit(L) row (Kaplan's form)."""
+    verdict and its B_crit(L) row (Kaplan's form). The table is the grid re-expressed, so it
+    goes to `folder`, the download cache, never to the report folder (which may lie inside a
+    repository: the grid has no license)."""
     from critbatch.analysis import bcrit, tables
 
-    path = out / TABLE_FILE
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / TABLE_FILE
     tables.write_table(steplaw.table_rows(runs), path)
     loaded = tables.load_tables([path])
     fits = bcrit.analyse(loaded["runs"], **loaded["analyse_kwargs"])["fits"]
@@ -97,7 +102,8 @@ def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
     step["table_path"] = {"joint": {}, "kaplan_joint": None}
     if joint:
         progress("Step Law: the joint model on critbatch's table of the grid")
-        step["table_path"] = joint_on_table(steplaw.read_runs(grid), out)
+        step["table_path"] = joint_on_table(steplaw.read_runs(grid), cache_dir or
+                                            default_cache())
     progress("Zhang et al.: Pareto fits and the CBS law")
     z = zhang.analyse_zhang()
     progress("figures")
@@ -197,8 +203,8 @@ def held_out_terms_table(step: dict) -> str:
         for terms, s in law["held_out_rms_log"].items():
             rows.append([label, terms + (" (chosen)" if terms == law["terms"] else ""),
                          fmt(s["budget"], ".3f"), fmt(s["size"], ".3f"),
-                         fmt(s["pooled"], ".3f")])
-    return md_table(["law", "terms", "held-out budgets", "held-out size", "pooled"], rows)
+                         fmt(s["mean"], ".3f")])
+    return md_table(["law", "terms", "held-out budgets", "held-out size", "mean"], rows)
 
 
 def validation_table(step: dict) -> str:
@@ -215,13 +221,14 @@ def validation_table(step: dict) -> str:
             mark = {True: "yes", False: "**no**", None: "-"}
             rows.append([v["case"] if who == "critbatch" else "", who,
                          f"{c['batch_size']:.0f}", f"{c['measured_batch_size']:.0f}",
-                         mark[checks["batch_within_a_doubling"]],
+                         mark[checks["batch_within_a_doubling"]], f"{c['loss_given_up']:.4f}",
                          f"{c['lr']:.2e}", f"{c['measured_lr']:.2e} ({c['grid_batch_lr']:.2e})",
                          mark[checks["lr_within_1.5x"]],
                          fmt(c["predicted_loss"], ".3f"), f"{c['measured_loss']:.3f}",
                          mark[checks["loss_within_0.03"]]])
     return md_table(["held out", "answer", "batch (seq)", "measured largest within 0.01",
-                     "within 2x", "lr", "measured lr at it (nearest grid batch)", "within 1.5x",
+                     "within 2x", "measured loss given up there", "lr",
+                     "measured lr at it (nearest grid batch)", "within 1.5x",
                      "loss", "measured loss", "within 0.03"], rows)
 
 
@@ -243,7 +250,8 @@ def differences(step: dict) -> str:
     text = []
     if rule:
         text.append(
-            f"Step Law's own rule as its repository's code states it (the runs within "
+            f"Step Law's own rule as its repository states it (code/fit_tool.py, "
+            "query_optimal_lr_bs_data: the runs within "
             f"{100 * rule['threshold']:.2f}% of their cell's best, {rule['runs']} here, pooled "
             "and resampled) applied to this public file gives the last column: its budget "
             f"exponent of the lr, {rule['lr_budget_exponent']['value']:.3f}, lies outside the "
@@ -255,18 +263,28 @@ def differences(step: dict) -> str:
         text.append(
             f"The held-out test keeps a size term in B_opt (exponent {n_exp['value']:.2f}, "
             f"cell bootstrap [{n_exp['bootstrap'][0]:.2f}, {n_exp['bootstrap'][1]:.2f}]): "
-            f"with it the pooled held-out error is {scores['N+D']['pooled']:.3f} e-folds, "
-            f"without it (Step Law's D-only form) {scores['D']['pooled']:.3f}; at one budget "
-            "a larger model's loss-optimal batch is smaller here.")
-    if "D" not in lr["terms"]:
+            f"held-out error {scores['N+D']['mean']:.3f} e-folds with it, "
+            f"{scores['D']['mean']:.3f} without (Step Law's D-only form).")
+    elif "D" in b_opt["terms"]:
+        text.append(
+            f"The held-out test keeps B_opt in D alone, Step Law's form: a size term lowers "
+            f"the held-out budgets' error ({scores['N+D']['budget']:.3f} e-folds against "
+            f"{scores['D']['budget']:.3f}) but raises the held-out size's "
+            f"({scores['N+D']['size']:.3f} against {scores['D']['size']:.3f}), and a "
+            "recommendation for a larger model is a question of size.")
+    full = (step.get("steplaw_forms") or {}).get("lr_with_budget")
+    if "D" not in lr["terms"] and full:
         p = lr["exponents"]["B"]["value"]
         k = b_opt["exponents"]["D"]["value"]
+        r = full["exponents"]["D"]
         text.append(
-            f"At a fixed batch the best lr does not grow with the budget (the D term is "
-            f"dropped: pooled held-out error {lr['held_out_rms_log']['B+N+D']['pooled']:.3f} "
-            f"with it, {lr['held_out_rms_log']['B+N']['pooled']:.3f} without); the lr's "
-            f"budget exponent at B_opt comes mostly through the batch: lr ~ B^{p:.2f} and "
-            f"B_opt ~ D^{k:.2f} give D^{p * k:.2f}.")
+            f"At a fixed batch a budget term in the best lr is not detected: the law with it "
+            f"gives lr ~ D^{r['value']:.3f} (cell bootstrap [{r['bootstrap'][0]:.3f}, "
+            f"{r['bootstrap'][1]:.3f}]) and predicts held-out cells no better "
+            f"({lr['held_out_rms_log']['B+N+D']['mean']:.3f} e-folds against "
+            f"{lr['held_out_rms_log']['B+N']['mean']:.3f}), so it is dropped; the lr's budget "
+            f"exponent at B_opt comes mostly through the batch: lr ~ B^{p:.2f} and B_opt ~ "
+            f"D^{k:.2f} give D^{p * k:.2f}.")
     return " ".join(text)
 
 
@@ -276,7 +294,7 @@ def joint_text(joint: dict, kaplan: dict) -> str:
         return "(The joint model was not run.)"
     return (
         f"The grid as a critbatch table (`critbatch-fit --table {TABLE_FILE}`, written to the "
-        f"report folder): the joint model over {joint.get('n_cells')} best-lr cells fits "
+        f"download cache): the joint model over {joint.get('n_cells')} best-lr cells fits "
         f"B_crit(L) = B* / L^{fmt(kaplan.get('exponent'), '.1f')} "
         f"[{fmt(kaplan.get('exponent_low'), '.1f')}, {fmt(kaplan.get('exponent_high'), '.1f')}]"
         f" with B* = {fmt(kaplan.get('b_star_tokens'), '.3g')} tokens, chi2/dof "
@@ -337,8 +355,9 @@ def markdown(doc: dict) -> str:
         "",
         "Every subset of the ln N and ln D terms is fitted with a fold held out: each size's "
         "largest budget (held-out budgets), and the largest model (held-out size). The "
-        "subset with the lowest pooled root-mean-square error of the logged quantity is kept "
-        "(ties go to fewer terms). Errors are in e-folds (0.1 is about 10%).",
+        "subset with the lowest root-mean-square error of the logged quantity, the mean of the "
+        "two kinds of fold (a new budget and a new size weigh the same), is kept, each term "
+        "having to lower it by 5%. Errors are in e-folds (0.1 is about 10%).",
         "",
         held_out_terms_table(step),
         "",
@@ -360,6 +379,8 @@ def markdown(doc: dict) -> str:
         "",
         "critbatch's answer is fitted without the held-out cells; its batch is the largest "
         "within 0.01 nats/token of the predicted best (B_opt exp(sqrt(0.01 / kappa_above))). "
+        "'Measured loss given up' is the grid's best loss at that batch (interpolated in "
+        "ln B) above the cell's best: what the answer costs, whatever the checks say. "
         "The measured lr at a batch is the same line through the nearest grid batches' "
         "optima (the nearest batch's own optimum in brackets: neighbours scatter by about a "
         "grid step). Step Law's formula was fitted on every cell, these included, and "
@@ -396,7 +417,7 @@ def markdown(doc: dict) -> str:
         f"interval [{cbs['beta_t_low']:.3f}, {cbs['beta_t_high']:.3f}] (3 dof), residual "
         f"bootstrap [{cbs['beta_boot_low']:.3f}, {cbs['beta_boot_high']:.3f}]; published "
         f"{cbs['published_beta']:.3f}. Without the offset, B_crit = E_min/S_min (McCandlish's "
-        f"definition, and the 20% rule's, which is a fifth of it) grows as N^"
+        f"definition; the 20% token-overhead rule's CBS is a fifth of it) grows as N^"
         f"{bcrit_law['beta']:.3f} [{bcrit_law['beta_boot_low']:.3f}, "
         f"{bcrit_law['beta_boot_high']:.3f}]: the published 0.468 rests on the constant "
         "307.2-sequence offset, which flattens the law.",
@@ -412,11 +433,14 @@ def markdown(doc: dict) -> str:
 def summary_lines(doc: dict) -> str:
     step = doc["steplaw"]
     rows = exponent_rows(step)
-    passed = sum(all(v for v in r[k]["checks"].values() if v is not None)
-                 for r in step["validation"] for k in ("critbatch",))
     out = ["Step Law: critbatch [cell bootstrap] against Step Law's bootstrap:"]
     out += [f"  {r[0]}: {r[1]} vs {r[3]} (overlap: {r[4]})" for r in rows]
-    out.append(f"  held out: {passed} of {len(step['validation'])} cases pass every check")
+    for who, key in (("critbatch", "critbatch"), ("Step Law's formula", "steplaw_formula")):
+        cases = [v[key] for v in step["validation"] if v.get(key)]
+        passed = sum(all(x for x in c["checks"].values() if x is not None) for c in cases)
+        given = [c["loss_given_up"] for c in cases]
+        out.append(f"  held out, {who}: {passed} of {len(cases)} cases pass every check; "
+                   f"measured loss given up {min(given):.4f}-{max(given):.4f} nats/token")
     cbs = doc["zhang"]["cbs_law"]
     worst = max(max(abs(s["s_min_rel_diff"]), abs(s["e_min_rel_diff"]))
                 for s in doc["zhang"]["sizes"])

@@ -25,10 +25,13 @@ from critbatch.science.grid_laws import (
     BOOTSTRAP,
     CellOptimum,
     GridModel,
+    GridTooSmall,
     bootstrap_law,
+    cell_ids,
     cell_optimum,
     fit_grid,
     fit_law,
+    lr_points,
 )
 
 SEQ_LEN = 2048  # tokens per sequence in every Step Law run
@@ -81,6 +84,15 @@ def table_rows(runs: list[dict]) -> list[dict]:
              "batch_size": int(r["batch_size"]), "seq_len": SEQ_LEN, "tokens": int(r["tokens"]),
              "loss": r["loss"], "params": int(r["params"]), "status": "completed"}
             for i, r in enumerate(runs) if math.isfinite(r["loss"])]
+
+
+def fit(cells: list[CellOptimum], resamples: int = BOOTSTRAP) -> GridModel:
+    """`science.grid_laws.fit_grid`, a grid too small for its laws stopping with one line."""
+    try:
+        return fit_grid(cells, resamples)
+    except GridTooSmall as err:
+        raise ResultsError(f"the grid cannot give its laws: {err}; give it more sizes, budgets, "
+                           "batches or lrs around each optimum") from None
 
 
 def cells_of(runs: list[dict]) -> list[CellOptimum]:
@@ -168,19 +180,29 @@ def formula(law: dict, params: float, tokens: float) -> dict:
 
 def held_out_cases(cells: list[CellOptimum]) -> list[tuple[str, list[bool], CellOptimum]]:
     """(name, held-out mask, target cell): the largest model (all its budgets) predicted at
-    its smallest budget, and each size's largest budget."""
+    its smallest budget, where two sizes or more are left, and each size's largest budget.
+    A name says how far a held-out budget lies beyond the size's next one, and how many of
+    the target's batches only bound their best lr (on the lr grid's edge)."""
     sizes = sorted({c.params for c in cells})
     cases = []
-    largest = [c for c in cells if c.params == sizes[-1]]
-    target = min(largest, key=lambda c: c.tokens)
-    cases.append((f"the {sizes[-1] / 1e9:.2f}B model at {target.tokens / 1e9:.0f}B tokens "
-                   "(the whole model held out)", [c.params == sizes[-1] for c in cells], target))
+
+    def edges(cell):
+        n = cell.edge_batches()
+        return f"; {n} of {len(cell.batches)} batches' best lr on the lr grid's edge" if n else ""
+
+    if len(sizes) >= 3:
+        largest = [c for c in cells if c.params == sizes[-1]]
+        target = min(largest, key=lambda c: c.tokens)
+        cases.append((f"the {sizes[-1] / 1e9:.2f}B model at {target.tokens / 1e9:.0f}B tokens "
+                      f"(the whole model held out{edges(target)})",
+                      [c.params == sizes[-1] for c in cells], target))
     for n in sizes:
-        mine = [c for c in cells if c.params == n]
+        mine = sorted((c for c in cells if c.params == n), key=lambda c: c.tokens)
         if len(mine) < 2:
             continue
-        top = max(mine, key=lambda c: c.tokens)
-        cases.append((f"{n / 1e6:.0f}M at its largest budget, {top.tokens / 1e9:.0f}B tokens",
+        top = mine[-1]
+        cases.append((f"{n / 1e6:.0f}M at its largest budget, {top.tokens / 1e9:.0f}B tokens "
+                       f"({top.tokens / mine[-2].tokens:.1f}x its next{edges(top)})",
                        [c is top for c in cells], top))
     return cases
 
@@ -188,15 +210,18 @@ def held_out_cases(cells: list[CellOptimum]) -> list[tuple[str, list[bool], Cell
 def compare(cell: CellOptimum, batch: float, lr: float, loss: float | None,
             tolerance: float) -> dict:
     """How a (batch, lr, loss) answer lands on a measured cell: the batch against the largest
-    within `tolerance` of the best; the lr against the grid's best lr at that batch
+    within `tolerance` of the best, and the loss the grid measured there above its best
+    (`loss_given_up`, interpolated in ln B); the lr against the grid's best lr at that batch
     (`CellOptimum.lr_at`: a line through the optima of the nearest grid batches, whose own
     optima scatter by about a grid step; the nearest batch's own optimum is reported beside);
     the loss against the nearest grid batch's."""
     measured_batch = cell.largest_within(tolerance)
     at = cell.nearest(batch)
     measured_lr = cell.lr_at(batch)
+    best = min(p.loss for p in cell.batches)
     out = {"batch_size": batch, "lr": lr, "predicted_loss": loss,
-           "measured_batch_size": measured_batch, "grid_batch": at.batch,
+           "measured_batch_size": measured_batch, "measured_b_opt": cell.b_opt,
+           "loss_given_up": cell.measured_loss_at(batch) - best, "grid_batch": at.batch,
            "measured_lr": measured_lr, "grid_batch_lr": at.lr, "grid_batch_lr_edge": at.edge,
            "measured_loss": at.loss, "batch_ratio": batch / measured_batch,
            "lr_ratio": lr / measured_lr,
@@ -214,7 +239,7 @@ def validate(cells: list[CellOptimum], law: dict | None, tolerance: float = TOLE
     (fitted on every cell, these included), against the measured cell."""
     rows = []
     for name, held, cell in held_out_cases(cells):
-        model = fit_grid([c for c, h in zip(cells, held, strict=True) if not h], resamples)
+        model = fit([c for c, h in zip(cells, held, strict=True) if not h], resamples)
         answer = model.answer(cell.params, cell.tokens, tolerance)
         ours = compare(cell, answer["batch_size"], answer["lr"],
                        model.loss_at(cell.params, cell.tokens, cell.nearest(
@@ -268,13 +293,20 @@ def model_summary(model: GridModel) -> dict:
 def steplaw_forms(cells: list[CellOptimum], resamples: int = BOOTSTRAP) -> dict:
     """critbatch's cell optima fitted in Step Law's own forms, whatever the held-out tests
     choose: lr(B_opt) in ln N and ln D, B_opt (tokens) in ln D alone; each with its cell
-    bootstrap. Like with like: the exponents to set beside Step Law's."""
+    bootstrap. Like with like: the exponents to set beside Step Law's. Also lr*(B) with every
+    term, for the budget exponent at a fixed batch that the held-out test may drop."""
     inner = [c for c in cells if c.b_opt_edge is None]
     n, d = [c.params for c in inner], [c.tokens for c in inner]
-    ids = [f"{c.params}|{c.tokens}" for c in inner]
+    ids = cell_ids(n, d)
     lr = fit_law("lr(B_opt)", ("N", "D"), [c.lr_opt for c in inner], n, d)
     batch = fit_law("B_opt tokens", ("D",), [c.b_opt * SEQ_LEN for c in inner], n, d)
-    return {"lr_at_b_opt": law_summary(bootstrap_law(lr, [c.lr_opt for c in inner], n, d, ids,
+    pts = lr_points(inner)
+    full = fit_law("lr*(B), B+N+D", ("B", "N", "D"), pts["lr"], pts["params"], pts["tokens"],
+                   pts["batch"])
+    full = bootstrap_law(full, pts["lr"], pts["params"], pts["tokens"],
+                         cell_ids(pts["params"], pts["tokens"]), pts["batch"], resamples)
+    return {"lr_with_budget": law_summary(full),
+            "lr_at_b_opt": law_summary(bootstrap_law(lr, [c.lr_opt for c in inner], n, d, ids,
                                                      resamples=resamples)),
             "b_opt_tokens": law_summary(bootstrap_law(batch, [c.b_opt * SEQ_LEN for c in inner],
                                                       n, d, ids, resamples=resamples))}
@@ -286,7 +318,7 @@ def analyse(runs_path: str | Path, bootstrap_path: str | Path | None = None,
     (key `model`, removed before writing)."""
     runs = read_runs(runs_path)
     cells = cells_of(runs)
-    model = fit_grid(cells, resamples)
+    model = fit(cells, resamples)
     law = published(bootstrap_path) if bootstrap_path else None
     return {"runs": len(runs), "cells": cell_rows(cells), "laws": model_summary(model),
             "steplaw_forms": steplaw_forms(cells, resamples),

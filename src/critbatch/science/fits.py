@@ -177,12 +177,34 @@ class LossCurve:
         return float(self.tokens[end] * ratio ** (-1 / alpha)), True
 
 
+def least_squares(design: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int,
+                                                                float]:
+    """(coef, covariance, dof, residual sd) of ordinary least squares y ~ design.
+
+    The covariance comes from the SVD of the design itself (inverting design' design squares
+    its condition number; on a numerically singular design pinv gave sds of 1e-15): NaN where
+    the design is singular or there is no dof, as the residual sd is without dof."""
+    design, y = np.asarray(design, float), np.asarray(y, float)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    dof = len(y) - design.shape[1]
+    cov = np.full((design.shape[1],) * 2, math.nan)
+    if dof <= 0:
+        return coef, cov, dof, math.nan
+    resid = y - design @ coef
+    s2 = float(resid @ resid) / dof
+    _, singular, vt = np.linalg.svd(design, full_matrices=False)
+    if singular[-1] > 1e-12 * singular[0]:
+        cov = s2 * (vt.T / singular**2) @ vt
+    return coef, cov, dof, math.sqrt(s2)
+
+
 def fit_log_linear(x, y, sigma=None) -> dict | None:
     """Least squares y = c + k x with 95% Student-t intervals (None with < 2 points).
 
     `sigma`: each point's standard deviation in y (relative weights 1/sigma^2; the covariance
     is scaled by the weighted residuals, as scipy's curve_fit does with absolute_sigma=False);
-    None weighs every point equally. Intervals are None with exactly two points (exact fit).
+    None weighs every point equally. Intervals are None with exactly two points (exact fit)
+    and where the weighted design is numerically singular (`least_squares`).
     """
     from scipy.stats import t as student_t
 
@@ -192,21 +214,12 @@ def fit_log_linear(x, y, sigma=None) -> dict | None:
         return None
     w = np.ones(n) if sigma is None else 1.0 / np.asarray(sigma, float)  # sqrt of the weights
     a = np.stack([np.ones_like(x), x], axis=1)
-    aw, yw = (a, y) if sigma is None else (a * w[:, None], y * w)
-    (c, k), *_ = np.linalg.lstsq(aw, yw, rcond=None)
+    (c, k), cov, _, sd = least_squares(a * w[:, None], y * w)
     out = {"intercept": float(c), "slope": float(k), "n": n, "intercept_sd": None,
            "slope_sd": None, "t": None, "residual_sd": None}
-    if n > 2:
-        resid = yw - aw @ np.array([c, k])
-        s2 = float(resid @ resid) / (n - 2)
-        # from the SVD of the weighted design itself (inv(aw' aw) failed, and squared the
-        # condition number, with weights 1e13 apart); none where it is numerically singular
-        _, singular, vt = np.linalg.svd(aw, full_matrices=False)
-        cov = s2 * (vt.T / singular**2) @ vt
-        if singular[-1] > 1e-12 * singular[0] and np.isfinite(cov).all():
-            out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
-                       t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)),
-                       residual_sd=math.sqrt(s2))
+    if n > 2 and np.isfinite(cov).all():
+        out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
+                   t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)), residual_sd=sd)
     return out
 
 

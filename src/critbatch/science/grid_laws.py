@@ -18,7 +18,8 @@ Across cells, log-linear laws (`fit_law`): ln B_opt, ln lr(B_opt) and, per batch
 (`lr_points`) in ln N and ln D. Which of the N and D terms a law keeps is decided by held-out
 prediction (`select_terms`), never by default: every subset is fitted with a fold held out
 (each size's largest budget; the largest size) and the subset with the smallest held-out
-root-mean-square error of the logged quantity wins, each term having to lower it by
+root-mean-square error of the logged quantity (the mean of the held-out budgets' and the
+held-out size's, so that both questions weigh the same) wins, each term having to lower it by
 TERM_GAIN or more. Laws' intervals are a bootstrap over the
 cells (`bootstrap_law`), the resampling unit of the points they are fitted to, beside the OLS
 t interval. The loss at B_opt follows Hoffmann et al. 2022's form
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.science.fits import CONFIDENCE, refine_best_lr
+from critbatch.science.fits import CONFIDENCE, least_squares, refine_best_lr
 
 N_REF = 1e8  # parameters: the unit of the loss law's size term
 D_REF = 1e10  # tokens: the unit of the loss law's budget term
@@ -46,11 +47,15 @@ PENALTY_REACH = 8.0  # batches up to this factor from B_opt measure the penalty'
 LR_WINDOW = 4.0  # per-batch lr optima within this factor of their cell's B_opt feed lr*(B)
 BOOTSTRAP = 2000  # cell resamples of a law's bootstrap
 TERMS = ("N", "D")  # the optional terms of a law in ln N and ln D
-# A term is kept only when it lowers the pooled held-out error by this fraction or more: with
-# no true term, 6% of planted sweeps keep one (25% at no margin); a planted lr ~ D^0.1 at 5%
+# A term is kept only when it lowers the held-out error by this fraction or more: with no
+# true term, 7% of planted sweeps keep one (26% at no margin); a planted lr ~ D^0.1 at 5%
 # scatter is kept in all (measured over 300 planted lr laws each, 3 sizes x 3 budgets x 4
 # batches)
 TERM_GAIN = 0.05
+
+
+class GridTooSmall(ValueError):
+    """The grid cannot give a law: too few cells with an interior optimum."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,16 +85,22 @@ class CellOptimum:
     lr_opt: float  # the lr at B_opt
     lr_opt_points: int  # interior per-batch optima the lr at B_opt was read from
 
-    def loss_at(self, batch: float) -> float:
-        """The measured best loss of the grid batch nearest `batch` (in ln B)."""
-        return self.nearest(batch).loss
-
     def nearest(self, batch: float) -> BatchOptimum:
         return min(self.batches, key=lambda b: abs(math.log(b.batch / batch)))
 
     def lr_at(self, batch: float) -> float:
         """The best lr at `batch`, read from the grid (`lr_at`)."""
         return lr_at(self.batches, batch)[0]
+
+    def measured_loss_at(self, batch: float) -> float:
+        """The grid's best loss at `batch`: linear in ln B between the per-batch best losses
+        (the end batch's beyond the grid)."""
+        x = np.log([p.batch for p in self.batches])
+        return float(np.interp(math.log(batch), x, [p.loss for p in self.batches]))
+
+    def edge_batches(self) -> int:
+        """Batches whose best lr lies on the lr grid's edge (their loss only bounds it)."""
+        return sum(p.edge is not None for p in self.batches)
 
     def largest_within(self, tolerance: float) -> float:
         """The largest grid batch whose best loss is within `tolerance` of the cell's best."""
@@ -174,10 +185,14 @@ class Law:
 
     def predict_interval(self, params: float, tokens: float, batch: float | None = None,
                          confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
-        """The cell bootstrap's central interval of the law's prediction."""
+        """A prediction interval for one new cell's value: the cell bootstrap's predictions of
+        the law, each with a draw of the law's residual scatter (a new cell scatters about
+        the law as the fitted ones do). None without a bootstrap."""
         if len(self.boot) < 10:
             return None, None
         values = self.boot @ self.row(batch, params, tokens)
+        if math.isfinite(self.residual_sd):
+            values = values + self.residual_sd * np.random.default_rng(0).normal(size=len(values))
         tail = 100 * (1 - confidence) / 2
         lo, hi = np.percentile(values, [tail, 100 - tail])
         return float(math.exp(lo)), float(math.exp(hi))
@@ -190,20 +205,17 @@ def design(columns: tuple[str, ...], batch, params, tokens) -> np.ndarray:
                                           for c in columns)])
 
 
-def ols(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """(coef, covariance, dof, residual sd) of least squares; NaN covariance without dof."""
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    dof = len(y) - x.shape[1]
-    resid = y - x @ coef
-    var = float(resid @ resid / dof) if dof > 0 else math.nan
-    cov = var * np.linalg.pinv(x.T @ x) if dof > 0 else np.full((x.shape[1],) * 2, math.nan)
-    return coef, cov, dof, math.sqrt(var) if dof > 0 else math.nan
-
-
 def fit_law(name: str, columns: tuple[str, ...], y, params, tokens, batch=None) -> Law:
     """The law of ln y on `columns` by ordinary least squares."""
-    coef, cov, dof, sd = ols(design(columns, batch, params, tokens), np.log(np.asarray(y, float)))
+    coef, cov, dof, sd = least_squares(design(columns, batch, params, tokens),
+                                       np.log(np.asarray(y, float)))
     return Law(name, columns, coef, cov, dof, sd)
+
+
+def cell_ids(params, tokens) -> list[str]:
+    """One name per (N, D) cell: the unit of a law's bootstrap."""
+    return [f"{n:.6g}|{d:.6g}" for n, d in zip(np.atleast_1d(params), np.atleast_1d(tokens),
+                                                strict=True)]
 
 
 def bootstrap_law(law: Law, y, params, tokens, cell, batch=None, resamples: int = BOOTSTRAP,
@@ -244,13 +256,14 @@ def held_out_folds(params, tokens) -> list[tuple[str, np.ndarray]]:
 
 def held_out_rms(columns: tuple[str, ...], y, params, tokens, batch=None) -> dict:
     """Root-mean-square error of ln y on the held-out points of every fold (each fitted on
-    the rest), split into held-out budgets and the held-out size, and pooled."""
+    the rest): over the held-out budgets, over the held-out size, and their mean (each
+    question, a new budget and a new size, weighs the same however many points it has)."""
     x = design(columns, batch, params, tokens)
     ly = np.log(np.asarray(y, float))
     errors: dict[str, list[float]] = {"budget": [], "size": []}
     for name, held in held_out_folds(params, tokens):
         if np.linalg.matrix_rank(x[~held]) < x.shape[1]:
-            return {"budget": math.inf, "size": math.inf, "pooled": math.inf}
+            return {"budget": math.inf, "size": math.inf, "mean": math.inf}
         coef = np.linalg.lstsq(x[~held], ly[~held], rcond=None)[0]
         errors["size" if name.startswith("size") else "budget"] += (x[held] @ coef
                                                                     - ly[held]).tolist()
@@ -258,32 +271,32 @@ def held_out_rms(columns: tuple[str, ...], y, params, tokens, batch=None) -> dic
     def rms(e):
         return float(math.sqrt(np.mean(np.square(e)))) if e else math.nan
 
+    kinds = [rms(e) for e in errors.values() if e]
     return {"budget": rms(errors["budget"]), "size": rms(errors["size"]),
-            "pooled": rms(errors["budget"] + errors["size"])}
+            "mean": float(np.mean(kinds)) if kinds else math.nan}
 
 
-def penalised(pooled: float, terms: int) -> float:
+def penalised(error: float, terms: int) -> float:
     """A held-out error raised by 1/(1 - TERM_GAIN) per optional term: a law with one more
     term wins only when its error is TERM_GAIN lower."""
-    return round(pooled / (1 - TERM_GAIN) ** terms, 12) if math.isfinite(pooled) else math.inf
+    return round(error / (1 - TERM_GAIN) ** terms, 12) if math.isfinite(error) else math.inf
 
 
 def select_terms(name: str, y, params, tokens, batch=None, always: tuple[str, ...] = (),
                  resamples: int = BOOTSTRAP, seed: int = 0) -> Law:
     """The law of ln y whose optional terms (ln N, ln D: every subset, beside the `always`
-    columns) predict held-out folds best (`held_out_rms`, pooled), each term having to lower
-    the error by TERM_GAIN (`penalised`). Returns it with its cell bootstrap and every
-    subset's scores in `held_out`."""
+    columns) predict held-out folds best (`held_out_rms`, the mean of the budget and size
+    errors), each term having to lower the error by TERM_GAIN (`penalised`). Returns it with
+    its cell bootstrap and every subset's scores in `held_out`."""
     scores = {}
     for k in range(len(TERMS) + 1):
         for terms in itertools.combinations(TERMS, k):
             columns = (*always, *terms)
             scores[columns] = held_out_rms(columns, y, params, tokens, batch)
-    best = min(scores, key=lambda c: (penalised(scores[c]["pooled"], len(c) - len(always)),
+    best = min(scores, key=lambda c: (penalised(scores[c]["mean"], len(c) - len(always)),
                                       len(c)))
     law = fit_law(name, best, y, params, tokens, batch)
-    cell = [f"{n:.6g}|{d:.6g}" for n, d in zip(np.atleast_1d(params), np.atleast_1d(tokens),
-                                                 strict=True)]
+    cell = cell_ids(params, tokens)
     law = bootstrap_law(law, y, params, tokens, cell, batch, resamples, seed)
     law.held_out = {"+".join(c) or "constant": s for c, s in scores.items()}
     law.held_out["chosen"] = "+".join(best) or "constant"
@@ -349,7 +362,8 @@ class Penalty:
 
     def loss_over_best(self, batch: float, b_opt: float) -> float:
         u = math.log(batch / b_opt)
-        return (self.above if u > 0 else self.below) * u * u
+        kappa = self.above if u > 0 else self.below
+        return kappa * u * u if math.isfinite(kappa) else 0.0
 
 
 def fit_penalty(cells: list[CellOptimum]) -> Penalty:
@@ -385,6 +399,9 @@ def lr_points(cells: list[CellOptimum]) -> dict[str, np.ndarray]:
     B_opt: the points of the lr law in (B, N, D)."""
     rows = [(p.batch, c.params, c.tokens, p.lr) for c in cells for p in c.batches
             if p.edge is None and abs(math.log(p.batch / c.b_opt)) <= math.log(LR_WINDOW)]
+    if len(rows) < 4:
+        raise GridTooSmall(f"{len(rows)} interior lr optima near their cell's best batch; the "
+                           "lr law needs 4")
     b, n, d, lr = (np.array(x, float) for x in zip(*rows, strict=True))
     return {"batch": b, "params": n, "tokens": d, "lr": lr}
 
@@ -400,28 +417,43 @@ class GridModel:
     loss: LossLaw | None
     penalty: Penalty
 
+    def stretch(self, tolerance: float) -> float:
+        """B / B_opt of the largest batch within `tolerance` of the best: exp(sqrt(T / kappa));
+        1 where the grid measured no curvature above B_opt."""
+        kappa = self.penalty.above
+        return math.exp(math.sqrt(tolerance / kappa)) if kappa > 0 else 1.0
+
+    def best_loss(self, params: float, tokens: float) -> float | None:
+        return float(self.loss.predict(params, tokens)) if self.loss else None
+
     def answer(self, params: float, tokens: float, tolerance: float) -> dict:
         """The largest batch within `tolerance` of the predicted best, its lr and loss, with
-        the cell bootstrap's intervals on the batch and lr."""
+        95% prediction intervals on the batch and lr (`Law.predict_interval`)."""
         b_opt = self.b_opt.predict(params, tokens)
-        stretch = math.exp(math.sqrt(tolerance / self.penalty.above))
+        stretch = self.stretch(tolerance)
         batch = b_opt * stretch
-        best = float(self.loss.predict(params, tokens)) if self.loss else math.nan
+        best = self.best_loss(params, tokens)
         lo, hi = self.b_opt.predict_interval(params, tokens)
         lr_lo, lr_hi = self.lr.predict_interval(params, tokens, batch)
         return {"batch_size": batch, "batch_size_low": lo and lo * stretch,
                 "batch_size_high": hi and hi * stretch, "b_opt": b_opt,
                 "lr": self.lr.predict(params, tokens, batch), "lr_low": lr_lo, "lr_high": lr_hi,
-                "predicted_best_loss": best, "predicted_loss": best + tolerance}
+                "predicted_best_loss": best,
+                "predicted_loss": None if best is None else best + tolerance}
 
-    def loss_at(self, params: float, tokens: float, batch: float) -> float:
-        best = float(self.loss.predict(params, tokens)) if self.loss else math.nan
-        return best + self.penalty.loss_over_best(batch, self.b_opt.predict(params, tokens))
+    def loss_at(self, params: float, tokens: float, batch: float) -> float | None:
+        """The predicted loss at `batch`: L* plus the penalty of its distance from B_opt."""
+        best = self.best_loss(params, tokens)
+        return None if best is None else best + self.penalty.loss_over_best(
+            batch, self.b_opt.predict(params, tokens))
 
 
 def fit_grid(cells: list[CellOptimum], resamples: int = BOOTSTRAP, seed: int = 0) -> GridModel:
     """Every law of `cells`, terms chosen by held-out prediction (`select_terms`)."""
     inner = [c for c in cells if c.b_opt_edge is None]
+    if len(inner) < 3:
+        raise GridTooSmall(f"{len(inner)} of {len(cells)} cells have their best batch inside "
+                           "the batch grid; the laws need 3")
     n = np.array([c.params for c in inner])
     d = np.array([c.tokens for c in inner])
     b_opt = select_terms("B_opt", [c.b_opt for c in inner], n, d, resamples=resamples,

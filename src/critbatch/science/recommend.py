@@ -390,20 +390,21 @@ def choose_budget_term(batch, params, tokens, lr) -> dict | None:
     """Whether the lr law keeps a budget term: where some size has lr optima at two budgets
     or more, the law with and without ln D each predicts held-out folds (each size's largest
     budget; the largest size, with three sizes or more) and the term is kept when it lowers
-    the pooled root-mean-square error of ln lr* by TERM_GAIN or more (`grid_laws`). None
-    where no size has two budgets."""
+    the root-mean-square error of ln lr* (`grid_laws.held_out_rms`' mean) by TERM_GAIN or
+    more. None where no size has two budgets."""
     batch, params, tokens, lr = (np.asarray(x, float) for x in (batch, params, tokens, lr))
     if not any(len(set(tokens[params == n].tolist())) >= 2 for n in set(params.tolist())):
         return None
     base = ("B",) if len(set(params.tolist())) < 2 else ("B", "N")
     without = held_out_rms(base, lr, params, tokens, batch)
     with_d = held_out_rms((*base, "D"), lr, params, tokens, batch)
-    keep = bool(np.isfinite(with_d["pooled"])
-                and with_d["pooled"] < (1 - TERM_GAIN) * without["pooled"])
+    keep = bool(np.isfinite(with_d["mean"])
+                and with_d["mean"] < (1 - TERM_GAIN) * without["mean"])
     return {"kept": keep, "held_out_rms_log_without": without,
             "held_out_rms_log_with": with_d,
-            "rule": f"kept when it lowers the pooled held-out rms of ln lr* by {TERM_GAIN:.0%} "
-                    "or more (folds: each size's largest budget, and the largest size)"}
+            "rule": f"kept when it lowers the held-out rms of ln lr* by {TERM_GAIN:.0%} or "
+                    "more (the mean over held-out budgets, each size's largest, and the "
+                    "held-out largest size)"}
 
 
 def fit_lr_law(batch, params, lr, tokens=None) -> LrLaw | None:
