@@ -46,27 +46,22 @@ _STEPLAW_LICENSE = "none stated: read or downloaded, never copied into this repo
 _STEPLAW_DENSE = "data/dense_lr_bs_loss.csv"
 _STEPLAW_BOOT = "data/1004_fitted_lr_bs_scaling_model_parameters.csv"
 
+def _steplaw_file(key: str, filename: str, path: str, sha256: str, citation: str) -> Source:
+    """One of Step Law's files at the pinned commit."""
+    return Source(key=key, filename=filename, sha256=sha256, license=_STEPLAW_LICENSE,
+                  url=_github_raw(_STEPLAW_REPO, _STEPLAW_COMMIT, path), citation=citation,
+                  commit=_STEPLAW_COMMIT, path=path)
+
+
 SOURCES: dict[str, Source] = {
-    "steplaw": Source(
-        key="steplaw",
-        filename="steplaw_dense_lr_bs_loss.csv",
-        url=_github_raw(_STEPLAW_REPO, _STEPLAW_COMMIT, _STEPLAW_DENSE),
-        sha256="9e46181076c04d450294d75dfe6f72adc416e231e154a07b337e378f9410002c",
-        license=_STEPLAW_LICENSE,
-        citation="Li et al. 2025, Predictable Scale: Part I (Step Law), dense grid",
-        commit=_STEPLAW_COMMIT,
-        path=_STEPLAW_DENSE,
-    ),
-    "steplaw_bootstrap": Source(
-        key="steplaw_bootstrap",
-        filename="steplaw_fitted_lr_bs_bootstrap.csv",
-        url=_github_raw(_STEPLAW_REPO, _STEPLAW_COMMIT, _STEPLAW_BOOT),
-        sha256="2252afbba5530e6ba6167e8101bd2b9082a018a58cb5922cc8672891a7f4336c",
-        license=_STEPLAW_LICENSE,
-        citation="Li et al. 2025, Step Law's 1,000 bootstrap fits of its lr and batch laws",
-        commit=_STEPLAW_COMMIT,
-        path=_STEPLAW_BOOT,
-    ),
+    "steplaw": _steplaw_file(
+        "steplaw", "steplaw_dense_lr_bs_loss.csv", _STEPLAW_DENSE,
+        "9e46181076c04d450294d75dfe6f72adc416e231e154a07b337e378f9410002c",
+        "Li et al. 2025, Predictable Scale: Part I (Step Law), dense grid"),
+    "steplaw_bootstrap": _steplaw_file(
+        "steplaw_bootstrap", "steplaw_fitted_lr_bs_bootstrap.csv", _STEPLAW_BOOT,
+        "2252afbba5530e6ba6167e8101bd2b9082a018a58cb5922cc8672891a7f4336c",
+        "Li et al. 2025, Step Law's 1,000 bootstrap fits of its lr and batch laws"),
 }
 
 
