@@ -14,7 +14,9 @@ from critbatch.training.loop import train
 
 def wandb_records(path: Path) -> list:
     """The records of an offline run's `.wandb` file (a header, then 32 KiB blocks of
-    length-prefixed chunks: 4-byte checksum, 2-byte length, 1-byte type full/first/middle/last)."""
+    length-prefixed chunks: 4-byte checksum, 2-byte length, 1-byte type full/first/middle/last)
+    written so far: a chunk cut short by the service still writing it ends the read (callers
+    poll until the record they wait for is there)."""
     data = path.read_bytes()
     assert data[:4] == b":W&B", data[:7]
     pos, block, out, pending = 7, 32768, [], b""
@@ -23,6 +25,8 @@ def wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):  # a chunk the service is still writing: read later
+            break
         pending += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4) and pending:  # a full record, or the last chunk of one
