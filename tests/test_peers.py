@@ -61,16 +61,13 @@ def planted_sources(tmp_path, monkeypatch):
     return tmp_path / "peers"
 
 
-@pytest.mark.slow
 def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_path, capsys):
+    """(The joint model on the grid's table: `test_the_grid_as_a_table_...` below.)"""
     doc = report.run(str(planted_sources), tmp_path / "out", tmp_path / "docs" / "peers.md",
-                     resamples=50, cache=tmp_path / "cache")
+                     resamples=50, cache=tmp_path / "cache", joint=False)
     for name in (report.REPORT_FILE, report.JSON_FILE, "steplaw_loss_vs_lr.png",
                  "steplaw_laws.png", "zhang_cbs.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
-    # the grid re-expressed as a table goes to the cache, never beside the report
-    assert (tmp_path / "cache" / report.TABLE_FILE).exists()
-    assert not (tmp_path / "out" / report.TABLE_FILE).exists()
     page = (tmp_path / "docs" / "peers.md").read_text()
     assert "](peers/steplaw_laws.png)" in page and (tmp_path / "docs/peers/zhang_cbs.png").exists()
     saved = json.loads((tmp_path / "out" / report.JSON_FILE).read_text())
@@ -79,6 +76,22 @@ def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_pa
     assert all(v["critbatch"]["checks"]["batch_within_a_doubling"]
                for v in doc["steplaw"]["validation"])
     assert "Step Law: critbatch" in capsys.readouterr().out
+
+
+def test_the_grid_as_a_table_goes_through_the_joint_model_and_the_sweep_recommend(
+        planted_sources, tmp_path):
+    """Three sizes of the planted grid through critbatch's table path: the joint model's
+    verdict and B_crit(L) row, and the sweep recommend held out case by case like the grid
+    laws; the table lands in the cache folder given, never beside the report."""
+    runs = [r for r in steplaw.read_runs(planted_sources / sources.SOURCES["steplaw"].filename)
+            if r["params"] <= 4e8]
+    out = report.joint_on_table(runs, tmp_path / "cache")
+    assert (tmp_path / "cache" / report.TABLE_FILE).exists()
+    assert out["joint"]["verdict"] in ("resolved", "unresolved")
+    assert out["kaplan_joint"]["method"] == "joint"
+    cases = out["sweep_recommend"]
+    assert [c["case"].split(" ")[0] for c in cases] == ["the", "200M", "300M", "400M"]
+    assert all(c["checks"]["batch_within_a_doubling"] is not None for c in cases)
 
 
 def test_the_download_path_fills_the_cache_and_then_reads_it(planted_sources, tmp_path):

@@ -55,7 +55,7 @@ def joint_on_table(runs: list[dict], folder: Path) -> dict:
             "kaplan_joint": row, "sweep_recommend": sweep_recommend(loaded["runs"])}
 
 
-def sweep_recommend(runs: list[dict], resamples: int = 20) -> list[dict]:
+def sweep_recommend(runs: list[dict], resamples: int = 0) -> list[dict]:
     """The recommend of a user's sweep (`analysis.recommend`: the loss law across sizes and
     the lr law) on the grid's table, held out like `steplaw.validate`: what a user would get
     by passing the grid as their own sweep. `resamples` bootstrap refits: its point answer is
