@@ -33,6 +33,7 @@ ifneq ($(TORCH_PIP),$(TORCH_HAVE))
 $(STAMP): FORCE
 endif
 $(STAMP): pyproject.toml
+	@echo "critbatch: installing into $(VENV)/ (once; about a minute on a fast mirror): PyTorch 2.13 ($(TORCH_PIP)), then critbatch and its dependencies; $(VENV)/ ends near 1.7 GB"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifneq ($(TORCH_HAVE),)
 ifneq ($(TORCH_PIP),$(TORCH_HAVE))
@@ -41,9 +42,11 @@ ifneq ($(TORCH_PIP),$(TORCH_HAVE))
 endif
 endif
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIP)
+	@echo "critbatch: PyTorch installed; now critbatch, numpy, scipy, hydra, wandb, matplotlib, pytest ..."
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@echo '$(TORCH_PIP)' > $(TORCH_FILE)
 	@touch $(STAMP)
+	@echo "critbatch: installed; $(VENV)/ holds $$(du -sh $(VENV) 2>/dev/null | cut -f1)"
 
 .PHONY: FORCE
 FORCE:
