@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from critbatch import files
-from critbatch.analysis import bcrit, kaplan, pareto, synthetic
+from critbatch.analysis import bcrit, best_lr, kaplan, pareto, synthetic
 from critbatch.analysis import results as runs
 from critbatch.analysis.bcrit import analyse
 from critbatch.analysis.results import (
@@ -117,7 +117,7 @@ def test_an_extrapolated_bcrit_carries_the_spread_of_two_extrapolation_forms():
     truth = SyntheticTruth()
     budgets = [2**21, 2**22, 2**23, 2**24]
     curve = fits.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
-    cell = bcrit.Cell(batch_size=64, tokens=2**25, lr=1e-3, bytes_per_token=3.0,
+    cell = best_lr.Cell(batch_size=64, tokens=2**25, lr=1e-3, bytes_per_token=3.0,
                       loss=truth.final_loss(64, 2**25), loss_sigma=0.002, run_dir="r",
                       edge=None, edge_diverged=False, sigma_source="seed scatter")
     row = bcrit.per_run_bcrit(cell, curve, 16, 0.002, 64, "seeds")
@@ -385,7 +385,7 @@ def test_no_measurable_cost_when_r_is_at_most_one():
     truth = SyntheticTruth()
     budgets = [2**21, 2**22, 2**23, 2**24]
     curve = fits.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
-    cell = bcrit.Cell(batch_size=64, tokens=2**23, lr=1e-3, bytes_per_token=3.0,
+    cell = best_lr.Cell(batch_size=64, tokens=2**23, lr=1e-3, bytes_per_token=3.0,
                       loss=truth.final_loss(16, 2**23) - 0.001, loss_sigma=0.0005,
                       run_dir="r", edge=None, edge_diverged=False)
     row = bcrit.per_run_bcrit(cell, curve, 16, 0.0, 64)
@@ -410,7 +410,7 @@ def test_a_bcrit_whose_interval_is_unbounded_above_stays_out_of_kaplans_law():
     curve = fits.LossCurve(budgets, [truth.final_loss(16, t) for t in budgets])
 
     def row(loss_above_baseline: float, sigma: float) -> dict:
-        cell = bcrit.Cell(batch_size=64, tokens=2**23, lr=1e-3, bytes_per_token=3.0,
+        cell = best_lr.Cell(batch_size=64, tokens=2**23, lr=1e-3, bytes_per_token=3.0,
                           loss=truth.final_loss(16, 2**23) + loss_above_baseline,
                           loss_sigma=sigma, run_dir="r", edge=None, edge_diverged=False)
         return {**bcrit.per_run_bcrit(cell, curve, 16, 0.0, 64), "optimizer": "adamw",
@@ -581,7 +581,7 @@ def test_a_cell_of_too_few_steps_for_its_warmup_is_flagged_and_left_out_of_the_f
     assert result["fits"]["pareto"] and all(
         p["target_loss"] <= curves[1024].loss_range[1] for p in result["fits"]["pareto"]
         if 1024 in p["batch_sizes"])
-    assert not bcrit.too_few_steps(22, None)  # a run that did not record its warmup
+    assert not best_lr.too_few_steps(22, None)  # a run that did not record its warmup
 
 
 def test_batches_below_the_baseline_are_listed_never_zero(tmp_path):

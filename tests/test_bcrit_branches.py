@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import bcrit, consistency, pareto
+from critbatch.analysis import bcrit, best_lr, consistency, pareto
 from critbatch.analysis.bcrit_report import run_analysis
 from critbatch.analysis.results import load_runs, read_summary
 from critbatch.analysis.synthetic import (
@@ -187,8 +187,8 @@ def test_batch_set_and_spread_targets():
     assert spread == pytest.approx([0.25, 0.75, 2.25, 2.75])
 
 
-def cell(batch: int, tokens: int, loss: float) -> bcrit.Cell:
-    return bcrit.Cell(batch_size=batch, tokens=tokens, lr=1e-3, loss=loss, loss_sigma=0.01,
+def cell(batch: int, tokens: int, loss: float) -> best_lr.Cell:
+    return best_lr.Cell(batch_size=batch, tokens=tokens, lr=1e-3, loss=loss, loss_sigma=0.01,
                       bytes_per_token=3.0, run_dir=f"b{batch}_t{tokens}", edge=None,
                       edge_diverged=False)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import bcrit, bcrit_report, fit_bcrit_cli, results, tables
+from critbatch.analysis import bcrit_report, best_lr, fit_bcrit_cli, results, tables
 from critbatch.analysis.synthetic import NoiseLaw, synthetic_branched_sweep, synthetic_sweep
 from critbatch.errors import ResultsError
 from critbatch.files import write_json_atomic
@@ -179,5 +179,5 @@ def test_branch_of_names_its_trunk_by_run_or_folder_name(tmp_path):
                     "exp/main/cool2,main,8,64,16384,3.9\n"
                     "exp/other,,8,64,65536,3.6\n")
     runs, _ = tables.read_table(path)
-    assert bcrit.trunks(runs) == {"exp/main": "exp/main", "exp/main/cool1": "exp/main",
+    assert best_lr.trunks(runs) == {"exp/main": "exp/main", "exp/main/cool1": "exp/main",
                                   "exp/main/cool2": "exp/main", "exp/other": "exp/other"}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit, draws, joint_report, plotting, render, summary
+from critbatch.analysis import bcrit, best_lr, draws, joint_report, plotting, render, summary
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.analysis.results import load_runs, load_wandb_runs
 from critbatch.analysis.tables import csv_text, export_rows, load_tables, write_table
@@ -146,7 +146,7 @@ def loss_tables(groups: list[dict]) -> list[str]:
     return out
 
 
-def base_lr_text(cell: bcrit.Cell, rule: tuple[str, int] | None) -> str:
+def base_lr_text(cell: best_lr.Cell, rule: tuple[str, int] | None) -> str:
     """' (optim.lr 0.0016)': the base lr a cell's trained lr came from by its group's rule
     (`rule`: optim.lr_scaling and optim.base_batch_size), '' where the two are equal."""
     if rule is None or rule[0] in (None, "none") or not rule[1] or cell.batch_size == rule[1]:
@@ -411,7 +411,7 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "intervals, so an extrapolated B_crit never carries a seed-only interval). "
               "r = E/E_eff; B_crit = (B - b r)/(r - 1); "
               "the naive B/(r - 1) ignores the baseline's own batch. A cell whose run trained "
-              f"fewer than {bcrit.MIN_STEPS_PER_WARMUP} x its warmup steps measures the "
+              f"fewer than {best_lr.MIN_STEPS_PER_WARMUP} x its warmup steps measures the "
               "warmup, not the batch: its note says so and it is left out of Kaplan's law and "
               "the Pareto fits.", "",
               by_optimizer(fits["per_run"], per_run_table,
@@ -698,10 +698,10 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
     rules: dict[tuple, set] = defaultdict(set)  # (optim.lr_scaling, optim.base_batch_size)
     for r in runs:
         if r["run_dir"] not in left_out:
-            sweeps[bcrit.group_key(r)][r.get("sweep")] += 1
-            rules[bcrit.group_key(r)].add((r.get("lr_scaling"), r.get("base_batch_size")))
+            sweeps[best_lr.group_key(r)][r.get("sweep")] += 1
+            rules[best_lr.group_key(r)].add((r.get("lr_scaling"), r.get("base_batch_size")))
     for g in result["groups"]:
-        key = tuple(g["key"][k] for k in bcrit.GROUP_KEYS)
+        key = tuple(g["key"][k] for k in best_lr.GROUP_KEYS)
         g["sweeps"] = sweeps.get(key, Counter())
         g["lr_rule"] = next(iter(rules[key])) if len(rules.get(key, ())) == 1 else None
     return result

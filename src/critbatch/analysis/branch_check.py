@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis.bcrit import BUDGET_TOLERANCE
-from critbatch.analysis.bcrit import seed_scatter as bcrit_seed_scatter
+from critbatch.analysis.best_lr import BUDGET_TOLERANCE
+from critbatch.analysis.best_lr import seed_scatter as bcrit_seed_scatter
 from critbatch.analysis.render import fmt, json_clean, md_table
 from critbatch.analysis.results import load_runs
 from critbatch.errors import ResultsError
@@ -37,7 +37,7 @@ def run_key(run: dict) -> tuple:
 
 
 def seed_scatter(runs: list[dict]) -> dict[str, tuple[float, int]]:
-    """Per optimizer, the batch sweep's seed scatter (`bcrit.seed_scatter`: one run's
+    """Per optimizer, the batch sweep's seed scatter (`best_lr.seed_scatter`: one run's
     standard deviation, pooled over the cells whose best lr has several seeds) and its
     degrees of freedom; optimizers without repeated cells are left out."""
     out = {}

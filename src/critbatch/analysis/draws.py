@@ -4,7 +4,7 @@ A sweep trained again at another seed (`make sweep-batch ARGS="grid.seed=10
 grid.baseline_seeds='\\"11,12\\"'"`, docs/studies.md) and analysed together with the first
 (`python analysis/fit_bcrit.py <first> <second>`) measures every cell twice. The joint
 model is fitted to all of them (`analysis.joint`); here the analysed runs (those
-`bcrit.split_runs` keeps, of the groups the joint model used) are split again by their draw
+`best_lr.split_runs` keeps, of the groups the joint model used) are split again by their draw
 (the `grid.seed` override; 0 without one, as in tables and W&B runs, which do not keep the
 overrides), each draw's cells are built and fitted alone in the form the joint fit kept, and
 `science.replicates.check_draws` compares the first two draws: fits.json
@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from critbatch.analysis import bcrit
+from critbatch.analysis import best_lr
 from critbatch.analysis.joint import comparable_groups, model_data, width_label
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import Form, JointData
@@ -56,21 +56,21 @@ def draw_groups(runs: list[dict], keys: list[dict]
     draw's runs of one group at their best lr; per optimizer, the runs two draws share).
     `keys`: the groups the joint model used; only those with two draws or more count.
     Budgets are named over all draws at once, so that one cell has one name in every draw."""
-    groups, _, _ = bcrit.split_runs(runs)
+    groups, _, _ = best_lr.split_runs(runs)
     by_draw: dict[int, list[dict]] = defaultdict(list)
     shared: dict[str, int] = defaultdict(int)
     for key, members in groups.items():
-        group_key = dict(zip(bcrit.GROUP_KEYS, key, strict=True))
+        group_key = dict(zip(best_lr.GROUP_KEYS, key, strict=True))
         drawn: dict[int, list[dict]] = defaultdict(list)
         for r in members:
             drawn[draw_of(r)].append(r)
         if group_key not in keys or len(drawn) < 2:
             continue
         shared[group_key["optimizer"]] += shared_runs(members)
-        budgets = nominal_budgets([r["tokens"] for r in members], bcrit.BUDGET_TOLERANCE)
+        budgets = nominal_budgets([r["tokens"] for r in members], best_lr.BUDGET_TOLERANCE)
         for draw, mine in sorted(drawn.items()):
-            scatter = bcrit.seed_scatter(mine, budgets)
-            cells = bcrit.best_lr_cells(mine, scatter=scatter[0] if scatter else None,
+            scatter = best_lr.seed_scatter(mine, budgets)
+            cells = best_lr.best_lr_cells(mine, scatter=scatter[0] if scatter else None,
                                         budgets=budgets)
             by_draw[draw].append({"key": group_key, "cells": cells})
     return dict(by_draw), dict(shared)

@@ -112,7 +112,7 @@ def seed_noise(group: dict) -> NoiseSplit | None:
     trained at several seeds at their best lr, or None without any: pooled over the batches,
     and per batch where the batches' own trends fit their seeds better (`fit_noise_split`).
     With no significant trend in the tokens a trend is the pooled scatter of
-    `bcrit.seed_scatter`. At cpu scale AdamW's noise differs by batch and lr: one run's sd at
+    `best_lr.seed_scatter`. At cpu scale AdamW's noise differs by batch and lr: one run's sd at
     1.5M tokens was 0.006 at batch 8 (lr 1.5e-3) and 0.125 at batch 32 (lr 3e-3)."""
     samples = seed_samples(group)
     return fit_noise_split(samples) if samples else None

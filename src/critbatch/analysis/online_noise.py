@@ -24,7 +24,7 @@ from critbatch.analysis.results import is_finite
 def series_runs(members: list[dict], cells: list, baseline_batch: int,
                 budgets: dict[int, int]) -> list[dict]:
     """The main runs (no `branch_of`) of the baseline batch at the best grid lr of its largest
-    budget (`bcrit.Cell`s; `budgets` maps tokens to nominal budgets), sorted by seed."""
+    budget (`best_lr.Cell`s; `budgets` maps tokens to nominal budgets), sorted by seed."""
     base = [c for c in cells if c.batch_size == baseline_batch]
     if not base:
         return []

@@ -64,7 +64,7 @@ def pareto_row(batch_sizes, steps, seq_len: int, optimizer: str, target_loss: fl
 
 def batch_curves(cells: list) -> dict[int, LossCurve]:
     """Per batch size with two budgets or more, its final loss versus tokens at the best lr
-    (`bcrit.Cell`s; interpolation only). Cells of too few steps for their warmup
+    (`best_lr.Cell`s; interpolation only). Cells of too few steps for their warmup
     (`few_steps`) are left out: their loss measures the warmup, not the batch."""
     by_batch: dict[int, list] = defaultdict(list)
     for c in cells:
@@ -116,7 +116,7 @@ def spread_targets(segments: list[tuple[float, float]], n: int) -> list[float]:
 
 def pareto_frontiers(cells: list, seq_len: int, optimizer: str,
                      fix_hint: str) -> tuple[list[dict], str | None]:
-    """Pareto fits at PARETO_TARGETS target losses of one group's `cells` (`bcrit.Cell`).
+    """Pareto fits at PARETO_TARGETS target losses of one group's `cells` (`best_lr.Cell`).
 
     Every fit uses the same batch sizes (`batch_set` of the curves of `batch_curves`), listed
     in each row's `batch_sizes` (and counted in `min_batch_sizes`, the name of the rule this

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.analysis.bcrit import BUDGET_TOLERANCE, best_lr_cells, seed_scatter, split_runs
+from critbatch.analysis.best_lr import BUDGET_TOLERANCE, best_lr_cells, seed_scatter, split_runs
 from critbatch.analysis.joint import MIN_CELLS, NOMINAL_SIGMA, seed_noise, upper_bound
 from critbatch.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
@@ -52,7 +52,7 @@ class SizedSweep:
 
     optimizer: str
     seq_len: int
-    cells: list  # bcrit.Cell
+    cells: list  # best_lr.Cell
     sigma: list[float]  # nats/token
     params: list[float]  # non-embedding parameters of the cell's model
     depth: int | None  # the sweep's depth (for --width), when one

@@ -56,7 +56,7 @@ def synthetic_summary(truth: SyntheticTruth, *, batch_size: int, tokens: int, lr
     """A complete summary.json (every SUMMARY_KEYS key) for one synthetic run.
 
     `warmup_steps` is recorded only (the planted loss ignores it): the analysis flags a run of
-    fewer than `bcrit.MIN_STEPS_PER_WARMUP` times as many steps. 10, the cpu sweeps' warmup.
+    fewer than `best_lr.MIN_STEPS_PER_WARMUP` times as many steps. 10, the cpu sweeps' warmup.
 
     Eval points at `curve_fractions` of the steps; with `noise_law`, each carries `b_noise`
     (sequences) from the law at its loss, except the first `unresolved_evals` (at most

@@ -16,7 +16,7 @@ A table is CSV with a header row (`.csv`) or JSON Lines, one object per line (`.
   seq_len, target loss), and from there into Kaplan's law.
 
 Optional columns: `group` (runs that may be compared: same model and data; default: one
-group, `DEFAULT_GROUP`), `optimizer` (default `bcrit.UNKNOWN_OPTIMIZER`), `lr` (without it,
+group, `DEFAULT_GROUP`), `optimizer` (default `best_lr.UNKNOWN_OPTIMIZER`), `lr` (without it,
 each cell has one lr and is flagged as untuned), `seed`, `run` (a name for the run; default
 FILE:row N), `status` (completed or diverged), `bytes_per_token` (for losses per byte) and
 `params` (the row's model's non-embedding parameters: `python analysis/recommend.py` predicts
@@ -33,7 +33,7 @@ gives the same fits and intervals:
   it is flagged and kept out of Kaplan's law and the Pareto fits, as for a run folder.
 - `branch_of`: for a cooldown branch, the `run` of the run it forked from (its last path part
   is what counts: the folder name, as summary.json writes it). A run and its branches share
-  one trunk, the unit of the per-run and joint bootstraps (`bcrit.trunks`).
+  one trunk, the unit of the per-run and joint bootstraps (`best_lr.trunks`).
 - the B_noise measurements: `b_noise` (sequences) and `b_noise_loss` (the training loss it
   was measured at, nats/token), the online tracker's value at the end of the run; `noise`,
   the noise program's measurement (noise.json's object, as JSON); `curve`, the run's eval
@@ -64,7 +64,8 @@ import json
 import math
 from pathlib import Path
 
-from critbatch.analysis.bcrit import UNKNOWN_OPTIMIZER, FixHints, group_key, model_name
+from critbatch.analysis.bcrit import FixHints
+from critbatch.analysis.best_lr import UNKNOWN_OPTIMIZER, group_key, model_name
 from critbatch.analysis.results import (
     CURVE_KEYS,
     CURVE_OPTIONAL_KEYS,
@@ -264,9 +265,9 @@ def json_cell(cell, column: str, where: str):
 
 
 def model_fields(row: dict) -> dict:
-    """A row's group-key fields but seq_len and optimizer (`bcrit.GROUP_KEYS`): its model
+    """A row's group-key fields but seq_len and optimizer (`best_lr.GROUP_KEYS`): its model
     columns, and its `group` as the label (blank: DEFAULT_GROUP). A row that names its data
-    and whose group is blank or the name its model columns give (`bcrit.model_name`, what
+    and whose group is blank or the name its model columns give (`best_lr.model_name`, what
     --export-table writes for a sweep's run) has no label: it is grouped like that run."""
     fields = {k: row.get(k) for k in MODEL_COLUMNS}
     data, vocab, width, depth = fields.values()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit
+from critbatch.analysis import bcrit, best_lr
 from critbatch.analysis.tables import load_tables
 from critbatch.science.fits import CONFIDENCE, fit_log_linear
 from critbatch.science.laws import fit_pareto
@@ -83,7 +83,7 @@ def pareto_by_size(path: Path) -> tuple[list[dict], list[str]]:
     loaded = load_tables([path])
     result = bcrit.analyse(loaded["runs"], left_out=loaded["left_out"],
                            **loaded["analyse_kwargs"])
-    names = {bcrit.group_name(bcrit.group_key(t)): (t["group_label"], t["params_nonembedding"])
+    names = {best_lr.group_name(best_lr.group_key(t)): (t["group_label"], t["params_nonembedding"])
              for t in loaded["analyse_kwargs"]["targets"]}
     sizes = []
     for name, (label, params) in names.items():
