@@ -364,8 +364,8 @@ def markdown(doc: dict) -> str:
         f"The lr at any batch, lr*(B) ~ B^{lr_law['exponents']['B']['value']:.2f}"
         + "".join(f" {c}^{e['value']:.2f}" for c, e in lr_law["exponents"].items() if c != "B")
         + f", keeps {lr_law['terms']}: "
-        + ("at a given batch the best lr does not move with the budget; Step Law's D "
-           "exponent in the lr comes from the loss-optimal batch growing with D."
+        + ("a budget term at a given batch is not detected (above), and Step Law's D "
+           "exponent in the lr comes mostly through the loss-optimal batch growing with D."
            if "D" not in lr_law["terms"] else "at a given batch the best lr still grows with "
            "the budget.")
         + " The loss at B_opt: "
