@@ -34,6 +34,11 @@ from critbatch.training.cli import check_overrides  # noqa: E402
 from critbatch.training.config import Config  # noqa: E402
 from critbatch.training.data import stdlib_dir  # noqa: E402
 
+# The public sweeps' files, where a copy is at hand: $PEERS_DIR, else a `shared/data/peers`
+# folder beside the repository. Tests of the real files skip without them (Step Law's have no
+# license: they are never copied into the repository).
+PEERS_DIR = Path(os.environ.get("PEERS_DIR")
+                 or Path(__file__).resolve().parents[2] / "shared" / "data" / "peers")
 SAMPLE_PACKAGES = ("json", "email", "logging")  # real Python text, about 0.5 MB
 
 

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import PEERS_DIR
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 from test_recommend import write_csv
 
 from critbatch.analysis import fit_bcrit_cli, recommend_cli
 
-STEPLAW = Path(__file__).resolve().parents[2] / "shared/data/peers/steplaw_dense_lr_bs_loss.csv"
+STEPLAW = PEERS_DIR / "steplaw_dense_lr_bs_loss.csv"
 SEQ_LENS = (1, 16, 128, 512, 2048)
 MAX_BATCH_TOKENS = 4 * 2**20  # the largest batch: 4M tokens
 FIT_FILES = ("report.md", "fits.json", "bcrit.csv")

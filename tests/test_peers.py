@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PEERS_DIR
 from test_grid_laws import BATCHES, BUDGETS, LR_STEPS, SIZES, planted
 
 from critbatch.errors import ResultsError
@@ -23,7 +24,7 @@ from critbatch.peers import recommend as peers_recommend
 from critbatch.peers import report, sources, steplaw
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "peers"
+SHARED = PEERS_DIR
 
 
 def planted_steplaw(folder: Path, noise: float = 2e-3) -> dict[str, Path]:

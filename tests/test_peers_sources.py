@@ -7,11 +7,12 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from conftest import PEERS_DIR
 
 from critbatch.errors import ResultsError
 from critbatch.peers.sources import SOURCES, Source, cache_dir, fetch_all, locate, sha256_of
 
-SHARED_PEERS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "peers"
+SHARED_PEERS = PEERS_DIR
 
 CSV = b"lr,bs,loss\n0.001,64,3.5\n0.002,128,3.4\n"
 

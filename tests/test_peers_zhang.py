@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-from pathlib import Path
 
 import pytest
+from conftest import PEERS_DIR
 
 from critbatch.peers import zhang
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "peers"
+SHARED = PEERS_DIR
 # plots/chinchilla.ipynb (hlzhang109/critical-batch-size @ c5b509d8) cell 5 stdout, as
 # copied into published_fits.csv: CBS per size (their 20%-overhead rule), sequences
 PUBLISHED_CBS_BY_SIZE = {

@@ -141,7 +141,8 @@ def provenance(grid: Path, boot: Path, peers_dir, elapsed: float) -> dict:
         rev = None
     return {"date": datetime.date.today().isoformat(), "git_revision": rev,
             "elapsed_s": elapsed, "load_average": os.getloadavg()[0],
-            "command": "make peers" + (f" PEERS_DIR={peers_dir}" if peers_dir else ""),
+            "command": "make peers" + (" PEERS_DIR=<a folder holding the pinned files>"
+                                       if peers_dir else ""),
             "files": {s.key: {"url": s.url, "sha256": s.sha256, "license": s.license}
                       for s in (SOURCES["steplaw"], SOURCES["steplaw_bootstrap"])},
             "read_from": [str(grid), str(boot), str(zhang.table_path())]}
