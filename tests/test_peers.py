@@ -23,7 +23,6 @@ from critbatch.errors import ResultsError
 from critbatch.peers import recommend as peers_recommend
 from critbatch.peers import report, sources, steplaw
 
-REPO = Path(__file__).resolve().parents[1]
 SHARED = PEERS_DIR
 
 

@@ -187,12 +187,14 @@ class Law:
                          confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
         """A prediction interval for one new cell's value: the cell bootstrap's predictions of
         the law, each with a draw of the law's residual scatter (a new cell scatters about
-        the law as the fitted ones do). None without a bootstrap."""
+        the law as the fitted ones do; Student's t with the fit's dof, the scatter being
+        estimated). None without a bootstrap."""
         if len(self.boot) < 10:
             return None, None
         values = self.boot @ self.row(batch, params, tokens)
         if math.isfinite(self.residual_sd):
-            values = values + self.residual_sd * np.random.default_rng(0).normal(size=len(values))
+            draws = np.random.default_rng(0).standard_t(max(self.dof, 1), size=len(values))
+            values = values + self.residual_sd * draws
         tail = 100 * (1 - confidence) / 2
         lo, hi = np.percentile(values, [tail, 100 - tail])
         return float(math.exp(lo)), float(math.exp(hi))
