@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import PEERS_DIR
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_grid_laws import BATCHES, BUDGETS, LR_STEPS, SIZES, planted
 
 from critbatch.errors import ResultsError
@@ -216,3 +219,34 @@ def test_step_law_and_zhang_reproduced_from_their_own_files(tmp_path):
                for s in z["sizes"])
     law = z["cbs_law"]
     assert law["beta_boot_low"] <= law["published_beta"] <= law["beta_boot_high"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.integers(1, 4), budgets=st.integers(1, 3), batches=st.integers(2, 5),
+       lrs=st.integers(1, 4), bowl=st.floats(-0.02, 0.05), nan_share=st.floats(0, 0.5),
+       seed=st.integers(0, 2**16))
+def test_any_grid_answers_or_stops_in_one_line(sizes, budgets, batches, lrs, bowl, nan_share,
+                                               seed):
+    """Generated grids of any shape (one size, one budget, two batches, one lr, losses flat,
+    falling or rising in batch, diverged runs): the laws, the held-out checks and an answer
+    come back, or a ResultsError of one line; never a traceback."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for i in range(sizes):
+        for j in range(budgets):
+            for b in 2.0 ** np.arange(4, 4 + batches):
+                for lr in 1e-3 * 2.0 ** np.arange(lrs):
+                    loss = (3 - 0.1 * i - 0.05 * j + bowl * math.log(b / 64) ** 2
+                            + 0.02 * math.log(lr / 2e-3) ** 2 + 1e-3 * rng.normal())
+                    runs.append({"params": 1e8 * 2**i, "tokens": 1e9 * 3**j, "batch_size": b,
+                                 "lr": lr, "loss": math.nan if rng.random() < nan_share
+                                 else loss})
+    try:
+        cells = steplaw.cells_of(runs)
+        model = steplaw.fit(cells, resamples=20)
+        steplaw.validate(cells, None, resamples=20)
+        answer = model.answer(2e9, 1e10, 0.01)
+    except ResultsError as err:
+        assert "\n" not in str(err)
+        return
+    assert answer["batch_size"] > 0 and answer["lr"] > 0
