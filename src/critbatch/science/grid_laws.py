@@ -412,7 +412,6 @@ def lr_points(cells: list[CellOptimum]) -> dict[str, np.ndarray]:
 class GridModel:
     """The laws of one grid (see the module docstring)."""
 
-    cells: list[CellOptimum]
     b_opt: Law  # ln B_opt (sequences) in ln N, ln D
     lr_at_b_opt: Law  # ln lr(B_opt) in ln N, ln D: Step Law's definition
     lr: Law  # ln lr*(B) in ln B and ln N, ln D: the lr at any batch
@@ -466,4 +465,4 @@ def fit_grid(cells: list[CellOptimum], resamples: int = BOOTSTRAP, seed: int = 0
     lr = select_terms("lr*(B)", pts["lr"], pts["params"], pts["tokens"], pts["batch"],
                       always=("B",), resamples=resamples, seed=seed)
     loss = fit_loss_law(n, d, [c.loss_opt for c in inner])
-    return GridModel(cells, b_opt, lr_at, lr, loss, fit_penalty(inner))
+    return GridModel(b_opt, lr_at, lr, loss, fit_penalty(inner))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.science.grid_laws import TERM_GAIN, held_out_rms
+from critbatch.science.grid_laws import TERM_GAIN, design, held_out_rms
 from critbatch.science.joint import (
     CONFIDENCE,
     E_REF,
@@ -378,12 +378,12 @@ class LrLaw:
 
 
 def lr_design(batch, params, tokens, one_size: bool, budget_term: bool) -> np.ndarray:
-    columns = [np.ones_like(batch), np.log(batch)]
-    if not one_size:
-        columns.append(np.log(params / N_REF))
-    if budget_term:
-        columns.append(np.log(tokens / D_REF))
-    return np.column_stack(columns)
+    """The lr law's design: `grid_laws.design` on the columns it has, sizes in N_REF and
+    budgets in D_REF."""
+    columns = ("B",) + (() if one_size else ("N",)) + (("D",) if budget_term else ())
+    batch = np.asarray(batch, float)
+    return design(columns, batch, np.asarray(params, float) / N_REF,
+                  None if tokens is None else np.asarray(tokens, float) / D_REF)
 
 
 def choose_budget_term(batch, params, tokens, lr) -> dict | None:
