@@ -82,7 +82,7 @@ bench: install ## throughput, MFU, trainer overhead: table + bench.json (<5 min 
 	$(PY) -m critbatch.bench $(ARGS)
 
 gpu-check: install ## on a GPU: every width compiled, MFU, memory, packing, a smoke sweep, PASS/FAIL (<5 min; one line without CUDA)
-	$(PY) -m critbatch.gpu_check $(ARGS)
+	$(PY) -m critbatch.bench.gpu_check $(ARGS)
 
 sweep-batch: install ## the critical-batch experiment: baseline + batch sweeps, B_noise, report [SCALE= JOBS= OPT= DRY=1]
 	$(PY) -m critbatch.sweep batch --scale $(SCALE) --jobs $(JOBS) --opt $(OPT) $(if $(DRY),--dry-run) $(ARGS)

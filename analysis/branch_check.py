@@ -2,13 +2,13 @@
 """Compare cooldown branches with separate wsd and cosine runs.
 
 `critbatch-branch-check` is the same command; its options: --help, or the docstring of
-`critbatch.analysis.branch_check_cli`, where the code is.
+`critbatch.analysis.branch_check.cli`, where the code is.
 """
 
 import sys
 
 try:
-    from critbatch.analysis.branch_check_cli import main
+    from critbatch.analysis.branch_check.cli import main
 except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
     sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
              "analysis/branch_check.py (`make install` creates .venv), or make report")

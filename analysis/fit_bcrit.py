@@ -2,13 +2,13 @@
 """Fit the critical batch size from finished runs and write the report.
 
 `critbatch-fit` is the same command; its options: --help, or the docstring of
-`critbatch.analysis.fit_bcrit_cli`, where the code is.
+`critbatch.analysis.bcrit.cli`, where the code is.
 """
 
 import sys
 
 try:
-    from critbatch.analysis.fit_bcrit_cli import main
+    from critbatch.analysis.bcrit.cli import main
 except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
     sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
              "analysis/fit_bcrit.py (`make install` creates .venv), or make report")

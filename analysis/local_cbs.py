@@ -2,13 +2,13 @@
 """Report the local critical batch size of branched training.
 
 `critbatch-local-cbs` is the same command; its options: --help, or the docstring of
-`critbatch.analysis.local_cbs_cli`, where the code is.
+`critbatch.analysis.local_cbs.cli`, where the code is.
 """
 
 import sys
 
 try:
-    from critbatch.analysis.local_cbs_cli import main
+    from critbatch.analysis.local_cbs.cli import main
 except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
     sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
              "analysis/local_cbs.py (`make install` creates .venv), or make report")

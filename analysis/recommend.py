@@ -2,13 +2,13 @@
 """The batch size and learning rate for a larger run, predicted from your own sweep.
 
 `critbatch-recommend` is the same command; its options: --help, or the docstring of
-`critbatch.analysis.recommend_cli`, where the code is.
+`critbatch.analysis.recommend.cli`, where the code is.
 """
 
 import sys
 
 try:
-    from critbatch.analysis.recommend_cli import main
+    from critbatch.analysis.recommend.cli import main
 except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
     sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
              "analysis/recommend.py (`make install` creates .venv), or make recommend")

@@ -2,13 +2,13 @@
 """Compare batch-size schedules at equal tokens and write the report.
 
 `critbatch-schedules` is the same command; its options: --help, or the docstring of
-`critbatch.analysis.schedules_cli`, where the code is.
+`critbatch.analysis.schedules.cli`, where the code is.
 """
 
 import sys
 
 try:
-    from critbatch.analysis.schedules_cli import main
+    from critbatch.analysis.schedules.cli import main
 except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
     sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
              "analysis/schedules.py (`make install` creates .venv), or make report")

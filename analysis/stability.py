@@ -2,13 +2,13 @@
 """Analyse the small-batch stability study and write its report.
 
 `critbatch-stability` is the same command; its options: --help, or the docstring of
-`critbatch.analysis.stability_cli`, where the code is.
+`critbatch.analysis.stability.cli`, where the code is.
 """
 
 import sys
 
 try:
-    from critbatch.analysis.stability_cli import main
+    from critbatch.analysis.stability.cli import main
 except ModuleNotFoundError as err:  # a python without critbatch: one line, not a traceback
     sys.exit(f"critbatch: error: {err} in {sys.executable}; run .venv/bin/python "
              "analysis/stability.py (`make install` creates .venv), or make report")

@@ -70,7 +70,7 @@ def restore_logging():
 @pytest.fixture
 def dynamo_warnings():
     """The messages torch._dynamo logs during the test (a fallback to eager mode says so)."""
-    from critbatch.gpu_check import FallbackWatch
+    from critbatch.bench.gpu_check import FallbackWatch
 
     recorder, logger = FallbackWatch(), logging.getLogger("torch._dynamo")
     logger.addHandler(recorder)

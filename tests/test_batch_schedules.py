@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError
+from critbatch.results import runs
+from critbatch.results.errors import ConfigError
 from critbatch.science.rules import log_interp, measured_batch_size
 from critbatch.training.batching import BatchPlan
 from critbatch.training.loop import train

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError
+from critbatch.results import runs
+from critbatch.results.errors import ConfigError
 from critbatch.science.rules import (
     AdaptiveBatch,
     lr_multiplier,

@@ -13,19 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from critbatch import files
-from critbatch.analysis import bcrit, best_lr, kaplan, pareto, synthetic
-from critbatch.analysis import results as runs
-from critbatch.analysis.bcrit import analyse
-from critbatch.analysis.results import (
+from critbatch.analysis.bcrit import bcrit, best_lr, kaplan, pareto, synthetic
+from critbatch.analysis.bcrit.bcrit import analyse
+from critbatch.analysis.bcrit.synthetic import synthetic_sweep
+from critbatch.results import files, runs
+from critbatch.results.errors import ResultsError
+from critbatch.results.runs import (
     NOISE_KEYS,
     SUMMARY_KEYS,
     load_runs,
     read_summary,
     validate_summary,
 )
-from critbatch.analysis.synthetic import synthetic_sweep
-from critbatch.errors import ResultsError
 from critbatch.science import fits, laws
 from critbatch.science.synthetic import SyntheticTruth
 
@@ -112,7 +111,7 @@ def test_an_extrapolated_bcrit_carries_the_spread_of_two_extrapolation_forms():
     fewer tokens and gives less. The interval spans both forms' seed intervals."""
     from dataclasses import replace
 
-    from critbatch.analysis.kaplan import Z95
+    from critbatch.analysis.bcrit.kaplan import Z95
 
     truth = SyntheticTruth()
     budgets = [2**21, 2**22, 2**23, 2**24]
@@ -402,8 +401,8 @@ def test_no_measurable_cost_when_r_is_at_most_one():
 def test_a_bcrit_whose_interval_is_unbounded_above_stays_out_of_kaplans_law():
     """r = 1.003 with a seed scatter of 0.003 nats/token: the cell's B_crit is noise (a cpu
     sweep gave 2,920 sequences at batch 16), so it is shown but not fitted."""
-    from critbatch.analysis.consistency import per_run_at_loss
-    from critbatch.analysis.kaplan import collect_points
+    from critbatch.analysis.bcrit.consistency import per_run_at_loss
+    from critbatch.analysis.bcrit.kaplan import collect_points
 
     truth = SyntheticTruth()
     budgets = [2**21, 2**22, 2**23, 2**24]

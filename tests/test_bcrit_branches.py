@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import bcrit, best_lr, consistency, pareto
-from critbatch.analysis.bcrit_report import run_analysis
-from critbatch.analysis.results import load_runs, read_summary
-from critbatch.analysis.synthetic import (
+from critbatch.analysis.bcrit import bcrit, best_lr, consistency, pareto
+from critbatch.analysis.bcrit.report import run_analysis
+from critbatch.analysis.bcrit.synthetic import (
     UNRESOLVED_B_NOISE,
     NoiseLaw,
     synthetic_branched_sweep,
     synthetic_sweep,
 )
+from critbatch.results.runs import load_runs, read_summary
 
 BASELINE, BATCHES = 8, (16, 32, 64, 128)
 BUDGET = 2**23  # tokens of a main run

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from critbatch import bench
+from critbatch.bench import suite as bench
 from critbatch.training.config import ModelConfig, OptimConfig
 from critbatch.training.model import GPT
 from critbatch.training.optim import adamw_options, build_optimizers

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from critbatch.errors import ConfigError
+from critbatch.orchestration.sweep import plan_stage
+from critbatch.results.errors import ConfigError
 from critbatch.science.rules import beta2_half_life_tokens
-from critbatch.sweep import plan_stage
 from critbatch.training.cli import check_overrides
 from critbatch.training.config import OptimConfig
 from critbatch.training.model import GPT
@@ -64,7 +64,7 @@ def test_a_run_records_the_beta2_it_trained_with(tiny_cfg, tmp_path, caplog):
 
 
 def test_recommend_reads_the_sweep_s_beta2_rule_from_its_runs():
-    from critbatch.analysis.recommend import beta2_of, beta2_rule
+    from critbatch.analysis.recommend.recommend import beta2_of, beta2_rule
 
     kept = [{"beta2": 0.999 ** (b / 8), "beta2_scaling": "tokens", "batch_size": b,
              "seq_len": 64} for b in (8, 16, 128)]
@@ -82,8 +82,8 @@ def test_recommend_reads_the_sweep_s_beta2_rule_from_its_runs():
 
 
 def test_a_table_with_a_bad_beta2_is_refused_by_row_and_column(tmp_path):
-    from critbatch.analysis.tables import read_table
-    from critbatch.errors import ResultsError
+    from critbatch.analysis.bcrit.tables import read_table
+    from critbatch.results.errors import ResultsError
 
     path = tmp_path / "runs.csv"
     path.write_text("optimizer,batch_size,seq_len,tokens,loss,beta2\nadamw,8,64,1000,4.0,1.5\n")
@@ -98,7 +98,7 @@ def test_a_table_with_a_bad_beta2_is_refused_by_row_and_column(tmp_path):
 def test_an_older_run_folder_gets_its_beta2_from_its_config(tiny_cfg, tmp_path):
     import json
 
-    from critbatch.analysis.results import load_runs
+    from critbatch.results.runs import load_runs
     from critbatch.training.loop import train
 
     cfg = tiny_cfg("train.tokens=4096", "train.batch_size=8", "train.eval_points=1",

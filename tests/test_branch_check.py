@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from critbatch.analysis.branch_check import compare, seed_scatter, verdict
+from critbatch.analysis.branch_check.branch_check import compare, seed_scatter, verdict
 
 
 def _run(sweep: str, schedule: str, tokens: int, loss: float, seed: int = 0, **extra) -> dict:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError
+from critbatch.results import runs
+from critbatch.results.errors import ConfigError
 from critbatch.training import loop as train_loop
 from critbatch.training.branches import plan_branches
 from critbatch.training.loop import train, train_with_branches
@@ -158,7 +158,7 @@ def test_bad_branch_settings_are_one_line(tiny_cfg, overrides, message):
 def test_a_branch_without_its_checkpoint_is_one_line(tiny_cfg, tmp_path):
     import shutil
 
-    from critbatch.errors import ResultsError
+    from critbatch.results.errors import ResultsError
 
     cfg = tiny_cfg("optim=adamw", *BRANCHED)
     train(cfg, tmp_path / "run")  # the run alone: it forks, its branches are not trained

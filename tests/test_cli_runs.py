@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import results as runs
+from critbatch.results import runs
 from critbatch.training.checkpoint import RunInUse, sole_writer
 from critbatch.training.cli import sweep_jobs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.errors import ConfigError
+from critbatch.results.errors import ConfigError
 from critbatch.science.rules import lr_multiplier
 from critbatch.training import cli as train_module
 from critbatch.training.cli import check_overrides

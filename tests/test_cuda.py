@@ -18,8 +18,8 @@ import pytest
 import torch
 from test_branches import Interrupted, interrupt_at
 
-from critbatch import workers
-from critbatch.analysis import results as runs
+from critbatch.orchestration import workers
+from critbatch.results import runs
 from critbatch.training.cli import check_overrides
 from critbatch.training.loop import train
 from critbatch.training.noise_program import measure_run

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch.errors import DataError
+from critbatch.results.errors import DataError
 from critbatch.training import data as data_module
 from critbatch.training.config import DataConfig
 from critbatch.training.data import (
@@ -215,8 +215,8 @@ def test_seq_len_larger_than_the_data_allows(corpus_dir, tmp_path):
 
 
 def test_the_sweep_builds_the_token_cache_first_and_says_so(tiny_cfg, tmp_path, capsys):
+    from critbatch.orchestration.workers import prepare_data_first
     from critbatch.training.data import is_prepared
-    from critbatch.workers import prepare_data_first
 
     cfg = tiny_cfg(f"data.cache_dir={tmp_path / 'fresh'}")
     assert not is_prepared(cfg.data)

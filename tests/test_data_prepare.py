@@ -20,7 +20,7 @@ import pytest
 from huggingface_hub import constants
 
 from critbatch import data as data_command
-from critbatch.errors import ConfigError, DataError
+from critbatch.results.errors import ConfigError, DataError
 from critbatch.training import data as data_module
 from critbatch.training.cli import check_overrides
 from critbatch.training.config import DataConfig

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from critbatch.analysis import results as runs
+from critbatch.results import runs
 from critbatch.training.loop import train
 
 

@@ -1,11 +1,11 @@
 """Generated results tables through `fit_bcrit` and `recommend`: a report or one line, never a
-traceback (analysis/fit_bcrit.py, analysis/recommend.py, critbatch.analysis.tables).
+traceback (analysis/fit_bcrit.py, analysis/recommend.py, critbatch.analysis.bcrit.tables).
 
 Each example is a small table built mostly from a plausible loss model (so that many reach the
 joint fit, critbatch.science.joint), with some of its cells corrupted: NaN, inf, negative, huge
 or blank losses, duplicated rows, diverged runs, lrs a hair apart, budgets below one batch.
 Whatever the table, both commands' `main(argv)` must either write their report or stop with
-SystemExit(non-zero) and one line on stderr (`critbatch.errors.user_errors`); any other
+SystemExit(non-zero) and one line on stderr (`critbatch.results.errors.user_errors`); any other
 exception is a bug. Examples are seeded (`derandomize=True`) and not shrunk, to keep the run
 bounded: a failing example is printed as the CSV text of its table (`note`).
 """
@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 from test_recommend import write_csv
 
-from critbatch.analysis import fit_bcrit_cli, recommend_cli
+from critbatch.analysis.bcrit import cli as fit_bcrit_cli
+from critbatch.analysis.recommend import cli as recommend_cli
 
 STEPLAW = PEERS_DIR / "steplaw_dense_lr_bs_loss.csv"
 SEQ_LENS = (1, 16, 128, 512, 2048)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from critbatch import gpu_check
+from critbatch.bench import gpu_check
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

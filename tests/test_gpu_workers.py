@@ -4,7 +4,7 @@ workers train on the CPU, and report the GPU they were pinned to."""
 
 from __future__ import annotations
 
-from critbatch import workers
+from critbatch.orchestration import workers
 from critbatch.training.cli import check_overrides
 
 

@@ -331,7 +331,7 @@ def test_an_edge_lr_cell_counts_as_an_upper_bound():
 
 
 def test_a_held_out_bound_agrees_unless_it_lies_below_the_prediction():
-    from critbatch.analysis.joint import agrees
+    from critbatch.analysis.joint.joint import agrees
 
     assert agrees({"residual_sigmas": 5.0, "upper_bound": True})
     assert not agrees({"residual_sigmas": -2.5, "upper_bound": True})

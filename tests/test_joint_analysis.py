@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from critbatch.analysis import bcrit
-from critbatch.analysis.bcrit_report import run_analysis
-from critbatch.analysis.joint import RESOLVED_WIDTH, decide
-from critbatch.analysis.joint_report import held_out_summary, verdict
-from critbatch.analysis.results import load_runs
-from critbatch.analysis.synthetic import synthetic_branched_sweep
+from critbatch.analysis.bcrit import bcrit
+from critbatch.analysis.bcrit.report import run_analysis
+from critbatch.analysis.bcrit.synthetic import synthetic_branched_sweep
+from critbatch.analysis.joint.joint import RESOLVED_WIDTH, decide
+from critbatch.analysis.joint.report import held_out_summary, verdict
+from critbatch.results.runs import load_runs
 from critbatch.science.synthetic import SyntheticTruth
 
 OPTIMIZERS = ("adamw", "muon")
@@ -43,7 +43,7 @@ def test_joint_rows_recover_the_planted_bcrit(sweep):
 
 
 def bcrit_row_keys():
-    from critbatch.analysis.kaplan import ROW_KEYS
+    from critbatch.analysis.bcrit.kaplan import ROW_KEYS
     return ROW_KEYS
 
 
@@ -71,7 +71,7 @@ def test_held_out_budget_is_predicted(sweep):
 def test_a_missed_budget_whose_larger_batches_are_predicted_names_the_curve():
     """The verdict says which part failed: the whole largest budget missed, its larger
     batches (baseline kept) predicted: the example curve, not the law."""
-    from critbatch.analysis.joint import curve_not_law
+    from critbatch.analysis.joint.joint import curve_not_law
 
     whole = {"held_out": "the largest budget", "n_cells": 5, "within_2_sigma": 1}
     anchored = {"held_out": "the largest budget above its smallest batch", "n_cells": 4,
@@ -162,7 +162,7 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
 
 
 def test_the_terms_table_and_verdict_name_a_fitted_power():
-    from critbatch.analysis.joint_report import TERM_ROWS, term_row
+    from critbatch.analysis.joint.report import TERM_ROWS, term_row
 
     test = {"kept": True, "p_value": 1e-5, "chi2_per_dof_without": 10.1,
             "chi2_per_dof_with": 2.7, "b_small": None, "power": 0.63}
@@ -199,7 +199,7 @@ def test_several_widths_are_one_model_with_the_loss_alone_test(tmp_path):
     """Two widths of one planted world (B_crit 200 at every loss): one joint model per
     optimizer over both, the loss-alone test run and holding, and both held-out sets (the
     largest budget; the widest model's batches above its smallest) predicted."""
-    from critbatch.analysis.synthetic import synthetic_sweep
+    from critbatch.analysis.bcrit.synthetic import synthetic_sweep
 
     synthetic_sweep(tmp_path, TRUTH, baseline_batch=16, batch_sizes=(32, 64, 128, 256),
                     budgets_tokens=(2**20, 2**21, 2**22, 2**23), all_budgets=True,
@@ -223,7 +223,7 @@ def test_several_widths_are_one_model_with_the_loss_alone_test(tmp_path):
 
 
 def test_summary_says_when_the_numbers_are_not_a_measurement():
-    from critbatch.analysis.summary import reliability
+    from critbatch.analysis.recommend.summary import reliability
 
     row = {"b_crit_low": 50.0, "b_crit_high": 90.0, "held_out_ok": True}
     good = {"exponent": 4.8, "exponent_low": 4.5, "exponent_high": 5.3, "chi2_per_dof": 1.2}
@@ -239,7 +239,7 @@ def test_summary_says_when_the_numbers_are_not_a_measurement():
 def test_the_scale_comes_from_the_summary_before_the_config(tmp_path):
     """A table row (no run folder) says its scale, as does a run's summary.json; config.json
     is read only when neither does."""
-    from critbatch.analysis.summary import scale_of
+    from critbatch.analysis.recommend.summary import scale_of
 
     assert scale_of([{"scale": "smoke", "run_dir": str(tmp_path / "gone")}]) == "smoke"
     (tmp_path / "config.json").write_text('{"config": {"scale": "cpu"}}')
@@ -254,7 +254,7 @@ def test_a_missed_held_out_set_gets_the_refit_s_spread():
 
     import numpy as np
 
-    from critbatch.analysis.joint import held_out
+    from critbatch.analysis.joint.joint import held_out
     from critbatch.science.joint import Form, PlantedWorld, planted_world
 
     data = planted_world(PlantedWorld(l_inf=(1.0,), a=(3.3,), alpha=(0.16,)), sigma=0.0125,
@@ -279,7 +279,7 @@ def test_a_held_out_refit_with_only_baseline_cells_left_is_skipped():
 
     import numpy as np
 
-    from critbatch.analysis.joint import MIN_CELLS, held_out, smallest_batch
+    from critbatch.analysis.joint.joint import MIN_CELLS, held_out, smallest_batch
     from critbatch.science.joint import Form, PlantedWorld, planted_world
 
     data = planted_world(PlantedWorld(), sigma=0.0125, rng=np.random.default_rng(5))
@@ -299,7 +299,7 @@ def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sw
     cell of the group its sd at its own tokens."""
     from types import SimpleNamespace
 
-    from critbatch.analysis.joint import cells_of, seed_noise
+    from critbatch.analysis.joint.joint import cells_of, seed_noise
 
     _, result = sweep
     for doc in result["fits"]["joint"].values():
@@ -334,7 +334,7 @@ def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sw
     assert sigma[(64, 187_500, 1)] == pytest.approx(float(split.by_key[64].sd(187_500)))
     assert sigma[(64, 187_500, 1)] / sigma[(8, 187_500, 3)] == pytest.approx(10 * 3**0.5, rel=1e-3)
     # each batch's cells share one noise estimate, redrawn from that batch's effective dof
-    from critbatch.analysis.joint import noise_sources
+    from critbatch.analysis.joint.joint import noise_sources
 
     ids, dofs = noise_sources(used, [group], [split])
     by_batch = {}
@@ -351,8 +351,8 @@ def test_a_precisely_recovered_law_is_resolved(tmp_path):
     narrow interval that covers the truth, and the verdict (fits.json, as data) calls them
     resolved. A range check that judged its shift against the full fit's 0.06-wide interval
     instead of its own noise once called such a law unresolved."""
-    from critbatch.analysis.synthetic import synthetic_table
-    from critbatch.analysis.tables import load_tables
+    from critbatch.analysis.bcrit.synthetic import synthetic_table
+    from critbatch.analysis.bcrit.tables import load_tables
     from critbatch.science.joint import PlantedWorld
 
     truth = {"adamw": 4.8, "muon": 3.5}
@@ -375,8 +375,8 @@ def test_failed_refits_are_named_without_a_bootstrap_and_a_failed_per_width_fit_
     """A fit on gamma's bound has no bootstrap (0 tried): a failed range-check refit is still
     one line, and named as failed; a per-width fit that could not be made gives no
     loss-alone verdict rather than "holds"."""
-    from critbatch.analysis.joint import refit_failures
-    from critbatch.analysis.joint_report import failures_text, range_summary
+    from critbatch.analysis.joint.joint import refit_failures
+    from critbatch.analysis.joint.report import failures_text, range_summary
     from critbatch.science.joint import (
         PlantedWorld,
         failed_fit,

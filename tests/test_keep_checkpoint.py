@@ -10,8 +10,8 @@ import pytest
 from test_branches import BRANCHED, Interrupted, interrupt_at
 from test_local_cbs_training import BASE, LOCAL
 
-from critbatch import sweep
-from critbatch.analysis import results as runs
+from critbatch.orchestration import sweep
+from critbatch.results import runs
 from critbatch.science.model_size import param_count
 from critbatch.training import branches as branching
 from critbatch.training.cli import finished_run
@@ -129,7 +129,7 @@ def test_the_sweep_holds_the_noise_programs_checkpoints_under_none_until_it_has_
 
 
 def test_another_policy_is_one_line():
-    from critbatch.errors import ConfigError
+    from critbatch.results.errors import ConfigError
     from critbatch.training.cli import check_overrides
 
     with pytest.raises(ConfigError, match="keep_checkpoint=some is not one of all, final, none"):

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch.analysis.local_cbs import FITS_KEYS, ROW_KEYS
-from critbatch.analysis.local_cbs_report import run_analysis
-from critbatch.analysis.synthetic import synthetic_summary
-from critbatch.errors import ResultsError
-from critbatch.files import write_json_atomic
+from critbatch.analysis.bcrit.synthetic import synthetic_summary
+from critbatch.analysis.local_cbs.local_cbs import FITS_KEYS, ROW_KEYS
+from critbatch.analysis.local_cbs.report import run_analysis
+from critbatch.results.errors import ResultsError
+from critbatch.results.files import write_json_atomic
 from critbatch.science.synthetic import SyntheticTruth
 
 SCRIPT = Path(__file__).resolve().parents[1] / "analysis" / "local_cbs.py"
@@ -352,7 +352,7 @@ def test_replicated_ladders_cancel_the_data_order(tmp_path):
 def test_the_sweep_draws_the_batch_sweep_of_the_same_scale_when_it_exists(tmp_path):
     """`python -m critbatch.sweep local_cbs` analyses with --batch-sweep runs/batch/<scale>
     when that report exists, and without it otherwise."""
-    from critbatch.sweep import EXPERIMENTS, analyse_sweep
+    from critbatch.orchestration.sweep import EXPERIMENTS, analyse_sweep
 
     runs_root = tmp_path / "runs"
     sweep = runs_root / "local_cbs" / "cpu"

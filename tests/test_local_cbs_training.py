@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError
+from critbatch.results import runs
+from critbatch.results.errors import ConfigError
 from critbatch.science.rules import lr_multiplier
 from critbatch.training import loop as train_loop
 from critbatch.training.branches import plan_branches

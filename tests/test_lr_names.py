@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from critbatch.analysis import bcrit_report
-from critbatch.analysis.results import load_runs
-from critbatch.analysis.synthetic import synthetic_sweep
+from critbatch.analysis.bcrit import report as bcrit_report
+from critbatch.analysis.bcrit.synthetic import synthetic_sweep
+from critbatch.results.runs import load_runs
 from critbatch.training import cli
 from critbatch.training.trainer import lr_words
 

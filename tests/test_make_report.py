@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from critbatch.analysis.synthetic import synthetic_sweep
+from critbatch.analysis.bcrit.synthetic import synthetic_sweep
 
 
 def report(cwd):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError
+from critbatch.results import runs
+from critbatch.results.errors import ConfigError
 from critbatch.science.noise import NoiseEMA, estimate, g2_estimate, noise_scale, trace_estimate
 from critbatch.training.data import prepare_data, sample_batch
 from critbatch.training.gns import MicroGradNorms, group_sums, micro_batch_gradients

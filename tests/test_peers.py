@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_grid_laws import BATCHES, BUDGETS, LR_STEPS, SIZES, planted
 
-from critbatch.errors import ResultsError
 from critbatch.peers import recommend as peers_recommend
 from critbatch.peers import report, sources, steplaw
+from critbatch.results.errors import ResultsError
 
 SHARED = PEERS_DIR
 
@@ -105,7 +105,7 @@ def test_the_download_path_fills_the_cache_and_then_reads_it(planted_sources, tm
 
 
 def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
-    from critbatch.analysis.recommend_cli import main
+    from critbatch.analysis.recommend.cli import main
 
     main(["--peers", "steplaw", "--peers-dir", str(planted_sources), "--params", "4e8",
           "--tokens", "2e10", "--out", str(tmp_path / "rec")])
@@ -133,7 +133,7 @@ def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
      "pass one of"),
 ])
 def test_recommend_peers_argument_errors_are_one_line(argv, message, capsys):
-    from critbatch.analysis.recommend_cli import main
+    from critbatch.analysis.recommend.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(argv)

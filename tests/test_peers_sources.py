@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import PEERS_DIR
 
-from critbatch.errors import ResultsError
 from critbatch.peers.sources import SOURCES, Source, cache_dir, fetch_all, locate, sha256_of
+from critbatch.results.errors import ResultsError
 
 SHARED_PEERS = PEERS_DIR
 

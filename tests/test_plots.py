@@ -10,8 +10,12 @@ import pytest
 from test_schedules import write_study as write_schedules_study
 from test_stability import write_study as write_stability_study
 
-from critbatch.analysis import bcrit_report, plotting, schedules, stability, stability_report
-from critbatch.analysis.synthetic import synthetic_branched_sweep, synthetic_sweep
+from critbatch.analysis import plotting
+from critbatch.analysis.bcrit import report as bcrit_report
+from critbatch.analysis.bcrit.synthetic import synthetic_branched_sweep, synthetic_sweep
+from critbatch.analysis.schedules import schedules
+from critbatch.analysis.stability import report as stability_report
+from critbatch.analysis.stability import stability
 
 # ---------------------------------------------------------------------------------------------
 # What a readable figure is

@@ -100,7 +100,7 @@ def test_the_misfit_kept_is_a_floor_and_the_seeds_round_trip():
 
 
 def test_report_shows_the_projection_and_the_verdict_the_seeds():
-    from critbatch.analysis.joint_report import joint_section, verdict
+    from critbatch.analysis.joint.report import joint_section, verdict
 
     doc = {"optimizer": "adamw", "b_star_tokens": 1e6, "exponent": 9.9, "exponent_low": 2.7,
            "exponent_high": 16.9, "log_loss_span": 0.43, "interval": "95% ...",

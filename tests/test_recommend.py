@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch.analysis import tables
-from critbatch.analysis.recommend import answer, fit_model, sized_sweeps, validate
+from critbatch.analysis.bcrit import tables
+from critbatch.analysis.recommend.recommend import answer, fit_model, sized_sweeps, validate
 from critbatch.science.joint import Form
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,

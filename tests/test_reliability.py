@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ResultsError
+from critbatch.results import runs
+from critbatch.results.errors import ResultsError
 from critbatch.training import checkpoint
 from critbatch.training import cli as train_module
 from critbatch.training import loop as train_loop
@@ -349,7 +349,7 @@ def test_a_lock_left_by_a_killed_process_is_recovered(corpus_dir, tmp_path):
 
 def _summary(tmp_path: Path, name: str) -> Path:
     """A run directory with a valid summary.json (a synthetic run's)."""
-    from critbatch.analysis.synthetic import synthetic_summary
+    from critbatch.analysis.bcrit.synthetic import synthetic_summary
     from critbatch.science.synthetic import SyntheticTruth
 
     run_dir = tmp_path / name

@@ -10,11 +10,11 @@ import json
 import numpy as np
 import pytest
 
-from critbatch.analysis.bcrit_report import analyse
-from critbatch.analysis.draws import draw_of
-from critbatch.analysis.joint_report import draws_lines, seeds_text
-from critbatch.analysis.results import load_runs
-from critbatch.analysis.synthetic import synthetic_branched_sweep
+from critbatch.analysis.bcrit.draws import draw_of
+from critbatch.analysis.bcrit.report import analyse
+from critbatch.analysis.bcrit.synthetic import synthetic_branched_sweep
+from critbatch.analysis.joint.report import draws_lines, seeds_text
+from critbatch.results.runs import load_runs
 from critbatch.science.joint import PLAIN, JointData, PlantedWorld, planted_world
 from critbatch.science.replicates import check_draws
 from critbatch.science.synthetic import SyntheticTruth

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import bcrit_report as report
 from critbatch.analysis import render
-from critbatch.analysis.bcrit_report import majority_logged_group
-from critbatch.analysis.synthetic import synthetic_sweep
-from critbatch.errors import ResultsError
+from critbatch.analysis.bcrit import report
+from critbatch.analysis.bcrit.report import majority_logged_group
+from critbatch.analysis.bcrit.synthetic import synthetic_sweep
+from critbatch.results.errors import ResultsError
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "analysis" / "fit_bcrit.py"
@@ -222,8 +222,8 @@ def test_json_clean_makes_strict_json():
 
 def test_wandb_group_follows_the_trainer(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64,), sweep="batch")
-    from critbatch.analysis.bcrit import analyse
-    from critbatch.analysis.results import load_runs
+    from critbatch.analysis.bcrit.bcrit import analyse
+    from critbatch.results.runs import load_runs
 
     result = analyse(load_runs([tmp_path], progress=False)["runs"])
     assert majority_logged_group(result["groups"]) == "batch"  # no config.json: the sweep name
@@ -237,7 +237,7 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64,))
     code = "\n".join([
         "import sys",
-        "from critbatch.analysis.bcrit_report import run_analysis",
+        "from critbatch.analysis.bcrit.report import run_analysis",
         f"run_analysis([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r}, wandb_mode='disabled')",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
         " or m.startswith('critbatch.training')))",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from critbatch.report_inputs import fingerprint, record, up_to_date
+from critbatch.orchestration.report_inputs import fingerprint, record, up_to_date
 
 
 def test_the_report_is_stale_after_any_input_changes(tmp_path):
@@ -42,3 +42,25 @@ def test_the_report_is_stale_after_any_input_changes(tmp_path):
         assert fresh != stamp and not up_to_date(out, fresh)
         stamp = fresh
     assert fingerprint([str(sweep)], [*args, "--baseline-batch", "8"], scripts) != stamp
+
+
+def test_the_report_is_stale_after_the_analysis_code_changes(tmp_path, monkeypatch):
+    """Every module the report is computed by counts, nested study packages included."""
+    from critbatch.orchestration import report_inputs
+
+    package, scripts = tmp_path / "critbatch", tmp_path / "analysis"
+    scripts.mkdir()
+    modules = [package / "analysis" / "bcrit" / "bcrit.py", package / "science" / "fits.py",
+               package / "results" / "runs.py"]
+    for module in modules:
+        module.parent.mkdir(parents=True, exist_ok=True)
+        module.write_text("x = 1\n")
+    monkeypatch.setattr(report_inputs, "PACKAGE", package)
+    stamp = fingerprint([], [], scripts)
+    for module in modules:
+        module.write_text("x = 2\n")
+        assert fingerprint([], [], scripts) != stamp, f"{module} is not an input of the report"
+        stamp = fingerprint([], [], scripts)
+    (package / "training").mkdir()
+    (package / "training" / "loop.py").write_text("x = 3\n")
+    assert fingerprint([], [], scripts) == stamp  # training code does not make a report stale

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import schedules
-from critbatch.analysis.results import SCHEMA_VERSION, load_runs
-from critbatch.errors import ResultsError
-from critbatch.files import write_json_atomic
+from critbatch.analysis.schedules import schedules
+from critbatch.results.errors import ResultsError
+from critbatch.results.files import write_json_atomic
+from critbatch.results.runs import SCHEMA_VERSION, load_runs
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "analysis" / "schedules.py"
@@ -462,7 +462,7 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     write_study(tmp_path, optimizers=("adamw",))
     code = "\n".join([
         "import sys",
-        "from critbatch.analysis.schedules import run_analysis",
+        "from critbatch.analysis.schedules.schedules import run_analysis",
         f"run_analysis([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r})",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
         " or m.startswith('critbatch.training')))",
@@ -476,7 +476,7 @@ def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
 def test_peak_lr_is_the_lr_at_the_largest_batch_trained_not_at_the_cap():
     """A measured arm capped at 128 that grew only to 16 trained at most at base_lr x
     sqrt(16 / 8); without the fields to carry the rule, summary.json's lr stands."""
-    from critbatch.analysis.schedules import peak_lr
+    from critbatch.analysis.schedules.schedules import peak_lr
 
     run = {"lr": 0.006, "base_lr": 0.0015, "lr_scaling": "sqrt", "base_batch_size": 8}
     assert peak_lr(run, 16) == pytest.approx(0.0015 * 2**0.5)

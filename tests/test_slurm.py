@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from critbatch import slurm, sweep, workers
-from critbatch.errors import ConfigError
+from critbatch.orchestration import slurm, sweep, workers
+from critbatch.results.errors import ConfigError
 from critbatch.training.checkpoint import sole_writer
 
 
@@ -173,9 +173,10 @@ def test_an_array_of_two_worker_pools_trains_the_plan_and_reads_failures_from_th
 @pytest.mark.slow
 def test_make_sweep_on_submitit_local_reports_the_failed_run_from_its_folder(
         corpus_dir, cache_dir, tmp_path):
-    """The whole experiment through `critbatch.sweep ... hydra/launcher=submitit_local --tasks
-    2`: the runs as an array of two pools, B_noise as an array task, the report; one run held
-    by this process fails, and the sweep's last lines name it with the reason from its folder."""
+    """The whole experiment through `python -m critbatch.sweep ... hydra/launcher=submitit_local
+    --tasks 2`: the runs as an array of two pools, B_noise as an array task, the report; one run
+    held by this process fails, and the sweep's last lines name it with the reason from its
+    folder."""
     extra = _tiny(corpus_dir, cache_dir, *LOCAL)
     cwd = Path.cwd()
     os.chdir(tmp_path)

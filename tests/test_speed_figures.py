@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_wandb_axis import wandb_records
 
-from critbatch.analysis import results as runs
+from critbatch.results import runs
 from critbatch.training import loop as train_loop
 from critbatch.training.loop import train
 from critbatch.training.metrics import WARMUP_STEPS_EXCLUDED, SpeedClock

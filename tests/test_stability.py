@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from critbatch.analysis import stability, stability_report
-from critbatch.analysis.results import SCHEMA_VERSION, SUMMARY_KEYS, read_summary
-from critbatch.analysis.stability import (
+from critbatch.analysis.stability import report as stability_report
+from critbatch.analysis.stability import stability
+from critbatch.analysis.stability.stability import (
     ACCUM_STAGE,
     BATCH_STAGE,
     DIFFERS,
@@ -27,6 +27,7 @@ from critbatch.analysis.stability import (
     tail_stats,
     tail_window,
 )
+from critbatch.results.runs import SCHEMA_VERSION, SUMMARY_KEYS, read_summary
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "analysis" / "stability.py"
@@ -405,7 +406,7 @@ def test_default_paths_and_no_torch(tmp_path):
     os.utime(older / "summary.json", (old, old))
     code = "\n".join([
         "import sys",
-        "from critbatch.analysis.stability import run_analysis",
+        "from critbatch.analysis.stability.stability import run_analysis",
         "run_analysis()",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
         " or m.startswith('critbatch.training')))",

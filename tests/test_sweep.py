@@ -14,10 +14,10 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from critbatch import files, sweep
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError
-from critbatch.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
+from critbatch.orchestration import sweep
+from critbatch.orchestration.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
+from critbatch.results import files, runs
+from critbatch.results.errors import ConfigError
 from critbatch.training.config import CONF_DIR, register_configs, total_steps
 
 REPO = CONF_DIR.parent
@@ -117,7 +117,7 @@ def test_a_new_draw_of_the_sweep_is_grid_seed_and_a_swept_key_is_refused():
 
 
 def test_the_estimate_hands_out_the_longest_runs_first():
-    from critbatch.sweep import makespan
+    from critbatch.orchestration.sweep import makespan
 
     assert makespan([1, 1, 1, 1, 4], 2) == 4  # 4 | 1+1+1+1; in the given order it would be 6
     assert makespan([3, 3, 2, 2, 2], 2) == 7  # greedy, not the optimum (3+3 | 2+2+2)
@@ -204,8 +204,8 @@ def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_
 
 
 def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():
-    from critbatch.errors import ConfigError
-    from critbatch.sweep import parse_jobs
+    from critbatch.orchestration.sweep import parse_jobs
+    from critbatch.results.errors import ConfigError
 
     assert parse_jobs("auto", "gpu") is None  # decided by gpu_jobs once the plan is known
     assert parse_jobs("auto", "cpu") == max(1, os.cpu_count() or 1)
@@ -272,8 +272,8 @@ def test_schedule_arms_train_equal_tokens(scale, measured_fits):
 
 def test_a_missing_local_cbs_report_is_measured_first_or_one_line(tmp_path, monkeypatch,
                                                                    measured_fits):
-    from critbatch.errors import ConfigError
-    from critbatch.sweep import missing_measurement
+    from critbatch.orchestration.sweep import missing_measurement
+    from critbatch.results.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     assert missing_measurement("smoke", []) == Path("runs/local_cbs/smoke/report/fits.json")
@@ -344,10 +344,10 @@ def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, mo
                                                                       measured_fits):
     from dataclasses import asdict
 
-    from critbatch.analysis.synthetic import synthetic_summary
-    from critbatch.errors import ConfigError
+    from critbatch.analysis.bcrit.synthetic import synthetic_summary
+    from critbatch.orchestration.sweep import check_finished, unplanned_runs
+    from critbatch.results.errors import ConfigError
     from critbatch.science.synthetic import SyntheticTruth
-    from critbatch.sweep import check_finished, unplanned_runs
 
     monkeypatch.chdir(tmp_path)
     jobs = plan_stage("schedules", "smoke", "adamw", [measured_fits])
@@ -373,7 +373,7 @@ def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, mo
 
 
 def test_efficiency_is_the_wall_time_the_runs_would_take_side_by_side_over_the_real_one():
-    from critbatch.workers import Outcome, efficiency
+    from critbatch.orchestration.workers import Outcome, efficiency
 
     run = {"tokens": 1000, "trained_tokens": 1000, "tokens_per_s": 100.0, "val_loss": 3.0,
            "status": "completed"}

@@ -19,10 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import bcrit_report, best_lr, fit_bcrit_cli, results, tables
-from critbatch.analysis.synthetic import NoiseLaw, synthetic_branched_sweep, synthetic_sweep
-from critbatch.errors import ResultsError
-from critbatch.files import write_json_atomic
+from critbatch.analysis.bcrit import best_lr, tables
+from critbatch.analysis.bcrit import cli as fit_bcrit_cli
+from critbatch.analysis.bcrit import report as bcrit_report
+from critbatch.analysis.bcrit.synthetic import NoiseLaw, synthetic_branched_sweep, synthetic_sweep
+from critbatch.results import runs as results
+from critbatch.results.errors import ResultsError
+from critbatch.results.files import write_json_atomic
 
 # The columns of a table written before the trunk, warmup, model and B_noise columns.
 OLD_COLUMNS = ("run", "group", "optimizer", "lr", "seed", "status", "batch_size", "seq_len",

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis import bcrit, results, tables
-from critbatch.analysis.bcrit_report import export_table
-from critbatch.analysis.synthetic import synthetic_summary, synthetic_sweep
-from critbatch.errors import ResultsError
+from critbatch.analysis.bcrit import bcrit, tables
+from critbatch.analysis.bcrit.report import export_table
+from critbatch.analysis.bcrit.synthetic import synthetic_summary, synthetic_sweep
+from critbatch.results import runs as results
+from critbatch.results.errors import ResultsError
 from critbatch.science.synthetic import SyntheticTruth
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from critbatch.analysis import results as runs
+from critbatch.results import runs
 from critbatch.training.config import ModelConfig
 from critbatch.training.data import prepare_data, val_windows
 from critbatch.training.evaluation import eval_steps, evaluate, is_diverged
@@ -149,7 +149,7 @@ def test_smoke_run_through_the_cli(tmp_path, cache_dir):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_gpu_scale_without_cuda_stops_unless_the_cpu_is_asked_for():
-    from critbatch.errors import ConfigError
+    from critbatch.results.errors import ConfigError
     from critbatch.training.cli import check_overrides
     from critbatch.training.step import resolve_device
 

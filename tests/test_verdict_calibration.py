@@ -15,10 +15,10 @@ import os
 
 import pytest
 
-from critbatch.analysis import bcrit
+from critbatch.analysis.bcrit import bcrit
+from critbatch.analysis.bcrit.synthetic import synthetic_table
+from critbatch.analysis.bcrit.tables import load_tables
 from critbatch.analysis.render import one_blas_thread
-from critbatch.analysis.synthetic import synthetic_table
-from critbatch.analysis.tables import load_tables
 from critbatch.science.joint import PlantedWorld
 
 # design: (rows, one run's loss sd in nats/token, batch sizes (8, 16, ...), budgets in tokens)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from critbatch.errors import fail, user_errors
+from critbatch.results.errors import fail, user_errors
 from critbatch.training.cli import check_overrides
 from critbatch.training.data import build_token_cache
 

@@ -15,9 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError, user_errors
-from critbatch.sweep import middle_lr, plan_stage
+from critbatch.orchestration.sweep import middle_lr, plan_stage
+from critbatch.results import runs
+from critbatch.results.errors import ConfigError, user_errors
 from critbatch.training.cli import disk_errors, finished_run
 from critbatch.training.config import config_from_saved
 from critbatch.training.loop import train_with_branches

@@ -1,16 +1,16 @@
 """`critbatch-report` (what `make report` runs): re-run the analysis of every sweep under runs/
 without training, each report where its sweep wrote it (runs/<stage>/<scale>/report).
 
-The work is `critbatch.sweep.report_all`, as `python -m critbatch.sweep report`; this module
-only gives it a command of its own.
+The work is `orchestration.sweep.report_all`, as `python -m critbatch.sweep report`; this
+module only gives it a command of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from critbatch.errors import user_errors
-from critbatch.sweep import report_all
+from critbatch.orchestration.sweep import report_all
+from critbatch.results.errors import user_errors
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -18,3 +18,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.parse_args(argv)
     with user_errors():
         raise SystemExit(1 if report_all() else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from critbatch import files
+from critbatch.results import files
 
 MAX_PANELS = 6  # groups drawn per figure (more make the plots slow and unreadable)
 # A log axis spanning less than this factor is ticked like a linear one (evenly spaced round

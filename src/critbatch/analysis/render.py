@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis.results import read_config, wandb_group_name
-from critbatch.errors import ResultsError
-from critbatch.files import write_json_atomic
+from critbatch.results.errors import ResultsError
+from critbatch.results.files import write_json_atomic
+from critbatch.results.runs import read_config, wandb_group_name
 
 # ---------------------------------------------------------------------------------------------
 # Numbers, tables, JSON

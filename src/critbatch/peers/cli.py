@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from critbatch.errors import user_errors
 from critbatch.peers.report import run
+from critbatch.results.errors import user_errors
 from critbatch.science.grid_laws import BOOTSTRAP
 
 

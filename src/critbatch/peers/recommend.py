@@ -15,10 +15,10 @@ import math
 from pathlib import Path
 
 from critbatch.analysis.render import fmt, json_clean
-from critbatch.errors import ConfigError
-from critbatch.files import write_json_atomic, write_text_atomic
 from critbatch.peers import steplaw
 from critbatch.peers.sources import SOURCES, locate
+from critbatch.results.errors import ConfigError
+from critbatch.results.files import write_json_atomic, write_text_atomic
 
 GRIDS = ("steplaw",)  # the public grids `--peers` knows
 FAR = 10.0  # beyond this factor of the grid's largest size or budget: a loud warning

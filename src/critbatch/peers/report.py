@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.analysis.render import fmt, json_clean, md_table
-from critbatch.files import write_json_atomic, write_text_atomic
 from critbatch.peers import plots, steplaw, zhang
 from critbatch.peers.sources import SOURCES, locate
 from critbatch.peers.sources import cache_dir as default_cache
+from critbatch.results.files import write_json_atomic, write_text_atomic
 
 JSON_FILE = "peers.json"
 REPORT_FILE = "peers.md"
@@ -40,7 +40,7 @@ def joint_on_table(runs: list[dict], folder: Path) -> dict:
     verdict and its B_crit(L) row (Kaplan's form). The table is the grid re-expressed, so it
     goes to `folder`, the download cache, never to the report folder (which may lie inside a
     repository: the grid has no license)."""
-    from critbatch.analysis import bcrit, tables
+    from critbatch.analysis.bcrit import bcrit, tables
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / TABLE_FILE
@@ -60,7 +60,7 @@ def sweep_recommend(runs: list[dict], resamples: int = 0) -> list[dict]:
     the lr law) on the grid's table, held out like `steplaw.validate`: what a user would get
     by passing the grid as their own sweep. `resamples` bootstrap refits: its point answer is
     what is compared."""
-    from critbatch.analysis.recommend import answer, fit_model, sized_sweeps
+    from critbatch.analysis.recommend.recommend import answer, fit_model, sized_sweeps
 
     sweep = sized_sweeps(runs, [])["adamw"]
     cells = steplaw.cells_of([{"params": r["params_nonembedding"], "tokens": r["tokens"],

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from critbatch.errors import ConfigError, ResultsError
+from critbatch.results.errors import ConfigError, ResultsError
 
 _CHUNK = 1 << 20
 

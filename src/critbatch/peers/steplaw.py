@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.errors import ResultsError
+from critbatch.results.errors import ResultsError
 from critbatch.science.grid_laws import (
     BOOTSTRAP,
     CellOptimum,

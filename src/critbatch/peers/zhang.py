@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.analysis import bcrit, best_lr
-from critbatch.analysis.tables import load_tables
+from critbatch.analysis.bcrit import bcrit, best_lr
+from critbatch.analysis.bcrit.tables import load_tables
 from critbatch.science.fits import CONFIDENCE, fit_log_linear
 from critbatch.science.laws import fit_pareto
 

@@ -32,10 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from critbatch import files
-from critbatch.analysis import results as runs
-from critbatch.analysis.results import BRANCHES_DIR
-from critbatch.errors import ResultsError
+from critbatch.results import files, runs
+from critbatch.results.errors import ResultsError
+from critbatch.results.runs import BRANCHES_DIR
 from critbatch.training import checkpoint, local_cbs
 from critbatch.training.config import Config, plain, token_budget, total_steps
 from critbatch.training.optim import wsd_decay_start

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock, Timeout
 
-from critbatch.errors import CritbatchError
+from critbatch.results.errors import CritbatchError
 from critbatch.science.noise import NoiseEMA
 from critbatch.training.config import run_differences
 

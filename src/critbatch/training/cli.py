@@ -17,8 +17,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError, CritbatchError, ResultsError, fail, user_errors
+from critbatch.results import runs
+from critbatch.results.errors import ConfigError, CritbatchError, ResultsError, fail, user_errors
 from critbatch.training import failures
 from critbatch.training.config import (
     CONF_DIR,

@@ -19,8 +19,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf, errors
 
-from critbatch.analysis.results import wandb_group_name
-from critbatch.errors import ConfigError
+from critbatch.results.errors import ConfigError
+from critbatch.results.runs import wandb_group_name
 from critbatch.training.grid import GridConfig
 from critbatch.training.measured import read_curve
 

@@ -29,8 +29,8 @@ import torch
 from filelock import FileLock
 from omegaconf import OmegaConf
 
-from critbatch.errors import DataError
-from critbatch.files import write_bytes_atomic, write_json_atomic
+from critbatch.results.errors import DataError
+from critbatch.results.files import write_bytes_atomic, write_json_atomic
 from critbatch.training.config import CONF_DIR, DataConfig
 
 CACHE_VERSION = 1

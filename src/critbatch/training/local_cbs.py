@@ -35,8 +35,8 @@ import copy
 from dataclasses import dataclass
 from pathlib import Path
 
-from critbatch import files
-from critbatch.analysis.results import LOCAL_CBS_DIR, VAL_SEQUENCES
+from critbatch.results import files
+from critbatch.results.runs import LOCAL_CBS_DIR, VAL_SEQUENCES
 from critbatch.training.config import Config, total_steps
 
 # what a branch sets itself: the base's overrides of these keys are left out of its own

@@ -16,9 +16,8 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from critbatch import files
-from critbatch.analysis import results as runs
-from critbatch.errors import ResultsError
+from critbatch.results import files, runs
+from critbatch.results.errors import ResultsError
 from critbatch.training import branches, checkpoint, local_cbs
 from critbatch.training.config import Config, lr_batch_size
 from critbatch.training.data import sample_batch, sample_chunks
@@ -299,7 +298,7 @@ def save_checkpoint(tr: Trainer, saver: checkpoint.Every, elapsed_s: float) -> N
 
 def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
               wandb_run_id: str | None, speed: SpeedClock) -> dict:
-    """summary.json's dict (analysis/results.py's format) from what the run holds; its
+    """summary.json's dict (results/runs.py's format) from what the run holds; its
     tokens_per_s is the steady-state rate, the whole-run one is tokens_per_s_with_warmup
     (`SpeedClock`)."""
     state, cfg = tr.state, tr.cfg

@@ -17,7 +17,7 @@ import json
 import math
 from pathlib import Path
 
-from critbatch.errors import ConfigError
+from critbatch.results.errors import ConfigError
 
 
 def read_curve(fits: str | None, optimizer: str, lr_scaling: str, scale: str) -> list[list[float]]:

@@ -38,9 +38,8 @@ from pathlib import Path
 
 import torch
 
-from critbatch import files
-from critbatch.analysis import results as runs
-from critbatch.errors import ConfigError, DataError, ResultsError, fail, user_errors
+from critbatch.results import files, runs
+from critbatch.results.errors import ConfigError, DataError, ResultsError, fail, user_errors
 from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
 from critbatch.training.config import config_from_saved, wandb_group
 from critbatch.training.data import prepare_data, sample_batch, val_windows

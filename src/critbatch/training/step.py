@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from critbatch.errors import ConfigError
+from critbatch.results.errors import ConfigError
 from critbatch.training.config import Config, OptimConfig, lr_batch_size, micro_batch_size
 from critbatch.training.distributed import Ranks, average_gradients, mean_over_ranks
 from critbatch.training.gns import MicroGradNorms

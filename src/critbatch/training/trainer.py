@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from critbatch.errors import ConfigError
+from critbatch.results.errors import ConfigError
 from critbatch.science.model_size import param_count
 from critbatch.science.noise import NoiseEMA
 from critbatch.science.rules import beta2_half_life_tokens

@@ -1,0 +1,109 @@
+"""The batch size and learning rate for a larger run, predicted from your own sweep.
+
+    critbatch-recommend RUNS_DIR [RUNS_DIR ...] (--width W | --params N) --tokens D
+                        [--optimizer adamw|muon] [--tolerance T] [--target-loss L]
+                        [--json FILE] [--out DIR] [--wandb MODE]
+    critbatch-recommend --table FILE ... --params N --tokens D
+    critbatch-recommend RUNS_DIR --validate
+    critbatch-recommend --peers steplaw --params N --tokens D [--peers-dir DIR]
+    critbatch-recommend --peers steplaw --validate
+
+(`python analysis/recommend.py` is the same command.) Fits one law to the sweep's best-lr
+losses over batch, tokens and model size (the joint model, docs/science.md sections 8 and 9),
+and the best lr as a power law in batch and size; then, for a model of W width (at the sweep's
+depth) or N non-embedding parameters trained on D tokens, predicts the loss of each candidate
+batch (powers of two from the sweep's smallest), and recommends the largest batch within T
+nats/token (default 0.01) of the best. Intervals are 95%: the law's parametric bootstrap and
+the lr law's fit. A target more than 10x beyond the sweep is answered with a loud warning.
+--validate holds out the sweep's largest model (with one model, its largest budget), recommends
+for it from the rest and prints that beside what its runs measured. Writes recommend.md,
+recommend.json and recommend.png to --out (default: <sweep dir>/report) and logs them to W&B
+(offline by default). --peers steplaw answers from Step Law's public grid alone (Li et al.
+2025; `critbatch.peers.recommend`), for users with no sweep of their own: its file is read from
+--peers-dir (or $PEERS_DIR) or downloaded at a pinned commit and checked by sha256. The work
+is done by `critbatch.analysis.recommend.report`; this module
+only parses arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from critbatch.analysis.recommend.recommend import DEFAULT_TOLERANCE
+from critbatch.analysis.recommend.report import run
+from critbatch.analysis.render import add_wandb_arguments
+from critbatch.peers import recommend as peers
+from critbatch.peers.recommend import GRIDS
+from critbatch.results.errors import user_errors
+
+
+def count(text: str) -> float:
+    """A positive count such as 3e6 or 3000000."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 3e6)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive and finite")
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="*", help="sweep folders or run directories")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--width", type=int, help="the target model's width (at the sweep's depth)")
+    size.add_argument("--params", type=count, help="the target's non-embedding parameters")
+    parser.add_argument("--tokens", type=count, help="the target run's training tokens")
+    parser.add_argument("--optimizer", help="only this optimizer (default: every one in the "
+                                            "sweep, the best first)")
+    parser.add_argument("--tolerance", type=count, default=DEFAULT_TOLERANCE,
+                        help="nats/token a larger batch may lose against the best "
+                             f"(default {DEFAULT_TOLERANCE})")
+    parser.add_argument("--target-loss", type=count, help="also: steps and tokens of each "
+                        "batch to reach this loss (nats/token)")
+    parser.add_argument("--json", dest="json_file", help="also write the answer to this file")
+    parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
+    parser.add_argument("--table", action="append", metavar="FILE",
+                        help="read runs from a .csv or .jsonl table (with a params column "
+                             "for several model sizes) instead of run directories")
+    parser.add_argument("--from-wandb", metavar="ENTITY/PROJECT",
+                        help="read the runs from the W&B API instead of local files")
+    parser.add_argument("--group", help="with --from-wandb: only this W&B group")
+    parser.add_argument("--validate", action="store_true",
+                        help="hold out the largest model (or budget) and check the "
+                             "recommendation against its runs")
+    parser.add_argument("--peers", metavar="GRID", choices=GRIDS,
+                        help="answer from a public grid instead of your runs: "
+                             + ", ".join(GRIDS))
+    parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR") or None,
+                        help="with --peers: a folder holding the grid's files (default "
+                             "$PEERS_DIR, else download them into the cache)")
+    add_wandb_arguments(parser)
+    args = parser.parse_args(argv)
+    with user_errors():
+        if sum(map(bool, (args.paths, args.from_wandb, args.table, args.peers))) > 1:
+            parser.error("pass one of RUNS_DIR, --from-wandb, --table or --peers")
+        if args.peers and args.width:
+            parser.error("--peers: give the target's size as --params N (a public grid has "
+                         "no depth of yours to turn a width into parameters)")
+        if args.peers and (args.target_loss or args.optimizer):
+            parser.error("--peers answers for a budget with the grid's optimizer: drop "
+                         "--target-loss and --optimizer")
+        if args.validate and (args.params or args.width or args.tokens):
+            parser.error("--validate picks its own targets (the held-out cells): drop "
+                         "--width, --params and --tokens")
+        if not args.validate and (args.tokens is None or not (args.width or args.params)):
+            parser.error("say the target: --width W or --params N, and --tokens D "
+                         "(or --validate)")
+        if args.peers:
+            peers.run(args.peers, args.params, args.tokens, args.tolerance, args.peers_dir,
+                      None, args.out, args.json_file, args.validate)
+            return
+        run(args.paths, args.table, args.from_wandb, args.group, width=args.width,
+            params=args.params, tokens=args.tokens, optimizer=args.optimizer,
+            tolerance=args.tolerance, target_loss=args.target_loss, json_file=args.json_file,
+            out=args.out, do_validate=args.validate, wandb_mode=args.wandb_mode,
+            project=args.project)
+

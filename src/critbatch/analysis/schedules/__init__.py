@@ -1,0 +1,2 @@
+"""The batch-schedule study: schedules against fixed batches (`schedules`) and
+`python analysis/schedules.py` (`cli`)."""
