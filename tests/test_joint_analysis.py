@@ -1,4 +1,4 @@
-"""The joint model in the B_crit study (analysis.joint, analysis.joint_report): from run
+"""The joint model in the B_crit study (analysis/joint/): from run
 folders of a planted branched sweep to fits.json's `joint` and its Kaplan rows, the
 held-out predictions and the report's opening lines."""
 

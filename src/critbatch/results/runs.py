@@ -7,7 +7,7 @@ A run directory holds:
                   grad_norm, time_s`; `tokens` cumulative, `batch_size` that step's);
 - `config.json`   the resolved config, and Hydra's `.hydra/` (composed config, overrides);
 - `checkpoint.pt` the model weights, the config that built them and the step, plus the
-                  optimizer and loop state a killed run resumes from (critbatch/checkpoint.py);
+                  optimizer and loop state a killed run resumes from (training/checkpoint.py);
 - `wandb/`        the W&B run (offline unless logger.mode=online);
 - `noise.json`    optional: the gradient noise scale measured by `python -m critbatch.noise`.
 

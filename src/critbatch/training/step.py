@@ -1,4 +1,4 @@
-"""One optimizer step, the one the trainer (loop.py) takes and the benchmark (bench.py) times.
+"""One optimizer step, the one the trainer (loop.py) takes and the benchmark (bench/) times.
 
     micro-batches  forward, backward of loss / accum (gradient accumulation into .grad),
                    and each micro-batch's |g_b|^2 for the noise scale (gns.MicroGradNorms)

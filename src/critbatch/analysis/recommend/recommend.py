@@ -7,7 +7,7 @@ with the small-batch term when the data demand it), then the loss law across siz
 from it, its parametric bootstrap and the lr law. `answer` gives the candidates and the
 recommended batch for a target (params, tokens), `validate` the same for the sweep's largest
 size (or largest budget) refitted without it, beside what those runs measured. The report
-(printing, JSON, plot, W&B) is `analysis.recommend_report`.
+(printing, JSON, plot, W&B) is `report.py` beside it.
 """
 
 from __future__ import annotations
