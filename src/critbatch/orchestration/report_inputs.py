@@ -4,8 +4,8 @@ A sweep rerun that trained nothing would otherwise analyse the same runs again (
 gpu scale). The fingerprint covers every run's results files (path, size, modification time:
 summary.json, noise.json, config.json), the analysis command's arguments, and the code that
 turns them into a report (the analysis scripts and the `analysis`, `science` and `results`
-packages), so a new run, a re-measured B_noise or an edited analysis each make the report stale. It is
-written beside the report (`inputs.sha256`) only after an analysis succeeded.
+packages), so a new run, a re-measured B_noise or an edited analysis each make the report
+stale. It is written beside the report (`inputs.sha256`) only after an analysis succeeded.
 """
 
 from __future__ import annotations
