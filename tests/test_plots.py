@@ -13,7 +13,8 @@ from test_stability import write_study as write_stability_study
 from critbatch.analysis import plotting
 from critbatch.analysis.bcrit import report as bcrit_report
 from critbatch.analysis.bcrit.synthetic import synthetic_branched_sweep, synthetic_sweep
-from critbatch.analysis.schedules import schedules
+from critbatch.analysis.schedules import plots as schedules_plots
+from critbatch.analysis.schedules import report as schedules_report
 from critbatch.analysis.stability import report as stability_report
 from critbatch.analysis.stability import stability
 
@@ -174,10 +175,10 @@ def test_every_stability_and_schedules_plot_reads(tmp_path, saved_figures):
     stability.run_analysis([str(tmp_path / "runs")], str(tmp_path / "stab"),
                            wandb_mode="disabled")
     write_schedules_study(tmp_path / "sched")
-    schedules.run_analysis([str(tmp_path / "sched")], str(tmp_path / "sched-report"),
-                           wandb_mode="disabled")
+    schedules_report.run_analysis([str(tmp_path / "sched")], str(tmp_path / "sched-report"),
+                                  wandb_mode="disabled")
     names = [name for name, _ in saved_figures]
-    assert names == [f"{n}.png" for n in (*stability_report.PLOTS, *schedules.PLOTS)]
+    assert names == [f"{n}.png" for n in (*stability_report.PLOTS, *schedules_plots.PLOTS)]
     assert sum(check_figure(fig) for _, fig in saved_figures) >= 10
 
 
@@ -228,8 +229,8 @@ def test_every_report_table_states_losses_in_nats_per_token(tmp_path):
                                   wandb_mode="disabled")
     assert check_loss_units((stab["out"] / "report.md").read_text()) >= 3
 
-    sched = schedules.run_analysis([str(write_schedules_study(tmp_path / "sched"))],
-                                   str(tmp_path / "sched-rep"), wandb_mode="disabled")
+    sched = schedules_report.run_analysis([str(write_schedules_study(tmp_path / "sched"))],
+                                          str(tmp_path / "sched-rep"), wandb_mode="disabled")
     assert check_loss_units((sched["out"] / "report.md").read_text()) >= 2
     arms = {a["arm"]: a for a in sched["document"]["groups"][0]["arms"]}
     small = arms["constant small"]["val_loss"]

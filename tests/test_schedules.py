@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.analysis.schedules import schedules
+from critbatch.analysis.schedules import plots, report, schedules
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_json_atomic
 from critbatch.results.runs import SCHEMA_VERSION, load_runs
@@ -257,10 +257,10 @@ def test_steps_saved_are_read_off_the_annealed_small_batch(tmp_path):
 
 
 def test_the_report_says_which_reference_steps_saved_were_read_off(tmp_path):
-    annealed = schedules.run_analysis([str(write_annealed_study(tmp_path / "new"))],
-                                      str(tmp_path / "rep_new"))
-    old = schedules.run_analysis([str(write_study(tmp_path / "old", optimizers=("adamw",)))],
-                                 str(tmp_path / "rep_old"))
+    annealed = report.run_analysis([str(write_annealed_study(tmp_path / "new"))],
+                                   str(tmp_path / "rep_new"))
+    old = report.run_analysis([str(write_study(tmp_path / "old", optimizers=("adamw",)))],
+                              str(tmp_path / "rep_old"))
     assert annealed["document"]["groups"][0]["s_small_reference"] == "annealed"
     assert "exact up to that interpolation" in annealed["document"]["caveat"]
     text = (tmp_path / "rep_new" / "report.md").read_text()
@@ -289,8 +289,8 @@ def test_several_arms_of_a_kind_are_named_by_their_batch_range(tmp_path):
                           "constant large"]
     ramp_b = arms["ramp 16->64"]
     assert (ramp_b["batch_size_final"], ramp_b["batch_size_max"]) == (32, 64)
-    assert schedules.arm_cells(ramp_b)[1] == "16 -> 64 (35.31; last step 32)"  # 1024 seq / 29 steps
-    assert schedules.arm_cells(arms["ramp 16->32"])[1] == "16 -> 32 (25.6)"
+    assert report.arm_cells(ramp_b)[1] == "16 -> 64 (35.31; last step 32)"  # 1024 seq / 29 steps
+    assert report.arm_cells(arms["ramp 16->32"])[1] == "16 -> 32 (25.6)"
 
 
 def test_duplicate_small_runs_use_the_best_as_reference(tmp_path):
@@ -339,14 +339,14 @@ def test_older_constant_runs_fall_back_to_their_batch_size(tmp_path):
                      "batch_size_final": 32, "batch_size_max": 32, "batch_size_mean": 32.0,
                      "batch_changes": [],
                      "b_noise": None}
-    traj = schedules.batch_trajectory(run, schedules._metrics(run_dir))
+    traj = schedules.batch_trajectory(run, plots._metrics(run_dir))
     assert [p["batch_size"] for p in traj] == [32, 32] and traj[-1]["tokens"] == 20 * 32 * 64
 
 
 def test_batch_trajectory_from_metrics_and_from_the_summary(tmp_path):
     run_dir = write_run(tmp_path, "ramp", RAMP, RAMP_LOSS, schedule="ramp")
     run = load_runs([run_dir], progress=False)["runs"][0]
-    from_metrics = schedules.batch_trajectory(run, schedules._metrics(run_dir))
+    from_metrics = schedules.batch_trajectory(run, plots._metrics(run_dir))
     from_summary = schedules.batch_trajectory(run, None)
     assert from_metrics == from_summary
     assert [p["batch_size"] for p in from_metrics] == [16, 32, 64, 128, 256, 256]
@@ -380,7 +380,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
     proc = run_cli(study, "--out", tmp_path / "rep")
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "rep"
-    for name in ("report.md", "schedules.json", *(f"{p}.png" for p in schedules.PLOTS)):
+    for name in ("report.md", "schedules.json", *(f"{p}.png" for p in plots.PLOTS)):
         assert (out / name).stat().st_size > 0, name
     assert list((out / "wandb").glob("offline-run-*")), "W&B analysis run not logged offline"
     doc = json.loads((out / "schedules.json").read_text(), parse_constant=no_nan)
@@ -411,7 +411,7 @@ def test_report_with_a_diverged_arm_and_a_missing_metrics_file(tmp_path):
               status="diverged", curve=[])
     write_run(tmp_path / "runs", "arm=ramp,optim=muon", RAMP, RAMP_LOSS, optimizer="muon",
               schedule="ramp")
-    done = schedules.run_analysis([str(tmp_path / "runs")], str(tmp_path / "rep"))
+    done = report.run_analysis([str(tmp_path / "runs")], str(tmp_path / "rep"))
     doc = done["document"]
     assert any("adamw ramp: no readable metrics.jsonl" in w for w in doc["warnings"])
     assert any("muon: the constant-small run diverged" in w for w in doc["warnings"])
@@ -454,15 +454,15 @@ def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, capsys, analysis_c
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("critbatch: error: ")
     with pytest.raises(ResultsError):
-        schedules.run_analysis(args or None, str(tmp_path / "rep"),
-                             runs_root=str(tmp_path / "runs"))
+        report.run_analysis(args or None, str(tmp_path / "rep"),
+                            runs_root=str(tmp_path / "runs"))
 
 
 def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     write_study(tmp_path, optimizers=("adamw",))
     code = "\n".join([
         "import sys",
-        "from critbatch.analysis.schedules.schedules import run_analysis",
+        "from critbatch.analysis.schedules.report import run_analysis",
         f"run_analysis([{str(tmp_path)!r}], {str(tmp_path / 'rep')!r})",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
         " or m.startswith('critbatch.training')))",

@@ -6,7 +6,7 @@
 searched recursively for summary.json (default: the most recently written
 runs/schedules/<scale> folder). Writes report.md, schedules.json and the plots to --out
 (default: <that folder>/report/). The work is done by
-`critbatch.analysis.schedules.schedules.run_analysis`; this module only parses arguments.
+`critbatch.analysis.schedules.report.run_analysis`; this module only parses arguments.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from critbatch.analysis.render import add_wandb_arguments
-from critbatch.analysis.schedules.schedules import run_analysis
+from critbatch.analysis.schedules.report import run_analysis
 from critbatch.results.errors import user_errors
 
 
