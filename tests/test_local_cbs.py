@@ -13,20 +13,22 @@ import pytest
 from critbatch.science.local_cbs import (
     BranchNoise,
     ema,
-    equal_variance_test,
     estimate_branch_noise,
     excesses_over_first,
     local_critical_batch,
     local_critical_batch_ema,
-    local_critical_batches_by_seed,
     paired_excess,
+)
+from critbatch.science.local_cbs_seeds import (
+    equal_variance_test,
+    local_critical_batches_by_seed,
     pool_consistent,
     pool_seed_scatter,
     replicated_ladders,
     seed_excesses,
     seed_paired_excess,
-    tokens_equivalent,
 )
+from critbatch.science.local_cbs_tokens import tokens_equivalent
 
 T_95_DOF1 = math.tan(0.45 * math.pi)  # Student's t with 1 dof is Cauchy: tan(pi (p - 1/2))
 T_95_DOF2 = 0.9 / math.sqrt(2 * 0.95 * 0.05)  # with 2 dof: (2p - 1) / sqrt(2 p (1 - p))

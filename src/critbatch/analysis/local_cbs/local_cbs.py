@@ -14,7 +14,7 @@ branch], "seq_len": T, "tokens": tokens trained}.
 What this module computes, per base run (one optimizer and lr rule) and checkpoint:
 
 - the decision. Replicated ladders (every checkpoint has every k at one replicate seed or
-  more, `BaseRun.ladder`): `science.local_cbs.local_critical_batches_by_seed` on the ladders
+  more, `BaseRun.ladder`): `science.local_cbs_seeds.local_critical_batches_by_seed` on the ladders
   stacked by seed, the scatter of each seed-paired excess pooled over the checkpoints per k.
   Otherwise `science.local_cbs.local_critical_batch` with the branch noise of the k = 1
   replicates (`estimate_branch_noise`, pooled over the checkpoints; disjoint pairs: k = 1
@@ -24,7 +24,7 @@ What this module computes, per base run (one optimizer and lr rule) and checkpoi
 - beside it, the paper's EMA rule (`local_critical_batch_ema`, epsilon 0.01 nats) on each
   branch's training losses after the fork (metrics.jsonl rows with tokens > t);
 - and per k the same branches in the per-run B_crit's currency
-  (`science.local_cbs.tokens_equivalent`): the excess over k = 1 (seed-paired where the
+  (`science.local_cbs_tokens.tokens_equivalent`): the excess over k = 1 (seed-paired where the
   ladders are replicated) read off the k = 1 branch's loss over the window (`k1_curve`: the
   loss at the fork, then its summary.json `curve` points after it, averaged over seeds) as
   effective tokens, and B_crit = (k B - B r) / (r - 1);
@@ -90,15 +90,13 @@ from critbatch.science.local_cbs import (
     BranchNoise,
     LocalCriticalBatch,
     PairedExcess,
-    ReplicatedLadders,
-    ScatterPool,
     estimate_branch_noise,
     excesses_over_first,
     local_critical_batch,
     local_critical_batch_ema,
-    replicated_ladders,
-    tokens_equivalent,
 )
+from critbatch.science.local_cbs_seeds import ReplicatedLadders, ScatterPool, replicated_ladders
+from critbatch.science.local_cbs_tokens import tokens_equivalent
 
 CHECKPOINT_NAME = re.compile(r"tokens=(\d+)")
 BRANCH_NAME = re.compile(r"k=(\d+)(?:,seed=(\d+))?")
