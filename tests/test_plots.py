@@ -16,7 +16,6 @@ from critbatch.analysis.bcrit.synthetic import synthetic_branched_sweep, synthet
 from critbatch.analysis.schedules import plots as schedules_plots
 from critbatch.analysis.schedules import report as schedules_report
 from critbatch.analysis.stability import report as stability_report
-from critbatch.analysis.stability import stability
 
 # ---------------------------------------------------------------------------------------------
 # What a readable figure is
@@ -172,8 +171,8 @@ def test_every_bcrit_plot_reads_at_any_range(tmp_path, saved_figures, design):
 
 def test_every_stability_and_schedules_plot_reads(tmp_path, saved_figures):
     write_stability_study(tmp_path / "runs", optimizers=("adamw", "muon"))
-    stability.run_analysis([str(tmp_path / "runs")], str(tmp_path / "stab"),
-                           wandb_mode="disabled")
+    stability_report.run_analysis([str(tmp_path / "runs")], str(tmp_path / "stab"),
+                                  wandb_mode="disabled")
     write_schedules_study(tmp_path / "sched")
     schedules_report.run_analysis([str(tmp_path / "sched")], str(tmp_path / "sched-report"),
                                   wandb_mode="disabled")
@@ -225,8 +224,8 @@ def test_every_report_table_states_losses_in_nats_per_token(tmp_path):
     assert "(the baseline batch)" in text
 
     write_stability_study(tmp_path / "s" / "runs")
-    stab = stability.run_analysis([str(tmp_path / "s" / "runs")], str(tmp_path / "s" / "rep"),
-                                  wandb_mode="disabled")
+    stab = stability_report.run_analysis([str(tmp_path / "s" / "runs")],
+                                         str(tmp_path / "s" / "rep"), wandb_mode="disabled")
     assert check_loss_units((stab["out"] / "report.md").read_text()) >= 3
 
     sched = schedules_report.run_analysis([str(write_schedules_study(tmp_path / "sched"))],

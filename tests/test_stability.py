@@ -12,16 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from critbatch.analysis.stability import accumulation, inputs, rules
 from critbatch.analysis.stability import report as stability_report
-from critbatch.analysis.stability import stability
+from critbatch.analysis.stability.accumulation import compare_curves
+from critbatch.analysis.stability.rules import ACCUM_STAGE, BATCH_STAGE, DIFFERS, LR_STAGE, MATCHES
 from critbatch.analysis.stability.stability import (
-    ACCUM_STAGE,
-    BATCH_STAGE,
-    DIFFERS,
-    LR_STAGE,
-    MATCHES,
     analyse,
-    compare_curves,
     detrended_variance,
     lr_tuning,
     tail_stats,
@@ -113,7 +109,7 @@ def write_study(root: Path, optimizers=("adamw",)) -> None:
 
 
 def analyse_dir(*paths):
-    loaded = stability.load_stability_runs(list(paths))
+    loaded = inputs.load_stability_runs(list(paths))
     return analyse(loaded["runs"], loaded["left_out"], loaded["warnings"])
 
 
@@ -224,7 +220,7 @@ def test_short_runs_use_the_last_half_as_tail(tmp_path):
         write_run(tmp_path, BATCH_STAGE, f"b{b}", *scripted(b, steps=100), batch_size=b)
     (group,) = analyse_dir(tmp_path)["groups"]
     assert group["tail_window"] == {"steps": 50, "planned_steps": 100,
-                                    "rule": stability.RULES["tail_window"]}
+                                    "rule": rules.RULES["tail_window"]}
     assert all(r["tail_first_step"] == 51 for r in group["per_batch"])
 
 
@@ -244,7 +240,7 @@ def test_identical_curves_match_exactly():
     assert c["steps_compared"] == STEPS
     assert c["max_abs_diff"] == c["max_rel_diff"] == c["first_steps_max_rel_diff"] == 0.0
     assert c["first_step_rel_above"] is None
-    assert stability.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS) == MATCHES
+    assert accumulation.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS) == MATCHES
 
 
 def test_an_offset_of_1e_3_is_detected():
@@ -253,17 +249,17 @@ def test_an_offset_of_1e_3_is_detected():
     assert c["first_steps_max_abs_diff"] == pytest.approx(1e-3, rel=1e-6)
     assert c["first_steps_max_rel_diff"] == pytest.approx(1e-3 / min(loss[:10]), rel=1e-6)
     assert c["first_step_rel_above"] == 1
-    assert stability.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS) == DIFFERS
+    assert accumulation.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS) == DIFFERS
     # under bf16 autocast the same offset is rounding
-    bf16 = stability.accum_tolerance("bfloat16")
-    assert stability.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS, bf16) == MATCHES
-    assert stability.accum_tolerance(None) == stability.accum_tolerance("float32") == 1e-4
+    bf16 = accumulation.accum_tolerance("bfloat16")
+    assert accumulation.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS, bf16) == MATCHES
+    assert accumulation.accum_tolerance(None) == accumulation.accum_tolerance("float32") == 1e-4
     # the same offset from step 20 on: the first 10 steps still match, the separation is found
     late = [x + (1e-3 if i >= 19 else 0.0) for i, x in enumerate(loss)]
     c = compare_curves(rows_of(late), rows_of(loss))
     assert c["first_steps_max_abs_diff"] == 0.0 and c["first_step_rel_above"] == 20
     assert c["max_abs_diff"] == pytest.approx(1e-3, rel=1e-6)
-    assert stability.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS) == MATCHES
+    assert accumulation.accumulation_verdict(c["first_steps_max_rel_diff"], STEPS) == MATCHES
     # float-rounding size differences match
     c = compare_curves(rows_of([x * (1 + 1e-7) for x in loss]), rows_of(loss))
     assert c["first_steps_max_rel_diff"] == pytest.approx(1e-7, rel=1e-3)
@@ -296,7 +292,7 @@ def test_accumulation_without_a_plain_run_is_a_warning(tmp_path):
     write_run(tmp_path, ACCUM_STAGE, "accum", *scripted(64), micro_batch_size=4)
     result = analyse_dir(tmp_path)
     (entry,) = result["groups"][0]["accumulation"]
-    assert entry["verdict"] == stability.NO_PLAIN and entry["steps_compared"] == 0
+    assert entry["verdict"] == rules.NO_PLAIN and entry["steps_compared"] == 0
     assert any("no plain batch-64 run" in w for w in result["warnings"])
 
 
@@ -358,7 +354,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
     (runs / BATCH_STAGE / "smoke" / "broken").mkdir()
     (runs / BATCH_STAGE / "smoke" / "broken" / "summary.json").write_text("{not json")
     out = tmp_path / "report"
-    stages = [runs / s / "smoke" for s in stability.STAGES]
+    stages = [runs / s / "smoke" for s in rules.STAGES]
     proc = cli(*stages, "--out", out)
     assert proc.returncode == 0, proc.stderr
     for name in OUTPUTS:
@@ -375,7 +371,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
     assert [g["name"] for g in doc["groups"]] == ["adamw, lr_scaling sqrt",
                                                   "muon, lr_scaling sqrt"]
     g = doc["groups"][0]
-    assert set(g) == set(stability.GROUP_KEYS)
+    assert set(g) == set(stability_report.GROUP_KEYS)
     assert g["lr_tuning"]["best_lr"] == BASE_LR and g["lr_tuning"]["edge"] is None
     verdicts = {r["batch_size"]: r["verdict"] for r in g["per_batch"]}
     assert verdicts == {1: "diverged", 4: "stable", 16: "stable", 64: "stable", 256: "stable"}
@@ -406,7 +402,7 @@ def test_default_paths_and_no_torch(tmp_path):
     os.utime(older / "summary.json", (old, old))
     code = "\n".join([
         "import sys",
-        "from critbatch.analysis.stability.stability import run_analysis",
+        "from critbatch.analysis.stability.report import run_analysis",
         "run_analysis()",
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'"
         " or m.startswith('critbatch.training')))",
@@ -425,9 +421,9 @@ def test_default_paths_and_no_torch(tmp_path):
 def test_default_out_beside_the_stages(tmp_path):
     stages = [tmp_path / "runs" / s / "cpu" for s in (LR_STAGE, ACCUM_STAGE)]
     expected = (tmp_path / "runs" / BATCH_STAGE / "cpu" / "report").resolve()
-    assert stability.default_out(stages) == expected
-    assert stability.default_out([stages[0] / "some_run"]) == expected
-    assert stability.default_out([tmp_path / "elsewhere"]) == (
+    assert inputs.default_out(stages) == expected
+    assert inputs.default_out([stages[0] / "some_run"]) == expected
+    assert inputs.default_out([tmp_path / "elsewhere"]) == (
         tmp_path / "elsewhere" / "report").resolve()
 
 

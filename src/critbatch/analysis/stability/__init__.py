@@ -1,2 +1,3 @@
-"""The stability study: verdicts per run (`stability`, by the `rules`), its report (`report`)
-and `python analysis/stability.py` (`cli`)."""
+"""The stability study: its runs (`inputs`), verdicts per run (`stability`, by the `rules`),
+gradient accumulation against the plain batch (`accumulation`), its report and pipeline
+(`report`) and `python analysis/stability.py` (`cli`)."""

@@ -7,7 +7,7 @@ searched recursively for summary.json (default: the stability stages of the most
 written scale: runs/stability_lr/<scale>, runs/stability/<scale>, runs/stability_accum/<scale>,
 whichever exist). Writes report.md, stability.json and the plots to --out (default:
 runs/stability/<scale>/report). The work is done by
-`critbatch.analysis.stability.stability.run_analysis`; this module only parses arguments.
+`critbatch.analysis.stability.report.run_analysis`; this module only parses arguments.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from critbatch.analysis.render import add_wandb_arguments
-from critbatch.analysis.stability.stability import run_analysis
+from critbatch.analysis.stability.report import run_analysis
 from critbatch.results.errors import user_errors
 
 

@@ -1,15 +1,20 @@
-"""The stability study's report: report.md's tables and the plots (science.md section 6).
+"""The stability study's report and pipeline: report.md's tables, the plots, stability.json
+(science.md section 6) and `run_analysis`.
 
 - `report.md`         the question, the inputs, the rules, per group the lr tuning, the
                       per-batch verdicts and the accumulation check, the warnings;
-- `train_loss.png`, `grad_norm.png`, `accumulation.png`, `lr_tuning.png`.
+- `train_loss.png`, `grad_norm.png`, `accumulation.png`, `lr_tuning.png`;
+- `stability.json`    the same numbers, machine-readable (`stability_document`).
 
-Reads what `stability.analyse` returns. Units: batch sizes in sequences,
-losses in nats/token (stability.json also has them per byte), steps are optimizer steps.
+`run_analysis` (what `analysis/stability.py` calls) loads the runs (`inputs`), judges them
+(`stability.analyse`) and writes all of these through `render.run_study`. Units: batch sizes in
+sequences, losses in nats/token (stability.json also has them per byte), steps are optimizer
+steps.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,7 @@ import numpy as np
 
 from critbatch.analysis import plotting, render
 from critbatch.analysis.render import fmt_nan, md_table
+from critbatch.analysis.stability.inputs import default_inputs, default_out, load_stability_runs
 from critbatch.analysis.stability.rules import (
     ACCUM_DEVIATION,
     ACCUM_FIRST_STEPS,
@@ -25,10 +31,17 @@ from critbatch.analysis.stability.rules import (
     LR_STAGE,
     RULES,
     SPIKE_FACTOR,
+    THRESHOLDS,
     WHY_UNSTABLE,
 )
+from critbatch.analysis.stability.stability import analyse
 from critbatch.results.runs import is_finite
 
+SCHEMA_VERSION = 1  # of stability.json
+GROUP_KEYS = ("name", "scale", "optimizer", "lr_scaling", "base_batch_size", "base_lr",
+              "tail_window", "lr_tuning", "per_batch", "accumulation", "warnings")
+WANDB_COLUMNS = ("group", "batch_size", "lr", "steps", "status", "val_loss",
+                 "val_loss_per_byte", "tail_var_train_loss", "tail_var_grad_norm", "verdict")
 MAX_ACCUM_ROWS = 4  # accumulation comparisons drawn
 PLOTS = {
     "train_loss": "Train loss versus step per batch size (faint: every step; solid: moving "
@@ -328,3 +341,96 @@ def summary_lines(result: dict) -> list[str]:
                          "steps: max rel diff "
                          f"{fmt_nan(e['first_steps_max_rel_diff'], '.2g')})")
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# stability.json and the pipeline
+
+
+def stability_document(result: dict, inputs: list[str]) -> dict:
+    """The public stability.json (`render.run_study` makes it strict JSON: NaN and inf become
+    null).
+
+    {schema_version, inputs: [path], n_runs, rules: {tail_window, diverged, unstable, stable,
+     accumulation: sentence}, thresholds: {tail_steps, unstable_ratio, unstable_cv_floor,
+     tail_spike_ratio, spike_factor, accum_first_steps, accum_tolerance, accum_deviation},
+     groups: [{name, scale, optimizer, lr_scaling, base_batch_size, base_lr,
+               tail_window: {steps, planned_steps, rule},
+               lr_tuning: null | {optimizer, batch_sizes, best_lr, best_val_loss,
+                                  edge: null|"low"|"high"|"single",
+                                  rows: [{lr, val_loss, val_loss_per_byte, status, n_runs,
+                                          run_dirs, best}]},
+               per_batch: [{run_dir, stage, seed, batch_size, micro_batch_size, lr, base_lr,
+                            lr_scaling, steps, status, status_reason, diverged_step, val_loss,
+                            val_loss_per_byte, n_steps_logged, first_train_loss,
+                            final_train_loss, first_nonfinite_step, max_grad_norm, tail_steps,
+                            tail_first_step, tail_last_step, tail_mean_train_loss,
+                            tail_var_train_loss, tail_mean_grad_norm, tail_var_grad_norm,
+                            grad_norm_cv, tail_spike_ratio, grad_norm_spikes, loss_noise,
+                            grad_norm_cv_ratio, grad_norm_cv_excess, loss_noise_ratio,
+                            verdict: "stable"|"unstable"|"diverged", verdict_reason}],
+               accumulation: [{accum_run_dir, plain_run_dir, plain_stage, optimizer, lr,
+                               lr_scaling, batch_size, micro_batch_size, dtype, status_accum,
+                               status_plain, first_steps, tolerance, deviation_threshold,
+                               steps_compared, max_abs_diff, max_rel_diff,
+                               first_steps_max_abs_diff, first_steps_max_rel_diff,
+                               first_steps_max_rel_diff_grad_norm, first_step_rel_above,
+                               delta_val_loss, delta_val_loss_per_byte, verdict}],
+               warnings: [sentence]}],
+     warnings: [sentence, every group's prefixed by its name],
+     left_out: [{run_dir, reason: "corrupt"|"incomplete"|"other sweep", detail}]}
+
+    Losses in nats/token (`_per_byte`: nats/byte), batch sizes in sequences, steps in optimizer
+    steps; relative differences are |accum - plain| / |plain|.
+    """
+    plot_only = ("steps", "abs_diff", "rel_diff")
+    groups = []
+    for g in result["groups"]:
+        doc = {k: g[k] for k in GROUP_KEYS}
+        doc["accumulation"] = [{k: v for k, v in e.items() if k not in plot_only}
+                               for e in g["accumulation"]]
+        if doc["lr_tuning"]:
+            doc["lr_tuning"] = {k: v for k, v in doc["lr_tuning"].items() if k != "warnings"}
+        groups.append(doc)
+    return {
+        "schema_version": SCHEMA_VERSION, "inputs": inputs, "n_runs": result["n_runs"],
+        "rules": RULES, "thresholds": THRESHOLDS, "groups": groups,
+        "warnings": result["warnings"], "left_out": result["left_out"],
+    }
+
+
+def wandb_fields(result: dict, loaded: dict) -> dict:
+    """The analysis run's group (that of the first run read) and its per-batch table."""
+    first = loaded["runs"][0]
+    rows = [[g["name"], *(r.get(c) for c in WANDB_COLUMNS[1:])]
+            for g in result["groups"] for r in g["per_batch"]]
+    return {"group": render.logged_group(first["run_dir"], first["sweep"]),
+            "tables": {"per_batch": (WANDB_COLUMNS, rows)}}
+
+
+STUDY = render.Study(
+    name="stability", document_file="stability.json",
+    no_runs_fix="stability sweep folders, or run the stability sweep first",
+    analyse=analyse, write_plots=write_plots, document=stability_document,
+    markdown=report_markdown, wandb=wandb_fields,
+    summary_lines=summary_lines)
+
+
+def run_analysis(paths: list[str] | None = None, out: str | None = None,
+                 runs_root: str | Path = "runs", wandb_mode: str = "offline",
+                 project: str = "critbatch") -> dict:
+    """Load, analyse and write the report folder; returns {"out", "result", "document"}.
+
+    Raises ResultsError (one line for the user) when nothing can be analysed: a missing path,
+    no runs, or every run left out.
+    """
+    if paths:
+        roots = [Path(p) for p in paths]
+        default = default_out(roots)
+    else:
+        roots, default, sentence = default_inputs(runs_root)
+        print(sentence, flush=True)
+    return render.run_study(STUDY, partial(load_stability_runs, roots), [str(p) for p in roots],
+                            Path(out) if out else default, wandb_mode=wandb_mode,
+                            project=project)
+

@@ -20,6 +20,7 @@ ACCUM_TOLERANCE = 1e-4
 # ... and under autocast, whose rounding is coarser (bf16 keeps 8 bits of mantissa)
 ACCUM_TOLERANCE_BY_DTYPE = {"float32": ACCUM_TOLERANCE, "float16": 1e-3, "bfloat16": 1e-2}
 ACCUM_DEVIATION = 1e-4  # "the curves separate": the first step whose difference exceeds this
+LR_RTOL = 1e-6  # relative tolerance when comparing learning rates read back from JSON
 
 VERDICTS = ("stable", "unstable", "diverged")
 MATCHES, DIFFERS, NO_PLAIN, NOT_COMPARABLE = (

@@ -1,4 +1,4 @@
-"""The small-batch stability study (science.md section 6): loading, verdicts, stability.json.
+"""The small-batch stability study (science.md section 6): the verdicts per run.
 
 Science.md section 6: `Var(g_B) = Var(g_1) / B`, so the smallest batches take the noisiest
 steps. Below about 8 sequences even Adam can diverge (its second-moment estimate is too
@@ -15,10 +15,11 @@ The sweeps write three stages, `runs/<stage>/<scale>/<override_dirname>/`:
 - `stability`        every batch size at the tuned lr, scaled by `optim.lr_scaling`;
 - `stability_accum`  the base batch computed as micro-batches (gradient accumulation).
 
-`run_analysis` (what `analysis/stability.py` calls) loads them (`load_stability_runs`),
-judges them (`analyse`, a pure function of the loaded runs; the thresholds and rules are in
-`stability_rules`) and writes, through `render.run_study`, `stability.json` (the same numbers,
-machine-readable) beside the report.md and plots of `stability_report`.
+`report.run_analysis` (what `analysis/stability.py` calls) loads them
+(`inputs.load_stability_runs`), judges them here (`analyse`, a pure function of the loaded
+runs; the thresholds and rules are in `rules`, the accumulation check in `accumulation`)
+and writes, through `render.run_study`, report.md, the plots and `stability.json` (the same
+numbers, machine-readable).
 
 Units: batch sizes in sequences, losses in nats/token (nats/byte when the name ends in
 `_per_byte`), steps are optimizer steps.
@@ -28,136 +29,31 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from critbatch.analysis import render
-from critbatch.analysis.stability import report as stability_report
+from critbatch.analysis.stability.accumulation import accumulation_entry, find_plain_run
 from critbatch.analysis.stability.rules import (
-    ACCUM_DEVIATION,
     ACCUM_FIRST_STEPS,
     ACCUM_STAGE,
-    ACCUM_TOLERANCE,
-    ACCUM_TOLERANCE_BY_DTYPE,
     BATCH_STAGE,
-    DIFFERS,
+    LR_RTOL,
     LR_STAGE,
-    MATCHES,
-    NO_PLAIN,
-    NOT_COMPARABLE,
     RULES,
     SPIKE_FACTOR,
-    STAGES,
     TAIL_SPIKE_RATIO,
     TAIL_STEPS,
-    THRESHOLDS,
     UNSTABLE_CV_FLOOR,
     UNSTABLE_RATIO,
 )
-from critbatch.results.errors import ResultsError
-from critbatch.results.runs import is_finite, is_number, load_runs, read_metrics
+from critbatch.results.runs import is_finite
 
-SCHEMA_VERSION = 1  # of stability.json
 DEFAULT_BASE_BATCH = 64  # sequences: the tuned batch when no summary names base_batch_size
-LR_RTOL = 1e-6  # relative tolerance when comparing learning rates read back from JSON
-GROUP_KEYS = ("name", "scale", "optimizer", "lr_scaling", "base_batch_size", "base_lr",
-              "tail_window", "lr_tuning", "per_batch", "accumulation", "warnings")
-WANDB_COLUMNS = ("group", "batch_size", "lr", "steps", "status", "val_loss",
-                 "val_loss_per_byte", "tail_var_train_loss", "tail_var_grad_norm", "verdict")
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs
-
-
-def stage_scale(path: str | Path) -> tuple[Path, str] | None:
-    """(runs root, scale) when `path` lies in `<root>/<stage>/<scale>/...` of a stability
-    stage; else None."""
-    parts = Path(path).resolve().parts
-    for i in range(len(parts) - 2, -1, -1):
-        if parts[i] in STAGES:
-            return Path(*parts[:i]), parts[i + 1]
-    return None
-
-
-def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], Path, str]:
-    """The stage folders of the most recently written scale under `runs_root`.
-
-    Returns (paths, report folder `runs/stability/<scale>/report`, a sentence saying so). The
-    scale is the one whose newest summary.json, over the three stages, is the most recent.
-    """
-    root = Path(runs_root)
-    scale = render.latest_scale(root, STAGES)
-    if scale is None:
-        raise ResultsError(f"no stability runs under {root}/ (looked in "
-                           f"{', '.join(f'{s}/<scale>/' for s in STAGES)}); pass run "
-                           "directories, or run the stability sweep first")
-    paths = [root / stage / scale for stage in STAGES if (root / stage / scale).is_dir()]
-    sentence = ("no paths given: analysing the latest stability study, "
-                + " and ".join(str(p) for p in paths))
-    return paths, root / BATCH_STAGE / scale / "report", sentence
-
-
-def default_out(paths: list[Path]) -> Path:
-    """`<root>/stability/<scale>/report` when every path lies in a stage folder of one scale;
-    otherwise `<common folder>/report` (`render.default_out`)."""
-    found = {stage_scale(p) for p in paths}
-    if len(found) == 1 and None not in found:
-        root, scale = found.pop()
-        return root / BATCH_STAGE / scale / "report"
-    return render.default_out(paths)
-
-
-def clean_metrics(rows: list) -> list[dict]:
-    """Per-step rows sorted by step, one per step (the last written wins), with `train_loss`
-    and `grad_norm` as floats (NaN when missing or not a number)."""
-    by_step: dict[int, dict] = {}
-    for row in rows:
-        if isinstance(row, dict) and is_number(row.get("step")):
-            by_step[int(row["step"])] = {
-                **row, "step": int(row["step"]),
-                "train_loss": _num(row.get("train_loss")), "grad_norm": _num(row.get("grad_norm"))}
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def load_stability_runs(paths: list[str | Path]) -> dict:
-    """Read the runs under `paths` (`runs.load_runs`) and each run's `metrics.jsonl`.
-
-    Returns {"runs", "left_out", "warnings"} like `load_runs`; each run gains `stage` (its
-    sweep) and `metrics` (clean per-step rows; [] when metrics.jsonl is missing, with a
-    warning). A run of another sweep is left out with reason "other sweep".
-    """
-    loaded = load_runs(paths, progress=False)
-    runs, left_out, warnings = [], list(loaded["left_out"]), list(loaded["warnings"])
-    for run in loaded["runs"]:
-        if run.get("sweep") not in STAGES:
-            left_out.append({"run_dir": run["run_dir"], "reason": "other sweep",
-                             "detail": f"sweep {run.get('sweep')!r} is not a stability stage "
-                                       f"({', '.join(STAGES)})"})
-            continue
-        try:
-            rows = clean_metrics(read_metrics(run["run_dir"]))
-            problem = None if rows else "metrics.jsonl holds no rows"
-        except FileNotFoundError:
-            rows, problem = [], "no metrics.jsonl"
-        except (OSError, UnicodeDecodeError) as err:
-            rows, problem = [], f"metrics.jsonl unreadable ({type(err).__name__})"
-        if problem:
-            warnings.append(f"{run['run_dir']}: {problem}; its verdict rests on summary.json "
-                            "alone")
-        runs.append({**run, "stage": run["sweep"], "metrics": rows})
-    return {"runs": runs, "left_out": left_out, "warnings": warnings}
 
 
 # ---------------------------------------------------------------------------------------------
 # Statistics of one run
-
-
-def _num(x: Any) -> float:
-    return float(x) if is_number(x) else math.nan
 
 
 def tail_window(planned_steps: int) -> int:
@@ -349,117 +245,6 @@ def lr_tuning(runs: list[dict], base_batch_size: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Gradient accumulation versus the plain batch
-
-
-def compare_curves(accum: list[dict], plain: list[dict],
-                   first_steps: int = ACCUM_FIRST_STEPS) -> dict:
-    """Step-by-step train-loss differences of two runs over their common steps.
-
-    Science.md section 6: accumulation computes the plain batch's gradient exactly, so the
-    curves may differ only by float rounding (summation order), which training then amplifies
-    step after step; the first steps test the claim, the whole run shows the amplification.
-    A step where only one run is finite, or both are NaN, counts as an infinite difference.
-    Returns steps_compared, max_abs_diff, max_rel_diff (|a - p| / |p|),
-    first_steps_max_abs_diff, first_steps_max_rel_diff (over the first `first_steps` common
-    steps), first_steps_max_rel_diff_grad_norm, first_step_rel_above (the first step whose
-    relative difference exceeds ACCUM_DEVIATION, or None), and the arrays steps, abs_diff,
-    rel_diff (for plots; not in the JSON).
-    """
-    a = {r["step"]: r for r in accum}
-    p = {r["step"]: r for r in plain}
-    steps = sorted(set(a) & set(p))
-
-    def diffs(key: str) -> tuple[np.ndarray, np.ndarray]:
-        x = np.array([a[s][key] for s in steps], dtype=float)
-        y = np.array([p[s][key] for s in steps], dtype=float)
-        with np.errstate(all="ignore"):
-            d = np.where(x == y, 0.0, np.abs(x - y))
-            d = np.where(np.isnan(d), math.inf, d)
-            rel = np.where(d == 0, 0.0, d / np.abs(y))
-            rel = np.where(np.isnan(rel), math.inf, rel)
-        return d, rel
-
-    if not steps:
-        return {"steps_compared": 0, "max_abs_diff": None, "max_rel_diff": None,
-                "first_steps_max_abs_diff": None, "first_steps_max_rel_diff": None,
-                "first_steps_max_rel_diff_grad_norm": None, "first_step_rel_above": None,
-                "steps": np.array([]), "abs_diff": np.array([]), "rel_diff": np.array([])}
-    d, rel = diffs("train_loss")
-    _, rel_gn = diffs("grad_norm")
-    above = np.nonzero(rel > ACCUM_DEVIATION)[0]
-    n = min(first_steps, len(steps))
-    return {
-        "steps_compared": len(steps),
-        "max_abs_diff": float(d.max()), "max_rel_diff": float(rel.max()),
-        "first_steps_max_abs_diff": float(d[:n].max()),
-        "first_steps_max_rel_diff": float(rel[:n].max()),
-        "first_steps_max_rel_diff_grad_norm": float(rel_gn[:n].max()),
-        "first_step_rel_above": int(steps[above[0]]) if above.size else None,
-        "steps": np.array(steps, dtype=float), "abs_diff": d, "rel_diff": rel,
-    }
-
-
-def accum_tolerance(dtype: str | None) -> float:
-    """The relative tolerance of the accumulation check for the runs' compute dtype."""
-    return ACCUM_TOLERANCE_BY_DTYPE.get(dtype or "float32", ACCUM_TOLERANCE)
-
-
-def accumulation_verdict(first_steps_max_rel_diff: float | None, steps_compared: int,
-                         tolerance: float = ACCUM_TOLERANCE) -> str:
-    """RULES["accumulation"]: matches when the first steps differ by less than `tolerance`
-    (relative; `accum_tolerance` of the dtype)."""
-    if not steps_compared or first_steps_max_rel_diff is None:
-        return NOT_COMPARABLE
-    return MATCHES if first_steps_max_rel_diff < tolerance else DIFFERS
-
-
-def find_plain_run(accum: dict, candidates: list[dict]) -> dict | None:
-    """The plain (not accumulated) run that an accumulation run must reproduce.
-
-    Same scale, optimizer, model (width, depth, seq_len), data, seed, batch size, lr used,
-    steps, warmup, lr schedule and dtype, micro-batch equal to the batch; from the stability
-    stage first, then stability_lr, the same lr_scaling preferred (at an equal lr used the
-    rule does not change the computation).
-    """
-    def same(run: dict) -> bool:
-        return (run["stage"] in (BATCH_STAGE, LR_STAGE)
-                and all(run.get(k) == accum.get(k) for k in (
-                    "scale", "optimizer", "width", "depth", "seq_len", "data_fingerprint",
-                    "seed", "batch_size", "steps", "warmup_steps", "schedule", "dtype"))
-                and run["micro_batch_size"] in (None, run["batch_size"])
-                and math.isclose(run["lr"], accum["lr"], rel_tol=LR_RTOL))
-
-    found = sorted((r for r in candidates if same(r)), key=lambda r: (
-        r.get("lr_scaling") != accum.get("lr_scaling"), r["stage"] != BATCH_STAGE, r["run_dir"]))
-    return found[0] if found else None
-
-
-def accumulation_entry(accum: dict, plain: dict | None) -> dict:
-    """The comparison of one accumulation run with its plain run (`compare_curves`), with the
-    difference of the final validation losses and the verdict."""
-    entry = {
-        "accum_run_dir": accum["run_dir"], "plain_run_dir": plain["run_dir"] if plain else None,
-        "plain_stage": plain["stage"] if plain else None, "optimizer": accum["optimizer"],
-        "lr": accum["lr"], "lr_scaling": accum.get("lr_scaling"),
-        "batch_size": accum["batch_size"], "micro_batch_size": accum["micro_batch_size"],
-        "dtype": accum.get("dtype"), "status_accum": accum["status"],
-        "status_plain": plain["status"] if plain else None,
-        "first_steps": ACCUM_FIRST_STEPS, "tolerance": accum_tolerance(accum.get("dtype")),
-        "deviation_threshold": ACCUM_DEVIATION,
-    }
-    if plain is None:
-        return {**entry, **compare_curves([], []), "delta_val_loss": None,
-                "delta_val_loss_per_byte": None, "verdict": NO_PLAIN}
-    numbers = compare_curves(accum["metrics"], plain["metrics"])
-    return {**entry, **numbers,
-            "delta_val_loss": accum["val_loss"] - plain["val_loss"],
-            "delta_val_loss_per_byte": accum["val_loss_per_byte"] - plain["val_loss_per_byte"],
-            "verdict": accumulation_verdict(numbers["first_steps_max_rel_diff"],
-                                            numbers["steps_compared"], entry["tolerance"])}
-
-
-# ---------------------------------------------------------------------------------------------
 # Groups and the whole analysis
 
 
@@ -610,94 +395,3 @@ def analyse(runs: list[dict], left_out: list[dict] | None = None,
     return {"n_runs": len(runs), "groups": groups, "left_out": list(left_out or []),
             "warnings": all_warnings, "curves": curves}
 
-
-def stability_document(result: dict, inputs: list[str]) -> dict:
-    """The public stability.json (`render.run_study` makes it strict JSON: NaN and inf become
-    null).
-
-    {schema_version, inputs: [path], n_runs, rules: {tail_window, diverged, unstable, stable,
-     accumulation: sentence}, thresholds: {tail_steps, unstable_ratio, unstable_cv_floor,
-     tail_spike_ratio, spike_factor, accum_first_steps, accum_tolerance, accum_deviation},
-     groups: [{name, scale, optimizer, lr_scaling, base_batch_size, base_lr,
-               tail_window: {steps, planned_steps, rule},
-               lr_tuning: null | {optimizer, batch_sizes, best_lr, best_val_loss,
-                                  edge: null|"low"|"high"|"single",
-                                  rows: [{lr, val_loss, val_loss_per_byte, status, n_runs,
-                                          run_dirs, best}]},
-               per_batch: [{run_dir, stage, seed, batch_size, micro_batch_size, lr, base_lr,
-                            lr_scaling, steps, status, status_reason, diverged_step, val_loss,
-                            val_loss_per_byte, n_steps_logged, first_train_loss,
-                            final_train_loss, first_nonfinite_step, max_grad_norm, tail_steps,
-                            tail_first_step, tail_last_step, tail_mean_train_loss,
-                            tail_var_train_loss, tail_mean_grad_norm, tail_var_grad_norm,
-                            grad_norm_cv, tail_spike_ratio, grad_norm_spikes, loss_noise,
-                            grad_norm_cv_ratio, grad_norm_cv_excess, loss_noise_ratio,
-                            verdict: "stable"|"unstable"|"diverged", verdict_reason}],
-               accumulation: [{accum_run_dir, plain_run_dir, plain_stage, optimizer, lr,
-                               lr_scaling, batch_size, micro_batch_size, dtype, status_accum,
-                               status_plain, first_steps, tolerance, deviation_threshold,
-                               steps_compared, max_abs_diff, max_rel_diff,
-                               first_steps_max_abs_diff, first_steps_max_rel_diff,
-                               first_steps_max_rel_diff_grad_norm, first_step_rel_above,
-                               delta_val_loss, delta_val_loss_per_byte, verdict}],
-               warnings: [sentence]}],
-     warnings: [sentence, every group's prefixed by its name],
-     left_out: [{run_dir, reason: "corrupt"|"incomplete"|"other sweep", detail}]}
-
-    Losses in nats/token (`_per_byte`: nats/byte), batch sizes in sequences, steps in optimizer
-    steps; relative differences are |accum - plain| / |plain|.
-    """
-    plot_only = ("steps", "abs_diff", "rel_diff")
-    groups = []
-    for g in result["groups"]:
-        doc = {k: g[k] for k in GROUP_KEYS}
-        doc["accumulation"] = [{k: v for k, v in e.items() if k not in plot_only}
-                               for e in g["accumulation"]]
-        if doc["lr_tuning"]:
-            doc["lr_tuning"] = {k: v for k, v in doc["lr_tuning"].items() if k != "warnings"}
-        groups.append(doc)
-    return {
-        "schema_version": SCHEMA_VERSION, "inputs": inputs, "n_runs": result["n_runs"],
-        "rules": RULES, "thresholds": THRESHOLDS, "groups": groups,
-        "warnings": result["warnings"], "left_out": result["left_out"],
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# The pipeline
-
-
-def wandb_fields(result: dict, loaded: dict) -> dict:
-    """The analysis run's group (that of the first run read) and its per-batch table."""
-    first = loaded["runs"][0]
-    rows = [[g["name"], *(r.get(c) for c in WANDB_COLUMNS[1:])]
-            for g in result["groups"] for r in g["per_batch"]]
-    return {"group": render.logged_group(first["run_dir"], first["sweep"]),
-            "tables": {"per_batch": (WANDB_COLUMNS, rows)}}
-
-
-STUDY = render.Study(
-    name="stability", document_file="stability.json",
-    no_runs_fix="stability sweep folders, or run the stability sweep first",
-    analyse=analyse, write_plots=stability_report.write_plots, document=stability_document,
-    markdown=stability_report.report_markdown, wandb=wandb_fields,
-    summary_lines=stability_report.summary_lines)
-
-
-def run_analysis(paths: list[str] | None = None, out: str | None = None,
-                 runs_root: str | Path = "runs", wandb_mode: str = "offline",
-                 project: str = "critbatch") -> dict:
-    """Load, analyse and write the report folder; returns {"out", "result", "document"}.
-
-    Raises ResultsError (one line for the user) when nothing can be analysed: a missing path,
-    no runs, or every run left out.
-    """
-    if paths:
-        roots = [Path(p) for p in paths]
-        default = default_out(roots)
-    else:
-        roots, default, sentence = default_inputs(runs_root)
-        print(sentence, flush=True)
-    return render.run_study(STUDY, partial(load_stability_runs, roots), [str(p) for p in roots],
-                            Path(out) if out else default, wandb_mode=wandb_mode,
-                            project=project)
