@@ -1,11 +1,12 @@
 """The local critical batch report: fits.json, report.md, the plots and the pipeline of
 `analysis/local_cbs.py`.
 
-`run_analysis` reads the base runs (`critbatch.analysis.local_cbs.local_cbs.load_base_run`), decides
-every checkpoint (`critbatch.analysis.local_cbs.local_cbs.analyse`) and writes, atomically, into the
-report folder (default `<last RUN_DIR>/report/`): `report.md`, the plots of PLOTS and
-`fits.json` with the keys FITS_KEYS (described in critbatch.analysis.local_cbs.local_cbs); then logs
-the folder to W&B like fit_bcrit (offline unless told otherwise).
+`run_analysis` reads the base runs (`critbatch.analysis.local_cbs.reading.load_base_run`),
+decides every checkpoint (`critbatch.analysis.local_cbs.local_cbs.analyse`) and writes,
+atomically, into the report folder (default `<last RUN_DIR>/report/`): `report.md`, the plots
+of PLOTS and `fits.json` with the keys FITS_KEYS (described in
+critbatch.analysis.local_cbs.local_cbs); then logs the folder to W&B like fit_bcrit (offline
+unless told otherwise).
 """
 
 from __future__ import annotations
@@ -17,12 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.analysis import plotting, render
-from critbatch.analysis.local_cbs.local_cbs import (
-    FITS_KEYS,
-    LOCAL_CBS_DIR,
-    ROW_KEYS,
-    analyse,
-    check_rule,
+from critbatch.analysis.local_cbs.local_cbs import FITS_KEYS, ROW_KEYS, analyse, check_rule
+from critbatch.analysis.local_cbs.reading import (
     find_base_runs,
     label_of,
     load_base_run,
@@ -31,7 +28,7 @@ from critbatch.analysis.local_cbs.local_cbs import (
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_json_atomic, write_text_atomic
-from critbatch.results.runs import is_finite
+from critbatch.results.runs import LOCAL_CBS_DIR, is_finite
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 from critbatch.science.local_cbs import CONFIDENCE, TOLERANCE
 
