@@ -414,7 +414,7 @@ def test_a_diverging_lr_in_a_sweep_is_left_out_by_name(tiny_overrides, tmp_path)
 
 
 def test_a_field_added_to_the_schema_later_is_not_a_difference():
-    from critbatch.training.config import config_differences
+    from critbatch.training.saved_config import config_differences
 
     old = {"train": {"batch_size": 8}, "model": {"width": 32}}
     new = {"train": {"batch_size": 8, "new_setting": 3}, "model": {"width": 32}}

@@ -19,8 +19,8 @@ from critbatch.orchestration.sweep import middle_lr, plan_stage
 from critbatch.results import runs
 from critbatch.results.errors import ConfigError, user_errors
 from critbatch.training.cli import disk_errors, finished_run
-from critbatch.training.config import config_from_saved
 from critbatch.training.loop import train_with_branches
+from critbatch.training.saved_config import config_from_saved
 
 
 def planned_runs(args: list[str]) -> list[tuple]:

@@ -18,6 +18,7 @@ from critbatch.training import branches as branching
 from critbatch.training import config as schema
 from critbatch.training import failures
 from critbatch.training.config import Config
+from critbatch.training.saved_config import run_differences
 
 
 @dataclass
@@ -58,7 +59,7 @@ class Job:
         """Keys in which the finished run already in `run_dir` differs from this job's config
         (a grid changed since it was trained); empty when none is there or they agree."""
         saved = runs.read_config(self.run_dir) if self.done else None
-        return schema.run_differences(saved, asdict(self.cfg)) if saved else []
+        return run_differences(saved, asdict(self.cfg)) if saved else []
 
     @property
     def tokens(self) -> int:

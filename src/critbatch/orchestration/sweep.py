@@ -49,6 +49,7 @@ from critbatch.training import branches as branching
 from critbatch.training import config as schema
 from critbatch.training.cli import sweep_jobs
 from critbatch.training.config import Config, KeepCheckpoint, micro_batch_size
+from critbatch.training.config_checks import explain_compose_error, to_config
 
 REPO = schema.CONF_DIR.parent
 SWEEPS_DIR = REPO / "sweeps"
@@ -130,7 +131,7 @@ def sweep_composer() -> Iterator[Callable[[str, list[str]], DictConfig]]:
     except ConfigError:
         raise
     except Exception as err:
-        raise ConfigError(schema.explain_compose_error(err)) from None
+        raise ConfigError(explain_compose_error(err)) from None
 
 
 def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list[Job]:
@@ -147,7 +148,7 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
             run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
             del cfg.hydra
             task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]  # as Hydra
-            jobs.append(Job(stage, optimizer, task, run_dir, schema.to_config(cfg), list(extra)))
+            jobs.append(Job(stage, optimizer, task, run_dir, to_config(cfg), list(extra)))
     return jobs
 
 

@@ -43,7 +43,7 @@ from filelock import FileLock, Timeout
 
 from critbatch.results.errors import CritbatchError
 from critbatch.science.noise import NoiseEMA
-from critbatch.training.config import run_differences
+from critbatch.training.saved_config import run_differences
 
 
 class CheckpointError(CritbatchError):

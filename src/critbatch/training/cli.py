@@ -20,14 +20,9 @@ from omegaconf import DictConfig
 from critbatch.results import runs
 from critbatch.results.errors import ConfigError, CritbatchError, ResultsError, fail, user_errors
 from critbatch.training import failures
-from critbatch.training.config import (
-    CONF_DIR,
-    Config,
-    explain_compose_error,
-    register_configs,
-    run_differences,
-    to_config,
-)
+from critbatch.training.config import CONF_DIR, Config, register_configs
+from critbatch.training.config_checks import explain_compose_error, to_config
+from critbatch.training.saved_config import run_differences
 
 log = logging.getLogger("critbatch")
 

@@ -41,11 +41,12 @@ import torch
 from critbatch.results import files, runs
 from critbatch.results.errors import ConfigError, DataError, ResultsError, fail, user_errors
 from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
-from critbatch.training.config import config_from_saved, wandb_group
+from critbatch.training.config import wandb_group
 from critbatch.training.data import prepare_data, sample_batch, val_windows
 from critbatch.training.evaluation import evaluate
 from critbatch.training.gns import group_sums, micro_batch_gradients
 from critbatch.training.model import GPT
+from critbatch.training.saved_config import config_from_saved
 from critbatch.training.step import autocast_for, resolve_device
 
 
