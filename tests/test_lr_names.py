@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from critbatch.analysis.bcrit import markdown as bcrit_markdown
 from critbatch.analysis.bcrit import report as bcrit_report
 from critbatch.analysis.bcrit.synthetic import synthetic_sweep
 from critbatch.results.runs import load_runs
@@ -51,7 +52,7 @@ def test_the_report_gives_the_base_lr_beside_each_best_lr_trained(tmp_path):
     for run in loaded["runs"]:
         run.update(lr_scaling="sqrt", base_batch_size=16)
     result = bcrit_report.analyse(loaded["runs"], left_out=loaded["left_out"])
-    (table,) = bcrit_report.loss_tables(result["groups"])
+    (table,) = bcrit_markdown.loss_tables(result["groups"])
     assert "adamw best lr trained" in table
     cells = {c.batch_size: c for c in result["groups"][0]["cells"]}
     row_64 = next(line for line in table.splitlines() if line.startswith("| 64 |"))

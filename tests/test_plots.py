@@ -11,6 +11,8 @@ from test_schedules import write_study as write_schedules_study
 from test_stability import write_study as write_stability_study
 
 from critbatch.analysis import plotting
+from critbatch.analysis.bcrit import markdown as bcrit_markdown
+from critbatch.analysis.bcrit import plots as bcrit_plots
 from critbatch.analysis.bcrit import report as bcrit_report
 from critbatch.analysis.bcrit.synthetic import synthetic_branched_sweep, synthetic_sweep
 from critbatch.analysis.schedules import plots as schedules_plots
@@ -162,7 +164,7 @@ def bcrit_report_of(root: Path, design: str) -> dict:
 def test_every_bcrit_plot_reads_at_any_range(tmp_path, saved_figures, design):
     bcrit_report_of(tmp_path, design)
     names = [name for name, _ in saved_figures]
-    assert names == [f"{name}.png" for name in bcrit_report.PLOTS]
+    assert names == [f"{name}.png" for name in bcrit_plots.PLOTS]
     n_log = sum(check_figure(fig) for _, fig in saved_figures)
     assert n_log >= 8  # each of the five plots has one log axis or two per panel
     lr = dict(saved_figures)["lr_sensitivity.png"]
@@ -240,7 +242,7 @@ def test_the_noise_table_keeps_nats_per_byte_in_its_labelled_column():
     point = {"run_dir": "r", "kind": "b_noise", "loss": 3.2, "loss_per_byte": 0.8,
              "trace": 1.0, "g2": 0.1, "b_noise": 10.0, "b_noise_low": None,
              "b_noise_high": None, "b_noise_tokens": 640.0}
-    table = bcrit_report.noise_table([point])
+    table = bcrit_markdown.noise_table([point])
     assert check_loss_units(table) == 1
     header = table_headers(table)[0]
     row = table.splitlines()[2].strip("|").split("|")

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from critbatch.analysis import render
-from critbatch.analysis.bcrit import report
+from critbatch.analysis.bcrit import markdown, plots, report
 from critbatch.analysis.bcrit.report import majority_logged_group
 from critbatch.analysis.bcrit.synthetic import synthetic_sweep
 from critbatch.results.errors import ResultsError
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "analysis" / "fit_bcrit.py"
-OUTPUTS = ("report.md", "fits.json", "bcrit.csv", *(f"{name}.png" for name in report.PLOTS))
+OUTPUTS = ("report.md", "fits.json", "bcrit.csv", *(f"{name}.png" for name in plots.PLOTS))
 PER_RUN_KEYS = {"run_dir", "optimizer", "batch_size", "tokens", "val_loss", "effective_tokens",
                 "r", "b_crit", "b_crit_low", "b_crit_high", "extrapolated"}
 PARETO_KEYS = {"optimizer", "target_loss", "s_min", "e_min", "b_crit", "b_crit_low",
@@ -158,7 +158,7 @@ def test_a_group_from_several_sweeps_is_labelled_with_all_of_them(tmp_path):
                     sweep="batch")  # 3 batch sizes x 3 lrs
     out = report.run_analysis([str(tmp_path)], str(tmp_path / "rep"), wandb_mode="disabled")
     groups = out["result"]["groups"]
-    assert len(groups) == 1 and report.sweep_label(groups[0]) == (
+    assert len(groups) == 1 and markdown.sweep_label(groups[0]) == (
         "mixed: baseline (12 runs), batch (9 runs)")
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "| mixed: baseline (12 runs), batch (9 runs) |" in text
@@ -166,7 +166,7 @@ def test_a_group_from_several_sweeps_is_labelled_with_all_of_them(tmp_path):
     synthetic_sweep(tmp_path / "one", batch_sizes=(64,), sweep="batch")
     one = report.run_analysis([str(tmp_path / "one")], str(tmp_path / "rep1"),
                               wandb_mode="disabled")
-    assert report.sweep_label(one["result"]["groups"][0]) == "batch"
+    assert markdown.sweep_label(one["result"]["groups"][0]) == "batch"
 
 
 def test_no_runs_found_is_a_one_line_error(tmp_path):
