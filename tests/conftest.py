@@ -32,7 +32,7 @@ share_the_cores()
 # below: after the cores are shared (these import torch)
 from critbatch.training.cli import check_overrides  # noqa: E402
 from critbatch.training.config import Config  # noqa: E402
-from critbatch.training.data import stdlib_dir  # noqa: E402
+from critbatch.training.corpus import stdlib_dir  # noqa: E402
 
 # The public sweeps' files, where a copy is at hand: $PEERS_DIR, else a `shared/data/peers`
 # folder beside the repository. Tests of the real files skip without them (Step Law's have no

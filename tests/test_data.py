@@ -10,19 +10,18 @@ import numpy as np
 import pytest
 
 from critbatch.results.errors import DataError
+from critbatch.training import corpus as corpus_module
 from critbatch.training import data as data_module
+from critbatch.training import token_cache as cache_module
 from critbatch.training.config import DataConfig
-from critbatch.training.data import (
-    encode_documents,
+from critbatch.training.corpus import (
     is_val_document,
     load_hub_documents,
     load_local_documents,
-    prepare_data,
-    sample_batch,
     split_documents,
-    train_tokenizer,
-    val_windows,
 )
+from critbatch.training.data import sample_batch, val_windows
+from critbatch.training.token_cache import encode_documents, prepare_data, train_tokenizer
 
 
 def text_cfg(corpus: Path, cache: Path, **kw) -> DataConfig:
@@ -43,7 +42,7 @@ def test_tokenizer_round_trip_and_eot(corpus_dir):
     for text in samples:
         assert tok.decode(tok.encode(text).ids) == text
     ids = encode_documents(tok, ["a b", "c"])
-    eot = tok.token_to_id(data_module.EOT)
+    eot = tok.token_to_id(cache_module.EOT)
     assert ids.dtype == np.uint16
     assert list(ids).count(eot) == 2 and ids[-1] == eot
 
@@ -62,7 +61,7 @@ def test_cache_manifest_and_bytes_per_token(corpus_dir, tmp_path):
     assert 1.5 < tokens.bytes_per_token < 6
     assert len(tokens.fingerprint) == 64
     tok = tokens.tokenizer()
-    eot = tok.token_to_id(data_module.EOT)
+    eot = tok.token_to_id(cache_module.EOT)
     assert int(np.max(tokens.train)) < 512 and (tokens.val == eot).sum() == m["val_documents"]
 
 
@@ -72,7 +71,7 @@ def test_cache_is_reused(corpus_dir, tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("cache was rebuilt although it is valid")
 
-    monkeypatch.setattr(data_module, "_build_cache", refuse)
+    monkeypatch.setattr(cache_module, "_build_cache", refuse)
     second = prepare_data(text_cfg(corpus_dir, tmp_path))
     assert second.manifest == first.manifest
 
@@ -122,11 +121,11 @@ def test_two_processes_building_at_once_end_with_one_valid_cache(corpus_dir, tmp
     entries = [p for p in cache.iterdir() if p.is_dir()]
     assert len(entries) == 1
     assert not list(entries[0].glob(".*tmp"))  # no temporary file left behind
-    assert data_module._manifest_ok(entries[0], manifests[0]["key"]) is not None
+    assert cache_module._manifest_ok(entries[0], manifests[0]["key"]) is not None
 
 
 def test_stdlib_listing_excludes_site_packages_and_holds_out_two_percent():
-    files = data_module._stdlib_files()
+    files = corpus_module._stdlib_files()
     rels = [rel for rel, _ in files]
     assert rels == sorted(rels)
     assert not any("site-packages" in rel for rel in rels)
@@ -216,7 +215,7 @@ def test_seq_len_larger_than_the_data_allows(corpus_dir, tmp_path):
 
 def test_the_sweep_builds_the_token_cache_first_and_says_so(tiny_cfg, tmp_path, capsys):
     from critbatch.orchestration.workers import prepare_data_first
-    from critbatch.training.data import is_prepared
+    from critbatch.training.token_cache import is_prepared
 
     cfg = tiny_cfg(f"data.cache_dir={tmp_path / 'fresh'}")
     assert not is_prepared(cfg.data)

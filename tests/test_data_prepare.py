@@ -21,12 +21,15 @@ from huggingface_hub import constants
 
 from critbatch import data as data_command
 from critbatch.results.errors import ConfigError, DataError
-from critbatch.training import data as data_module
+from critbatch.training import corpus as corpus_module
+from critbatch.training import progress as progress_module
+from critbatch.training import token_cache as cache_module
 from critbatch.training.cli import check_overrides
 from critbatch.training.config import DataConfig
-from critbatch.training.data import cache_entry, cache_key, load_hub_documents, prepare_data
+from critbatch.training.corpus import cache_entry, cache_key, load_hub_documents
+from critbatch.training.token_cache import prepare_data
 
-HUB_IS_REACHABLE = data_module.hub_unreachable_reason  # the real probe, restored by hub_goes_away
+HUB_IS_REACHABLE = corpus_module.hub_unreachable_reason  # the real probe, restored by hub_goes_away
 
 
 @pytest.fixture
@@ -47,7 +50,7 @@ def fake_hub(monkeypatch, corpus_dir, tmp_path) -> list[dict]:
         return real("parquet", **{**kwargs, "data_files": [str(path)]})
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    monkeypatch.setattr(data_module, "hub_unreachable_reason", lambda timeout_s=5.0: None)
+    monkeypatch.setattr(corpus_module, "hub_unreachable_reason", lambda timeout_s=5.0: None)
     return calls
 
 
@@ -57,7 +60,7 @@ def hub_goes_away(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("load_dataset was called although the token cache exists")
 
-    monkeypatch.setattr(data_module, "hub_unreachable_reason", HUB_IS_REACHABLE)
+    monkeypatch.setattr(corpus_module, "hub_unreachable_reason", HUB_IS_REACHABLE)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(datasets, "load_dataset", refuse)
@@ -65,7 +68,7 @@ def hub_goes_away(monkeypatch) -> None:
 
 def test_prepare_builds_the_cache_online_and_training_then_loads_it_offline(
         fake_hub, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(data_module, "PROGRESS_EVERY_S", 0.0)  # a progress line per document
+    monkeypatch.setattr(progress_module, "PROGRESS_EVERY_S", 0.0)  # a progress line per document
     overrides = [f"data.cache_dir={tmp_path / 'cache'}", "data.max_documents=20",
                  "data.vocab_size=300"]
     data_command.main(["prepare", "tinystories", *overrides])
@@ -164,13 +167,13 @@ def test_a_failed_load_leaves_no_lock_file(fake_hub, monkeypatch, tmp_path):
 
 def test_file_lock_removes_its_file_when_the_block_fails(tmp_path):
     lock = tmp_path / "entry.lock"
-    with data_module.file_lock(lock):
+    with cache_module.file_lock(lock):
         assert lock.exists()
     assert lock.exists()  # a success keeps the (empty, unlocked) file
-    with pytest.raises(RuntimeError), data_module.file_lock(lock):
+    with pytest.raises(RuntimeError), cache_module.file_lock(lock):
         raise RuntimeError("build failed")
     assert not lock.exists()
-    with data_module.file_lock(lock):  # and the lock can be taken again
+    with cache_module.file_lock(lock):  # and the lock can be taken again
         pass
 
 
@@ -187,7 +190,7 @@ def test_data_hub_streams_at_most_200000_documents_by_default(monkeypatch):
             yield {"text": f"document {i}"}
 
     monkeypatch.setattr(datasets, "load_dataset", endless)
-    monkeypatch.setattr(data_module, "hub_unreachable_reason", lambda timeout_s=5.0: None)
+    monkeypatch.setattr(corpus_module, "hub_unreachable_reason", lambda timeout_s=5.0: None)
     docs = load_hub_documents(cfg)
     assert len(docs) == 200_000 and docs[-1] == ("199999", "document 200000")
 

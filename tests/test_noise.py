@@ -16,11 +16,12 @@ from torch.func import functional_call, grad, vmap
 from critbatch.results import runs
 from critbatch.results.errors import ConfigError
 from critbatch.science.noise import NoiseEMA, estimate, g2_estimate, noise_scale, trace_estimate
-from critbatch.training.data import prepare_data, sample_batch
+from critbatch.training.data import sample_batch
 from critbatch.training.gns import MicroGradNorms, group_sums, micro_batch_gradients
 from critbatch.training.loop import train
 from critbatch.training.model import GPT
 from critbatch.training.noise_program import TABLE_HEADER, main, measure_run, table_row
+from critbatch.training.token_cache import prepare_data
 
 CPU = torch.device("cpu")
 NO_AMP = torch.autocast("cpu", enabled=False)

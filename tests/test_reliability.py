@@ -31,14 +31,10 @@ from critbatch.training import checkpoint
 from critbatch.training import cli as train_module
 from critbatch.training import loop as train_loop
 from critbatch.training.config import DataConfig
-from critbatch.training.data import (
-    cache_key,
-    corpus_fingerprint,
-    load_local_documents,
-    prepare_data,
-)
+from critbatch.training.corpus import cache_key, corpus_fingerprint, load_local_documents
 from critbatch.training.loop import train
 from critbatch.training.noise_program import load_checkpoint
+from critbatch.training.token_cache import prepare_data
 
 TIMING_KEYS = {"wall_time_s", "tokens_per_s", "tokens_per_s_with_warmup", "warmup_s",
                "resumed_at", "checkpoint_saves", "checkpoint_time_s", "wandb_run_id",
@@ -314,7 +310,7 @@ def test_an_unreadable_checkpoint_is_one_line(tiny_overrides, tmp_path, monkeypa
 LOCK_AND_SLEEP = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from critbatch.training.data import file_lock
+    from critbatch.training.token_cache import file_lock
 
     with file_lock(Path(sys.argv[1])):
         print("locked", flush=True)

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.training import cli as train_module
-from critbatch.training.data import TokenData, coverage_warnings
+from critbatch.training.data import coverage_warnings
+from critbatch.training.token_cache import TokenData
 
 SENTENCE = ("the batch noise scale grows as the loss falls so a larger batch pays later in "
             "training while early steps want small batches and many of them")

@@ -478,7 +478,7 @@ def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path
     assert "MB of text" in out and "min to prepare data + " in out
 
     from critbatch.training.config import DataConfig
-    from critbatch.training.data import prepare_data
+    from critbatch.training.token_cache import prepare_data
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -13,10 +13,11 @@ import torch
 
 from critbatch.results import runs
 from critbatch.training.config import ModelConfig
-from critbatch.training.data import prepare_data, val_windows
+from critbatch.training.data import val_windows
 from critbatch.training.evaluation import eval_steps, evaluate, is_diverged
 from critbatch.training.loop import train
 from critbatch.training.model import GPT
+from critbatch.training.token_cache import prepare_data
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -1,5 +1,5 @@
 """`python -m critbatch.data prepare NAME [overrides]`: build a corpus's token cache once, online,
-so that training on it runs offline (critbatch/training/data.py; `make data DATA=NAME`)."""
+so that training on it runs offline (critbatch/training/token_cache.py; `make data DATA=NAME`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 from critbatch.results.errors import fail, user_errors
 from critbatch.training.cli import check_overrides
-from critbatch.training.data import build_token_cache
+from critbatch.training.token_cache import build_token_cache
 
 
 class _Parser(argparse.ArgumentParser):

@@ -55,7 +55,7 @@ from critbatch.results import files, runs
 from critbatch.results.errors import fail, user_errors
 from critbatch.science.model_size import flops_per_token, param_count
 from critbatch.training.cli import check_overrides
-from critbatch.training.data import prepare_data, sample_batch
+from critbatch.training.data import sample_batch
 from critbatch.training.gns import MicroGradNorms
 from critbatch.training.loop import train
 from critbatch.training.memory import reuse_freed_memory
@@ -70,6 +70,7 @@ from critbatch.training.step import (
     resolve_device,
     train_step,
 )
+from critbatch.training.token_cache import prepare_data
 
 # The cpu preset's reference shape (width 128, depth 4, seq_len 128, batch 32), pinned so the
 # number stays comparable when the preset changes, as 4 micro-batches of 8.

@@ -310,7 +310,7 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
 def data_to_prepare(cfgs: list[Config]) -> float:
     """Print a line per corpus whose token cache is not built yet (the sweep builds it before
     the first run) and return the estimated seconds of all of them (a hub download: none)."""
-    from critbatch.training.data import prepare_estimate
+    from critbatch.training.corpus import prepare_estimate
 
     seconds = 0.0
     for data in workers.unprepared_corpora(cfgs):

@@ -205,7 +205,7 @@ def unprepared_corpora(cfgs: list[Config]) -> list:
     """The distinct data configs of `cfgs` whose token cache is not built yet."""
     from dataclasses import asdict
 
-    from critbatch.training.data import is_prepared
+    from critbatch.training.token_cache import is_prepared
 
     distinct = {repr(sorted(asdict(cfg.data).items())): cfg.data for cfg in cfgs}
     return [data for data in distinct.values() if not is_prepared(data)]
@@ -215,7 +215,7 @@ def prepare_data_first(cfgs: list[Config]) -> None:
     """Build each corpus's token cache (BPE, encoding) here, before the workers start, so its
     progress lines (with an ETA) reach the console instead of the first runs' train.logs and
     the runs' timings exclude it; a cache that exists is only checked."""
-    from critbatch.training.data import prepare_data
+    from critbatch.training.token_cache import prepare_data
 
     for data in unprepared_corpora(cfgs):
         print(f"== data={data.name} V{data.vocab_size}: building its token cache "

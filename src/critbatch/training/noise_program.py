@@ -42,12 +42,13 @@ from critbatch.results import files, runs
 from critbatch.results.errors import ConfigError, DataError, ResultsError, fail, user_errors
 from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
 from critbatch.training.config import wandb_group
-from critbatch.training.data import prepare_data, sample_batch, val_windows
+from critbatch.training.data import sample_batch, val_windows
 from critbatch.training.evaluation import evaluate
 from critbatch.training.gns import group_sums, micro_batch_gradients
 from critbatch.training.model import GPT
 from critbatch.training.saved_config import config_from_saved
 from critbatch.training.step import autocast_for, resolve_device
+from critbatch.training.token_cache import prepare_data
 
 
 def load_checkpoint(run_dir: Path) -> tuple:

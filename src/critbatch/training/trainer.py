@@ -22,17 +22,12 @@ from critbatch.training.config import (
     plain,
     total_steps,
 )
-from critbatch.training.data import (
-    TokenData,
-    check_seq_len,
-    coverage_warnings,
-    prepare_data,
-    val_windows,
-)
+from critbatch.training.data import check_seq_len, coverage_warnings, val_windows
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
 from critbatch.training.optim import used_beta2, used_lr
 from critbatch.training.step import Stepper, build_stepper, resolve_device
+from critbatch.training.token_cache import TokenData, prepare_data
 
 log = logging.getLogger("critbatch")
 
