@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from critbatch.orchestration.sweep import plan_stage
+from critbatch.orchestration.stages import plan_stage
 from critbatch.results.errors import ConfigError
 from critbatch.science.rules import beta2_half_life_tokens
 from critbatch.training.cli import check_overrides

@@ -10,7 +10,8 @@ import pytest
 from test_branches import BRANCHED, Interrupted, interrupt_at
 from test_local_cbs_training import BASE, LOCAL
 
-from critbatch.orchestration import sweep
+from critbatch.orchestration import estimate, stages, sweep
+from critbatch.orchestration.experiments import EXPERIMENTS
 from critbatch.results import runs
 from critbatch.science.model_size import param_count
 from critbatch.training import branches as branching
@@ -95,11 +96,11 @@ def test_the_plan_estimates_the_peak_disk_of_each_policy(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # an empty runs/: every run and branch still to train
     peaks = {}
     for keep in ("all", "final", "none"):
-        jobs = sweep.plan_stage("batch", "smoke", "adamw", [f"train.keep_checkpoint={keep}"])
+        jobs = stages.plan_stage("batch", "smoke", "adamw", [f"train.keep_checkpoint={keep}"])
         m, vocab = jobs[0].cfg.model, jobs[0].cfg.data.vocab_size
         size = param_count(m.width, m.depth, m.seq_len, vocab)[0] * 12
         per_job = 1 + len(jobs[0].cfg.train.branch_budgets)
-        peaks[keep] = sweep.checkpoint_bytes(jobs, jobs_at_once=2)
+        peaks[keep] = estimate.checkpoint_bytes(jobs, jobs_at_once=2)
         kept = {"all": per_job, "final": 1, "none": 0}[keep] * len(jobs) * size
         assert peaks[keep] == (kept + 2 * (per_job * size - kept // len(jobs)), kept)
     assert peaks["all"][0] > peaks["final"][0] > peaks["none"][0]
@@ -108,8 +109,8 @@ def test_the_plan_estimates_the_peak_disk_of_each_policy(tmp_path, monkeypatch):
 def test_the_sweep_holds_the_noise_programs_checkpoints_under_none_until_it_has_read_them(
         tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exp = sweep.EXPERIMENTS["batch"]
-    plan = sweep.plan_experiment(exp, "smoke", ["adamw"], ["train.keep_checkpoint=none"])
+    exp = EXPERIMENTS["batch"]
+    plan = stages.plan_experiment(exp, "smoke", ["adamw"], ["train.keep_checkpoint=none"])
     held = sweep.hold_for_noise(exp, plan)
     smallest = min(j.cfg.train.batch_size for j in plan)
     assert held and {(j.stage, j.cfg.train.batch_size) for j in held} == {("batch", smallest)}
@@ -124,7 +125,7 @@ def test_the_sweep_holds_the_noise_programs_checkpoints_under_none_until_it_has_
     sweep.release_after_noise(held)
     assert not any((j.run_dir / "checkpoint.pt").exists() for j in held)
     with pytest.raises(sweep.ConfigError, match="Hydra launcher"):
-        sweep.hold_for_noise(exp, sweep.plan_experiment(
+        sweep.hold_for_noise(exp, stages.plan_experiment(
             exp, "smoke", ["adamw"], ["train.keep_checkpoint=none", "hydra/launcher=joblib"]))
 
 

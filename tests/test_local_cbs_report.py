@@ -352,7 +352,8 @@ def test_replicated_ladders_cancel_the_data_order(tmp_path):
 def test_the_sweep_draws_the_batch_sweep_of_the_same_scale_when_it_exists(tmp_path):
     """`python -m critbatch.sweep local_cbs` analyses with --batch-sweep runs/batch/<scale>
     when that report exists, and without it otherwise."""
-    from critbatch.orchestration.sweep import EXPERIMENTS, analyse_sweep
+    from critbatch.orchestration.experiments import EXPERIMENTS
+    from critbatch.orchestration.reports import analyse_sweep
 
     runs_root = tmp_path / "runs"
     sweep = runs_root / "local_cbs" / "cpu"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from critbatch.orchestration import slurm, sweep, workers
+from critbatch.orchestration import launch, slurm, stages, sweep, workers
 from critbatch.results.errors import ConfigError
 from critbatch.training.checkpoint import sole_writer
 
@@ -39,9 +39,9 @@ LOCAL = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
 
 def test_tasks_auto_give_each_worker_about_four_runs(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    plan = sweep.plan_stage("widths", "smoke", "adamw",
+    plan = stages.plan_stage("widths", "smoke", "adamw",
                             ["hydra/launcher=slurm", "hydra.launcher.array_parallelism=3"])
-    array = sweep.submitit_array(plan)
+    array = launch.submitit_array(plan)
     assert array.cluster == "slurm" and array.launcher["gpus_per_node"] == 1
     per_task = workers.runs_per_gpu(max(j.cfg.model.width for j in plan))  # one GPU a task
     wanted = math.ceil(len(plan) / (slurm.RUNS_PER_WORKER * per_task))
@@ -50,18 +50,18 @@ def test_tasks_auto_give_each_worker_about_four_runs(monkeypatch, tmp_path):
     assert slurm.task_count(plan, array, "cuda") == wanted
     array.tasks = 10**6  # --tasks N: never more tasks than runs
     assert slurm.task_count(plan, array, "cuda") == len(plan)
-    local = sweep.submitit_array(sweep.plan_stage("batch", "smoke", "adamw", LOCAL))
+    local = launch.submitit_array(stages.plan_stage("batch", "smoke", "adamw", LOCAL))
     assert local.cluster == "local" and slurm.task_count(plan, local, "cpu") == 1  # one machine
-    assert sweep.submitit_array(sweep.plan_stage("batch", "smoke", "adamw",
+    assert launch.submitit_array(stages.plan_stage("batch", "smoke", "adamw",
                                                  ["hydra/launcher=joblib"])) is None  # a multirun
 
 
 def test_the_slurm_launcher_fields_become_the_sbatch_script(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    plan = sweep.plan_stage("batch", "smoke", "adamw", [
+    plan = stages.plan_stage("batch", "smoke", "adamw", [
         "hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.account=lab",
         "hydra.launcher.timeout_min=90"])
-    array = sweep.submitit_array(plan)
+    array = launch.submitit_array(plan)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(ConfigError, match="hydra/launcher=slurm needs SLURM on this machine"):
         array.executor()
@@ -125,7 +125,7 @@ def test_a_task_that_dies_leaves_its_state_in_the_folders_of_its_runs(tmp_path, 
     import submitit
 
     monkeypatch.chdir(tmp_path)
-    job = sweep.plan_stage("batch", "smoke", "adamw", [])[0]
+    job = stages.plan_stage("batch", "smoke", "adamw", [])[0]
     executor = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="local")
     task = executor.submit(os._exit, 3)
     task._results_timeout_s = 1  # submitit waits 15 s for a result on a slow shared disk
@@ -143,15 +143,15 @@ def test_an_array_of_two_worker_pools_trains_the_plan_and_reads_failures_from_th
     fails, says why in the run's folder, and the other three complete."""
     monkeypatch.chdir(tmp_path)
     extra = _tiny(corpus_dir, cache_dir, *LOCAL)
-    plan = sweep.plan_stage("batch", "smoke", "adamw", extra) + sweep.plan_stage(
+    plan = stages.plan_stage("batch", "smoke", "adamw", extra) + stages.plan_stage(
         "batch_seeds", "smoke", "adamw", extra)
     assert len(plan) == 4
     seconds = {j.run_dir: s for j, s in zip(plan, [4.0, 3.0, 2.0, 1.0], strict=True)}
-    array = sweep.submitit_array(plan, tasks=2)
+    array = launch.submitit_array(plan, tasks=2)
     array.poll_s = 0.5
     held = plan[3]
     with sole_writer(held.run_dir):
-        outcomes = sweep.train_jobs(plan, 1, "cpu", seconds, array)
+        outcomes = launch.train_jobs(plan, 1, "cpu", seconds, array)
     out = capsys.readouterr().out
     assert "4 runs in 2 array task(s) (submitit local" in out
     assert "task 0: 2 run(s), 50% of the estimated time" in out
@@ -181,7 +181,7 @@ def test_make_sweep_on_submitit_local_reports_the_failed_run_from_its_folder(
     cwd = Path.cwd()
     os.chdir(tmp_path)
     try:
-        held = next(j for j in sweep.plan_stage("batch", "smoke", "adamw", extra)
+        held = next(j for j in stages.plan_stage("batch", "smoke", "adamw", extra)
                     if j.cfg.train.batch_size == 16)
     finally:
         os.chdir(cwd)

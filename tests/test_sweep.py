@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 from hydra import compose, initialize_config_dir
 
-from critbatch.orchestration import sweep
-from critbatch.orchestration.sweep import EXPERIMENTS, SWEEPS_DIR, plan_stage
+from critbatch.orchestration import estimate, sweep
+from critbatch.orchestration.experiments import EXPERIMENTS, SWEEPS_DIR
+from critbatch.orchestration.stages import plan_stage
 from critbatch.results import files, runs
 from critbatch.results.errors import ConfigError
 from critbatch.training.config import CONF_DIR, register_configs, total_steps
@@ -117,7 +118,7 @@ def test_a_new_draw_of_the_sweep_is_grid_seed_and_a_swept_key_is_refused():
 
 
 def test_the_estimate_hands_out_the_longest_runs_first():
-    from critbatch.orchestration.sweep import makespan
+    from critbatch.orchestration.workers import makespan
 
     assert makespan([1, 1, 1, 1, 4], 2) == 4  # 4 | 1+1+1+1; in the given order it would be 6
     assert makespan([3, 3, 2, 2, 2], 2) == 7  # greedy, not the optimum (3+3 | 2+2+2)
@@ -272,7 +273,7 @@ def test_schedule_arms_train_equal_tokens(scale, measured_fits):
 
 def test_a_missing_local_cbs_report_is_measured_first_or_one_line(tmp_path, monkeypatch,
                                                                    measured_fits):
-    from critbatch.orchestration.sweep import missing_measurement
+    from critbatch.orchestration.stages import missing_measurement
     from critbatch.results.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
@@ -345,7 +346,7 @@ def test_a_finished_run_of_an_older_grid_is_refused_before_any_work(tmp_path, mo
     from dataclasses import asdict
 
     from critbatch.analysis.bcrit.synthetic import synthetic_summary
-    from critbatch.orchestration.sweep import check_finished, unplanned_runs
+    from critbatch.orchestration.stages import check_finished, unplanned_runs
     from critbatch.results.errors import ConfigError
     from critbatch.science.synthetic import SyntheticTruth
 
@@ -423,7 +424,7 @@ def test_the_plan_times_the_runs_own_precision_and_compile(tiny_cfg):
     counters.clear()
     cfg = tiny_cfg("train.compile=true", "train.compile_backend=eager", "train.dtype=bfloat16",
                    "train.batch_size=8")
-    assert sweep.measure_tokens_per_s(cfg, seconds=0.05) > 0
+    assert estimate.measure_tokens_per_s(cfg, seconds=0.05) > 0
     assert counters["stats"]["unique_graphs"] >= 1
 
 
@@ -437,11 +438,11 @@ def test_the_plan_states_checkpoint_disk_and_stops_when_it_is_short(tmp_path, mo
     jobs = plan_stage("batch", "smoke", "adamw", ["train.keep_checkpoint=all"])
     m, vocab = jobs[0].cfg.model, jobs[0].cfg.data.vocab_size
     checkpoints = sum(1 + len(j.branches) for j in jobs)
-    need, kept = sweep.checkpoint_bytes(jobs)
+    need, kept = estimate.checkpoint_bytes(jobs)
     assert need == kept == checkpoints * param_count(m.width, m.depth, m.seq_len, vocab)[0] * 12
-    assert sweep.check_disk(need, tmp_path / "runs" / "not-yet") > need
-    with pytest.raises(sweep.ConfigError, match="GB free; free some space"):
-        sweep.check_disk(10**18, tmp_path)
+    assert estimate.check_disk(need, tmp_path / "runs" / "not-yet") > need
+    with pytest.raises(ConfigError, match="GB free; free some space"):
+        estimate.check_disk(10**18, tmp_path)
 
 
 def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, capsys):
@@ -449,7 +450,7 @@ def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, ca
     that wait for a tuned lr said to be estimated at the middle lr, exit 0, and nothing
     written: no runs folder, no run, no report."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sweep, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
+    monkeypatch.setattr(estimate, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
     for experiment in ("batch", "branches"):
         with pytest.raises(SystemExit) as stop:
             sweep.main([experiment, "--scale", "smoke", "--jobs", "1", "--opt", "adamw",
@@ -469,7 +470,7 @@ def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path
     """A corpus whose token cache is not built yet: the plan names it with its size and an
     estimate, and the total includes it; once built, neither appears."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sweep, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
+    monkeypatch.setattr(estimate, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
     with pytest.raises(SystemExit):
         sweep.main(["batch", "--scale", "smoke", "--jobs", "1", "--opt", "adamw", "--dry-run",
                     "grid.batch_sizes='4,8'", f"data.cache_dir={tmp_path / 'cache'}"])
@@ -487,9 +488,9 @@ def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path
     data = DataConfig(name="text_files", paths=[str(corpus / "*.txt")], vocab_size=300,
                       cache_dir=str(tmp_path / "cache"))
     cfg = SimpleNamespace(data=data)
-    assert sweep.data_to_prepare([cfg, cfg]) > 0  # once per corpus
+    assert estimate.data_to_prepare([cfg, cfg]) > 0  # once per corpus
     out = capsys.readouterr().out
     assert out.count("its token cache is built first") == 1
     prepare_data(data)
     capsys.readouterr()
-    assert sweep.data_to_prepare([cfg]) == 0.0 and capsys.readouterr().out == ""
+    assert estimate.data_to_prepare([cfg]) == 0.0 and capsys.readouterr().out == ""

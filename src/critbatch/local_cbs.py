@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from critbatch.orchestration.sweep import middle_lr, plan_stage
+from critbatch.orchestration.stages import middle_lr, plan_stage
 from critbatch.results import runs
 from critbatch.results.errors import ConfigError, user_errors
 from critbatch.training.cli import disk_errors, finished_run

@@ -1,7 +1,7 @@
 """`critbatch-report` (what `make report` runs): re-run the analysis of every sweep under runs/
 without training, each report where its sweep wrote it (runs/<stage>/<scale>/report).
 
-The work is `orchestration.sweep.report_all`, as `python -m critbatch.sweep report`; this
+The work is `orchestration.reports.report_all`, as `python -m critbatch.sweep report`; this
 module only gives it a command of its own.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from critbatch.orchestration.sweep import report_all
+from critbatch.orchestration.reports import report_all
 from critbatch.results.errors import user_errors
 
 

@@ -1,6 +1,6 @@
 """A planned run of a sweep (`Job`): its config and folder, and what that folder holds so far.
 
-`sweep.plan_stage` makes one per run of a stage's multirun, named and configured exactly as
+`stages.plan_stage` makes one per run of a stage's multirun, named and configured exactly as
 Hydra would; the sweep's workers (`pool`), SLURM array tasks (`slurm`) and
 the report all judge a run by its folder alone (summary.json, branches, failed.txt), so any
 process that sees the folder can tell what is left.

@@ -1,6 +1,6 @@
 """The sweep's training workers: a few long-lived processes that train run after run.
 
-`python -m critbatch.sweep` plans every run with Hydra (`sweep.plan_stage` composes each
+`python -m critbatch.sweep` plans every run with Hydra (`stages.plan_stage` composes each
 run's config and names its folder exactly as a Hydra multirun would), then hands the runs
 to this pool instead of launching one multirun per stage and optimizer:
 
