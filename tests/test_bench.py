@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from critbatch.bench import suite as bench
+from critbatch.bench import capacity, suite, timing, training_speed
 from critbatch.training.config import ModelConfig, OptimConfig
 from critbatch.training.model import GPT
 from critbatch.training.optim import adamw_options, build_optimizers
@@ -23,8 +23,8 @@ def positive(value) -> bool:
 def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     out = tmp_path / "bench.json"
     slow = ("gns", "share")  # 80 fixed steps; fresh processes: in the slow test below
-    sections = [s for s in bench.SECTIONS if s not in slow]
-    bench.main(["--json", str(out), "--repeats", "1", "--steps", "4", "--no-compile",
+    sections = [s for s in suite.SECTIONS if s not in slow]
+    suite.main(["--json", str(out), "--repeats", "1", "--steps", "4", "--no-compile",
                 "--analysis-runs", "60", "--analysis-rows", "400",
                 *(f"--only={s}" for s in sections), *tiny_overrides,
                 "train.batch_size=8", "train.micro_batch_size=4"])
@@ -35,7 +35,7 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     assert positive(results["peak"]["bfloat16_gflops"])
 
     rows = results["train"]["presets"]
-    assert list(rows) == list(bench.presets("cpu"))
+    assert list(rows) == list(timing.presets("cpu"))
     for row in rows.values():
         for key in ("tokens_per_s", "minimal_tokens_per_s", "step_ms", "data_ms", "fwd_bwd_ms",
                     "optimizer_ms", "logging_ms", "total_ms", "peak_gflops", "mfu", "params"):
@@ -75,7 +75,7 @@ def test_peak_is_time_boxed_where_bf16_is_slow():
     without bf16 matrix instructions: the ladder measures its probe and skips the large sizes
     (each n = 4096 product would take ~90 s) instead of hanging there."""
     with torch.backends.mkldnn.flags(enabled=False):
-        result = bench.bench_peak(bench.Options(repeats=1))
+        result = capacity.bench_peak(timing.Options(repeats=1))
     assert list(result["bfloat16_by_size"])[0] == "256"
     assert 4096 in result["bfloat16_skipped_sizes"]
     assert set(result["bfloat16_by_size"]).isdisjoint(map(str, result["bfloat16_skipped_sizes"]))
@@ -84,9 +84,9 @@ def test_peak_is_time_boxed_where_bf16_is_slow():
 
 def test_variant_pair_too_slow_for_its_box_is_skipped_with_the_reason(tiny_overrides, capsys):
     """A dtype measured at a crawl skips the variant pair that uses it; the others still run."""
-    opts = bench.Options(overrides=tiny_overrides, steps=4, compile=False,
-                         probe={"float32_gflops": 50.0, "bfloat16_gflops": 1e-4})
-    out = bench.bench_variants(opts)
+    opts = timing.Options(overrides=tiny_overrides, steps=4, compile=False,
+                          probe={"float32_gflops": 50.0, "bfloat16_gflops": 1e-4})
+    out = training_speed.bench_variants(opts)
     for shape in out.values():
         assert "bfloat16 would take" in shape["dtype"]["skipped"]
         assert positive(shape["adamw"]["ratio"]) and positive(shape["optimizer"]["ratio"])
@@ -96,7 +96,7 @@ def test_variant_pair_too_slow_for_its_box_is_skipped_with_the_reason(tiny_overr
 @pytest.mark.slow
 def test_bench_gns_and_share_sections(tiny_overrides, tmp_path):
     out = tmp_path / "bench.json"
-    bench.main(["--json", str(out), "--repeats", "1", "--steps", "4", "--only", "gns",
+    suite.main(["--json", str(out), "--repeats", "1", "--steps", "4", "--only", "gns",
                 "--only", "share", *tiny_overrides, "train.batch_size=8",
                 "train.micro_batch_size=4"])
     results = json.loads(out.read_text())
@@ -138,6 +138,6 @@ def test_fused_and_foreach_adamw_train_alike():
 
 def test_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--steps", "2"])
+        suite.main(["--steps", "2"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("critbatch: error: --steps")

@@ -8,7 +8,7 @@ part time-boxed, then one PASS/FAIL line:
   its tokens/s, MFU against the bf16 peak and peak memory; a width that fell back to eager
   (dynamo's recompile limit) fails the check;
 - the packing speed-up: aggregate tokens/s of k = 1, 2, 4 runs sharing the card
-  (`bench.bench_share`);
+  (`capacity.bench_share`);
 - a short branched smoke sweep (`make sweep-batch SCALE=smoke`, AdamW) in a temporary folder.
 
 Without CUDA it says so in one line and exits 0. `--device cpu --quick` runs the same
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from critbatch.bench import suite as bench
+from critbatch.bench import capacity, timing
 from critbatch.science.model_size import flops_per_token, param_count
 
 GPU_WIDTHS = (128, 192, 256, 320, 384)
@@ -70,11 +70,11 @@ def check_widths(device: torch.device, quick: bool, peak_gflops: float,
             if time.perf_counter() - start > SECTION_BOX_S * (1 if quick else 2):
                 rows.append({"width": width, "skipped": "time box"})
                 continue
-            cfg = bench.compose(width_overrides(width, quick, extra), bench.Options())
+            cfg = timing.compose(width_overrides(width, quick, extra), timing.Options())
             before = len(watch.messages)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            step = bench.step_timer(cfg, device, dtype=torch.bfloat16, compiled=True)
+            step = timing.step_timer(cfg, device, dtype=torch.bfloat16, compiled=True)
             for _ in range(3):
                 step()
             steps = 5 if quick else STEPS
@@ -133,18 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check: no CUDA device here (torch {torch.__version__}); nothing to check")
         return 0
     device = torch.device(args.device)
-    print(f"gpu-check on {bench.device_name(device)} ({device.type}), torch {torch.__version__}"
+    print(f"gpu-check on {timing.device_name(device)} ({device.type}), torch {torch.__version__}"
           + (f", CUDA {torch.version.cuda}, "
              f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.0f} GB"
              if device.type == "cuda" else ""), flush=True)
     sizes = (256, 1024) if args.quick else (1024, 4096, 8192)
-    by_size, _ = bench.matmul_ladder(device, torch.bfloat16, sizes, 5, 10.0)
+    by_size, _ = timing.matmul_ladder(device, torch.bfloat16, sizes, 5, 10.0)
     peak = max(by_size.values())
     print(f"bf16 matmul peak: {peak:,.0f} GFLOP/s", flush=True)
-    results = {"device": bench.device_name(device), "bf16_gflops": peak,
+    results = {"device": timing.device_name(device), "bf16_gflops": peak,
                "widths": check_widths(device, args.quick, peak, args.overrides)}
     if device.type == "cuda":
-        results["packing"] = bench.bench_share(bench.Options(overrides=["data=stdlib"],
+        results["packing"] = capacity.bench_share(timing.Options(overrides=["data=stdlib"],
                                                              steps=40))
     results["smoke_sweep"] = smoke_sweep(args.quick, args.overrides)
     measured = [w for w in results["widths"] if "skipped" not in w]

@@ -33,7 +33,7 @@ def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None 
     """
     import torch  # slow to import: only when a plan is estimated
 
-    from critbatch.bench.suite import step_timer
+    from critbatch.bench.timing import step_timer
     from critbatch.training.step import resolve_device
 
     before = torch.get_num_threads()
