@@ -8,22 +8,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from critbatch.science.joint import (
-    SHARED_FRACTION,
-    Form,
-    JointData,
-    PlantedWorld,
-    above_baseline,
-    fit_joint,
-    loss_alone_test,
-    planted_world,
-)
+from critbatch.science.joint import SHARED_FRACTION, Form, JointData, above_baseline
+from critbatch.science.joint_fit import fit_joint
 from critbatch.science.joint_inference import (
     bootstrap_joint,
     extra_term_test,
+    loss_alone_test,
     prediction_spread,
     select_form,
 )
+from critbatch.science.joint_planted import PlantedWorld, planted_world
 
 # Two optimizers as the issue planted them: Kaplan's 4.8 and a flatter 3.5, each with
 # B_crit = 40 sequences at 6.5 nats/token (the cpu sweep's high-loss cells)
@@ -109,7 +103,7 @@ def test_the_small_batch_fit_recovers_a_term_its_plain_start_misses():
     """A small-batch term that bends the loss against batch (planted B_s 12 sequences with
     batches 4-128): `fit_richer` tries the plain fit's start and fresh ones and keeps the
     better; B_s stays within the batches' geometric middle (`b_small_max`)."""
-    from critbatch.science.joint import b_small_max
+    from critbatch.science.joint_fit import b_small_max
     from critbatch.science.joint_inference import fit_richer
 
     truth = WORLDS["muon"].fit()

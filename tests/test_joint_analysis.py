@@ -255,7 +255,8 @@ def test_a_missed_held_out_set_gets_the_refit_s_spread():
     import numpy as np
 
     from critbatch.analysis.joint.joint import held_out
-    from critbatch.science.joint import Form, PlantedWorld, planted_world
+    from critbatch.science.joint import Form
+    from critbatch.science.joint_planted import PlantedWorld, planted_world
 
     data = planted_world(PlantedWorld(l_inf=(1.0,), a=(3.3,), alpha=(0.16,)), sigma=0.0125,
                          rng=np.random.default_rng(5))
@@ -280,7 +281,8 @@ def test_a_held_out_refit_with_only_baseline_cells_left_is_skipped():
     import numpy as np
 
     from critbatch.analysis.joint.joint import MIN_CELLS, held_out, smallest_batch
-    from critbatch.science.joint import Form, PlantedWorld, planted_world
+    from critbatch.science.joint import Form
+    from critbatch.science.joint_planted import PlantedWorld, planted_world
 
     data = planted_world(PlantedWorld(), sigma=0.0125, rng=np.random.default_rng(5))
     baseline = smallest_batch(data)
@@ -353,7 +355,7 @@ def test_a_precisely_recovered_law_is_resolved(tmp_path):
     instead of its own noise once called such a law unresolved."""
     from critbatch.analysis.bcrit.synthetic import synthetic_table
     from critbatch.analysis.bcrit.tables import load_tables
-    from critbatch.science.joint import PlantedWorld
+    from critbatch.science.joint_planted import PlantedWorld
 
     truth = {"adamw": 4.8, "muon": 3.5}
     tables = [synthetic_table(tmp_path / f"{opt}.csv", 2000, seed=i, loss_sd=0.003,
@@ -377,13 +379,9 @@ def test_failed_refits_are_named_without_a_bootstrap_and_a_failed_per_width_fit_
     loss-alone verdict rather than "holds"."""
     from critbatch.analysis.joint.joint import refit_failures
     from critbatch.analysis.joint.report import failures_text, range_summary
-    from critbatch.science.joint import (
-        PlantedWorld,
-        failed_fit,
-        fit_joint,
-        loss_alone_test,
-        planted_world,
-    )
+    from critbatch.science.joint_fit import failed_fit, fit_joint
+    from critbatch.science.joint_inference import loss_alone_test
+    from critbatch.science.joint_planted import PlantedWorld, planted_world
 
     check = {"n_cells": 4, "exponent": None, "converged": False, "refit_failed": "the solver"}
     failed = refit_failures({"bootstrap_failed": 0, "resamples": 0}, [], check)

@@ -11,7 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from critbatch.science.joint import Form, JointFit, PlantedWorld, fit_joint, planted_world
+from critbatch.science.joint import Form, JointFit
+from critbatch.science.joint_fit import fit_joint
+from critbatch.science.joint_planted import PlantedWorld, planted_world
 from critbatch.science.precision import (
     Plan,
     exponent_index,

@@ -15,7 +15,8 @@ from critbatch.analysis.bcrit.report import analyse
 from critbatch.analysis.bcrit.synthetic import synthetic_branched_sweep
 from critbatch.analysis.joint.report import draws_lines, seeds_text
 from critbatch.results.runs import load_runs
-from critbatch.science.joint import PLAIN, JointData, PlantedWorld, planted_world
+from critbatch.science.joint import PLAIN, JointData
+from critbatch.science.joint_planted import PlantedWorld, planted_world
 from critbatch.science.replicates import check_draws
 from critbatch.science.synthetic import SyntheticTruth
 

@@ -1,6 +1,6 @@
 """The verdict as an estimator (analysis.joint.decide): "resolved" should mean 1/alpha_B is
 known to +-0.5. Planted worlds where the truth is known (analysis.synthetic.synthetic_table
-from science.joint.PlantedWorld) measure its two error rates: false "unresolved" where the
+from science.joint_planted.PlantedWorld) measure its two error rates: false "unresolved" where the
 joint interval covers the truth and is narrower than 1, false "resolved" where the estimate
 misses the truth by more than 0.5. docs/science.md states the rates of `VERDICT_WORLDS=64`
 (this file's worlds 0-63); `make test` runs every other of the first 32.
@@ -19,7 +19,7 @@ from critbatch.analysis.bcrit import bcrit
 from critbatch.analysis.bcrit.synthetic import synthetic_table
 from critbatch.analysis.bcrit.tables import load_tables
 from critbatch.analysis.render import one_blas_thread
-from critbatch.science.joint import PlantedWorld
+from critbatch.science.joint_planted import PlantedWorld
 
 # design: (rows, one run's loss sd in nats/token, batch sizes (8, 16, ...), budgets in tokens)
 DESIGNS = {

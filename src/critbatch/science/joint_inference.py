@@ -1,5 +1,6 @@
 """Inference on the joint model (`science.joint`): which optional terms the data demand, the
-parametric bootstrap of its law, and the spread of its predictions.
+parametric bootstrap of its law, the spread of its predictions, and whether B_crit depends on
+the loss alone (`loss_alone_test`).
 
 `select_form` adds the small-batch factor, then the transition's power, each where a
 likelihood-ratio test keeps it: the chi-square test (`extra_term_test`) and, where the
@@ -28,9 +29,9 @@ from critbatch.science.joint import (
     JointData,
     JointFit,
     draw_losses,
-    fit_joint,
     noise_scale,
 )
+from critbatch.science.joint_fit import fit_joint
 
 
 def fit_richer(data: JointData, base: JointFit, form: Form) -> JointFit:
@@ -259,3 +260,21 @@ def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
             "chi2_with": richer.chi2, "dof_with": richer.dof,
             "b_small": richer.b_small if richer.small_batch else None,
             "power": richer.power if richer.form.power else None}
+
+
+def loss_alone_test(shared: JointFit, per_width: JointFit) -> dict:
+    """Does B_crit depend on the loss alone? The chi-square difference between the shared
+    law and one law per width, over the extra parameters (2 per extra width), with the
+    noise scaled by the per-width fit's chi2/dof when that exceeds 1. p < 0.05 rejects it;
+    no test (p NaN, `holds` None) where the per-width fit could not be made."""
+    from scipy.stats import chi2 as chi2_dist
+
+    extra = 2 * (len(shared.widths) - 1)
+    scale2 = noise_scale(per_width) ** 2
+    delta = max(0.0, shared.chi2 - per_width.chi2) / scale2
+    p = float(chi2_dist.sf(delta, extra)) if extra > 0 and per_width.usable else math.nan
+    return {"delta_chi2": delta, "extra_parameters": extra, "p_value": p,
+            "noise_scale": math.sqrt(scale2),
+            "holds": None if not math.isfinite(p) else bool(p >= 0.05),
+            "per_width_exponents": [float(g) for g in per_width.gamma],
+            "per_width_b_star": [float(b) for b in per_width.b_star]}

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from critbatch.science.joint import JointData, JointFit, noise_scale, residual_jacobian
+from critbatch.science.joint import JointData, JointFit, noise_scale
+from critbatch.science.joint_fit import residual_jacobian
 
 # (tokens x, batches x, seeds x): the same sweep longer with its batch grid moved up alike,
 # and the same sweep at more seeds. Batches move with the tokens: with the batches fixed,
@@ -72,7 +73,7 @@ def exponent_index(fit: JointFit) -> int:
 def exponent_sd(data: JointData, fit: JointFit) -> float:
     """The linearised standard deviation of 1/alpha_B on `data` at `fit`'s parameters: the
     exponent's entry of (J^T J)^-1, J the Jacobian of the weighted residuals (analytic,
-    `science.joint.residual_jacobian`), from J's singular values. No misfit scaling: the sd
+    `science.joint_fit.residual_jacobian`), from J's singular values. No misfit scaling: the sd
     the seed noise alone allows. inf where the cells do not pin the exponent: fewer cells
     than parameters, a non-finite Jacobian, or the exponent moving along a direction the
     cells do not see."""

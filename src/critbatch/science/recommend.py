@@ -12,7 +12,7 @@ exponent b, with the joint model's optional terms (B_s, p: `science.joint.Form`)
 size the N term cannot be measured: A is 0 and every size gets the sweep's curve (the
 caller warns); with two, the size exponent a is fixed at FIXED_SIZE_EXPONENT (two floors
 cannot pin three parameters) and A is fitted. The fit is
-`science.joint.residuals`' weighted least squares on the losses; its intervals a parametric
+`science.joint_fit.residuals`' weighted least squares on the losses; its intervals a parametric
 bootstrap (`bootstrap_scaling`) like the joint model's.
 
 The best lr follows a power law in batch and size, fitted to the cells' lr-parabola optima:
@@ -48,9 +48,8 @@ from critbatch.science.joint import (
     JointFit,
     check_terms,
     draw_losses,
-    residual_jacobian,
-    residuals,
 )
+from critbatch.science.joint_fit import residual_jacobian, residuals
 
 N_REF = 1e6  # non-embedding parameters: the size term is measured in units of this
 D_REF = 1e9  # tokens: the lr law's budget term is measured in units of this
@@ -174,7 +173,7 @@ def scaling_residuals(theta: np.ndarray, data: JointData, sizes: np.ndarray, ter
 def scaling_jacobian(theta: np.ndarray, data: JointData, sizes: np.ndarray, terms: int,
                      form: Form, steps: int = 3) -> np.ndarray:
     """d `scaling_residuals` / d theta by the chain rule: the joint model's analytic Jacobian
-    (`science.joint.residual_jacobian`) at the per-width vector times that vector's
+    (`science.joint_fit.residual_jacobian`) at the per-width vector times that vector's
     derivative in the law's parameters (central differences: `joint_vector` touches no
     cell, so they cost nothing beside the cells)."""
     inner = joint_vector(theta, sizes, terms, form)

@@ -35,8 +35,8 @@ from critbatch.science.joint import (
     JointData,
     JointFit,
     draw_losses,
-    fit_joint,
 )
+from critbatch.science.joint_fit import fit_joint
 from critbatch.science.joint_inference import fit_richer, model_center, plausible_sigma
 
 SIMULATIONS = 100  # data sets simulated with the model right, per check (smallest p: 1/101)

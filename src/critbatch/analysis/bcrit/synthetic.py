@@ -24,7 +24,7 @@ from critbatch.analysis.bcrit.bcrit import analyse
 from critbatch.analysis.render import one_blas_thread
 from critbatch.results.files import write_json_atomic
 from critbatch.results.runs import SCHEMA_VERSION, load_runs
-from critbatch.science.joint import PlantedWorld
+from critbatch.science.joint_planted import PlantedWorld
 from critbatch.science.synthetic import SyntheticTruth
 
 
@@ -219,7 +219,7 @@ def synthetic_table(path: str | Path, rows: int = 2000, seed: int = 0,
                     budgets: tuple[float, ...] = tuple(1.5e6 * 2.0**k for k in range(-2, 3)),
                     max_batches: int = 10) -> Path:
     """A results table (CSV, `analysis.tables`' run rows) of about `rows` runs drawn from a
-    planted joint-model world (`science.joint.PlantedWorld`; default: 4 model sizes, a
+    planted joint-model world (`science.joint_planted.PlantedWorld`; default: 4 model sizes, a
     params column) x `budgets` (tokens) x 3 to `max_batches` batch sizes (8, 16, ... sequences)
     x 5 lrs around each cell's best (a parabola in ln lr, 0.05 nats/token per unit^2) x seeds,
     as many seeds as bring the rows to `rows` (at least one), each run's loss noisy by

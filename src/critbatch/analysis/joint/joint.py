@@ -34,11 +34,15 @@ from critbatch.science.joint import (
     JointData,
     JointFit,
     above_baseline,
-    fit_joint,
-    loss_alone_test,
     noise_scale,
 )
-from critbatch.science.joint_inference import bootstrap_joint, prediction_spread, select_form
+from critbatch.science.joint_fit import fit_joint
+from critbatch.science.joint_inference import (
+    bootstrap_joint,
+    loss_alone_test,
+    prediction_spread,
+    select_form,
+)
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 from critbatch.science.precision import exponent_sd, projected_widths
 
