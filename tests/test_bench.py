@@ -20,6 +20,7 @@ def positive(value) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
 def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     out = tmp_path / "bench.json"
     slow = ("gns", "share")  # 80 fixed steps; fresh processes: in the slow test below

@@ -33,6 +33,7 @@ def test_every_stage_belongs_to_an_experiment_and_says_what_it_answers():
         assert first.startswith("# ") and "?" in first, first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
 def test_grids_are_consistent_at_every_scale(scale):
     """Five or more batch sizes doubling from the baseline, three or more lrs per cell spanning
