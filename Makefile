@@ -52,9 +52,11 @@ endif
 FORCE:
 
 TEST_JOBS ?= auto  # pytest workers (pytest-xdist): one per core; TEST_JOBS=0 runs them in one process
+# worksteal: a worker that runs out of tests takes half of another's queue, so the suite does not
+# end on one worker running out a queue of minute-long sweeps
 
 test: install ## run every test (slow end-to-end ones included), one worker per core
-	$(PY) -m pytest -q --durations=15 -n $(TEST_JOBS)
+	$(PY) -m pytest -q --durations=15 -n $(TEST_JOBS) --dist worksteal
 
 test-fast: install ## run the fast tests only
 	$(PY) -m pytest -q -m "not slow"

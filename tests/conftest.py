@@ -29,13 +29,6 @@ def share_the_cores() -> None:
 
 share_the_cores()
 
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """The slow tests first, in their files' order: `make test`'s workers take tests in this
-    order, so the minute-long end-to-end runs start at once and the short ones fill the gaps,
-    instead of one worker finishing a long sweep alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
 # below: after the cores are shared (these import torch)
 from critbatch.training.cli import check_overrides  # noqa: E402
 from critbatch.training.config import Config  # noqa: E402
