@@ -29,6 +29,27 @@ def share_the_cores() -> None:
 
 share_the_cores()
 
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under `make test`'s workers, each starts with its share of the slow tests. xdist's
+    worksteal scheduler first hands worker i the next len(left) // (workers - i) tests in
+    this order, then moves queued tests from a busy worker to an idle one; so each first
+    chunk opens with every n-th slow test (the minute-long sweeps start at once, one per
+    core) and the fast ones fill the rest, where stealing can even out the end. In file
+    order, the slow tests of a file (test_sweep.py's sweeps) all landed on one worker."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    fast = [item for item in items if not item.get_closest_marker("slow")]
+    ordered, left = [], len(items)
+    for i in range(workers):
+        chunk = left // (workers - i)
+        mine = slow[i::workers][:chunk]
+        take = chunk - len(mine)
+        ordered += mine + fast[:take]
+        fast, left = fast[take:], left - chunk
+    ordered += [item for item in slow if item not in ordered] + fast
+    items[:] = ordered
+
 # below: after the cores are shared (these import torch)
 from critbatch.training.cli import check_overrides  # noqa: E402
 from critbatch.training.config import Config  # noqa: E402
