@@ -45,11 +45,12 @@ def one_thread():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", sorted(RUNS))
-def test_smoke_run_reproduces_the_golden_curves(optimizer, tmp_path, one_thread):
+def test_smoke_run_reproduces_the_golden_curves(optimizer, tmp_path, cache_dir, one_thread):
+    """The session's token cache (the smoke sweeps' own): built once, not once per curve."""
     golden = json.loads(GOLDEN.read_text())
     expected = golden["runs"][optimizer]
     cfg = check_overrides(["scale=smoke", *RUNS[optimizer], "logger.mode=disabled",
-                           f"data.cache_dir={tmp_path / 'cache'}", *RECORDED])
+                           f"data.cache_dir={cache_dir}", *RECORDED])
     summary = train(cfg, tmp_path / "run")
     if summary["data_fingerprint"] != golden["data_fingerprint"]:
         pytest.skip("the embedded corpus differs from the one the golden curves were recorded "
