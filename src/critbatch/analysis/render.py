@@ -262,6 +262,23 @@ def add_wandb_arguments(parser) -> None:
     parser.add_argument("--project", default="critbatch", help="W&B project (default: critbatch)")
 
 
+def study_command(argv: list[str] | None, doc: str, run_analysis: Callable, paths_help: str,
+                  out_help: str) -> None:
+    """A study's command line: PATHS, --out, --wandb and --project, then `run_analysis` with
+    user errors as one line (the stability and schedule studies' `cli.main`)."""
+    import argparse
+
+    from critbatch.results.errors import user_errors
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("paths", nargs="*", help=paths_help)
+    parser.add_argument("--out", help=out_help)
+    add_wandb_arguments(parser)
+    args = parser.parse_args(argv)
+    with user_errors():
+        run_analysis(args.paths, args.out, wandb_mode=args.wandb_mode, project=args.project)
+
+
 def logged_group(run_dir: str | Path | None, sweep: str | None = None) -> str:
     """The W&B group a run was logged in (`results.wandb_group_name`), with logger.group read
     back from the run's config.json (the sweeps set it, e.g. "batch-cpu")."""

@@ -12,19 +12,11 @@ runs/stability/<scale>/report). The work is done by
 
 from __future__ import annotations
 
-import argparse
-
-from critbatch.analysis.render import add_wandb_arguments
+from critbatch.analysis.render import study_command
 from critbatch.analysis.stability.report import run_analysis
-from critbatch.results.errors import user_errors
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("paths", nargs="*", help="run directories or stability sweep folders")
-    parser.add_argument("--out", help="report folder (default: runs/stability/<scale>/report)")
-    add_wandb_arguments(parser)
-    args = parser.parse_args(argv)
-    with user_errors():
-        run_analysis(args.paths, args.out, wandb_mode=args.wandb_mode,
-                     project=args.project)
+    study_command(argv, __doc__, run_analysis,
+                  paths_help="run directories or stability sweep folders",
+                  out_help="report folder (default: runs/stability/<scale>/report)")
