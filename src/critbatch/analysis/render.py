@@ -20,6 +20,7 @@ errors "no runs found" and "all runs left out", and the --wandb/--project argume
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import math
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from critbatch.results.errors import ResultsError
+from critbatch.results.errors import ResultsError, user_errors
 from critbatch.results.files import write_json_atomic
 from critbatch.results.runs import read_config, wandb_group_name
 
@@ -266,10 +267,6 @@ def study_command(argv: list[str] | None, doc: str, run_analysis: Callable, path
                   out_help: str) -> None:
     """A study's command line: PATHS, --out, --wandb and --project, then `run_analysis` with
     user errors as one line (the stability and schedule studies' `cli.main`)."""
-    import argparse
-
-    from critbatch.results.errors import user_errors
-
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("paths", nargs="*", help=paths_help)
     parser.add_argument("--out", help=out_help)
