@@ -24,6 +24,8 @@ class Experiment:
     # an experiment whose report the analysis draws for comparison when it exists at the same
     # scale (passed as --batch-sweep runs/<it>/<scale>)
     compare_with: str | None = None
+    # the stage whose lrs the adaptive lr search extends (`grid.lr_search`; lr_search.py)
+    lr_search_stage: str | None = None
 
     @property
     def report_stage(self) -> str:
@@ -32,9 +34,9 @@ class Experiment:
 
 EXPERIMENTS = {
     "batch": Experiment(("batch", "batch_seeds"), "fit_bcrit.py", noise_stage="batch",
-                        report="batch"),
+                        report="batch", lr_search_stage="batch"),
     "widths": Experiment(("widths", "widths_seeds"), "fit_bcrit.py", noise_stage="widths",
-                         report="widths"),
+                         report="widths", lr_search_stage="widths"),
     "stability": Experiment(("stability_lr", "stability", "stability_accum"), "stability.py",
                             tuning_stage="stability_lr", report="stability"),
     "schedules": Experiment(("schedules",), "schedules.py"),

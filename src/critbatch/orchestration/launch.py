@@ -51,15 +51,26 @@ def train_jobs(jobs: list[Job], jobs_at_once: int, device: str, seconds: dict[Pa
     if array is not None:
         return slurm.train_array(todo, array, device, seconds)
     if hydra_launcher(todo):
-        for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in todo):
-            part = next(j for j in todo if (j.stage, j.optimizer) == (stage, optimizer))
-            code = launch_stage(stage, part.cfg.scale, optimizer, part.extra, jobs_at_once,
-                                device)
-            if code:
-                print(f"== the {stage} multirun (optim={optimizer}) exited with status {code}; "
-                      "the runs it did not finish are listed at the end", flush=True)
+        grid = [j for j in todo if not j.search_round]
+        for stage, optimizer in dict.fromkeys((j.stage, j.optimizer) for j in grid):
+            part = next(j for j in grid if (j.stage, j.optimizer) == (stage, optimizer))
+            report_code(launch_stage(stage, part.cfg.scale, optimizer, part.extra,
+                                     jobs_at_once, device), stage, optimizer)
+        for job in todo:  # an lr the search added: a multirun of that one job
+            if job.search_round:
+                own = [o for o in job.overrides if not o.startswith(("scale=", "optim="))]
+                report_code(launch_stage(job.stage, job.cfg.scale, job.optimizer,
+                                         own + [o for o in job.extra if o not in own],
+                                         jobs_at_once, device), job.stage, job.optimizer)
         return []
     return pool.train_here(todo, jobs_at_once, device, seconds)
+
+
+def report_code(code: int, stage: str, optimizer: str) -> None:
+    """Say when a multirun exited with an error (its unfinished runs are listed at the end)."""
+    if code:
+        print(f"== the {stage} multirun (optim={optimizer}) exited with status {code}; "
+              "the runs it did not finish are listed at the end", flush=True)
 
 
 def launch_stage(stage: str, scale: str, optimizer: str, extra: list[str], jobs_at_once: int,

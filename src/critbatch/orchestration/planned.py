@@ -29,6 +29,7 @@ class Job:
     run_dir: Path
     cfg: Config
     extra: list[str] = field(default_factory=list)  # the stage's own overrides (tuned lr, ...)
+    search_round: int = 0  # 0: the stage's grid; n: an lr the lr search added in round n
 
     @property
     def finished(self) -> bool:

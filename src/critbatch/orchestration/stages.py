@@ -49,14 +49,19 @@ def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list
         swept = root.hydra.sweeper.params or {}
         check_swept(stage, swept, extra)
         params = [f"{k}={v}" for k, v in swept.items()]
-        jobs = []
-        for overrides in sweep_jobs(params + cli):
-            cfg = compose(stage, overrides)
-            run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
-            del cfg.hydra
-            task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]  # as Hydra
-            jobs.append(Job(stage, optimizer, task, run_dir, to_config(cfg), list(extra)))
-    return jobs
+        return [compose_job(compose, stage, optimizer, overrides, extra)
+                for overrides in sweep_jobs(params + cli)]
+
+
+def compose_job(compose: Callable[[str, list[str]], DictConfig], stage: str, optimizer: str,
+                overrides: list[str], extra: list[str]) -> Job:
+    """One job of a stage from its full overrides (the sweep's values of its swept keys, the
+    scale, the optimizer and `extra`), named as Hydra names the job."""
+    cfg = compose(stage, overrides)
+    run_dir = Path(cfg.hydra.sweep.dir) / cfg.hydra.job.override_dirname
+    del cfg.hydra
+    task = [o for o in overrides if not o.startswith(("hydra.", "hydra/"))]  # as Hydra
+    return Job(stage, optimizer, task, run_dir, to_config(cfg), list(extra))
 
 
 # where a stage sweeps a key, the grid key a user sets instead (the sweep's own values)

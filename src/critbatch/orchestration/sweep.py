@@ -7,7 +7,9 @@
    as Hydra would and trained on the sweep's workers (`pool`), or, with
    `hydra/launcher=slurm`, as SLURM array tasks of worker pools (`slurm`), skipping
    every run whose directory already holds a valid summary.json; a stage that carries a
-   tuned lr gets the best lr of the tuning stage as `optim.lr`;
+   tuned lr gets the best lr of the tuning stage as `optim.lr`; in the batch and widths
+   experiments the rounds of the lr search (`lr_search`) follow, each adding lrs where a
+   cell's best lr lies on the edge of those tried;
 2. `python -m critbatch.noise` on the baseline's largest-budget run, per optimizer
    (batch and widths);
 3. the experiment's analysis script over its run directories;
@@ -34,8 +36,8 @@ import sys
 import time
 from pathlib import Path
 
-from critbatch.orchestration import slurm, workers
-from critbatch.orchestration.estimate import print_plan
+from critbatch.orchestration import lr_search, slurm, workers
+from critbatch.orchestration.estimate import job_seconds, print_plan
 from critbatch.orchestration.experiments import EXPERIMENTS, Experiment
 from critbatch.orchestration.launch import hydra_launcher, submitit_array, train_jobs
 from critbatch.orchestration.planned import Job
@@ -156,6 +158,9 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
         if array is not None and (todo := [j for j in plan if not j.done]):
             for line in slurm.shard(todo, array, device, seconds)[1]:
                 print(f"  SLURM array (submitit {array.cluster}) {line}")
+        if exp.lr_search_stage:
+            for line in lr_search.worst_case(plan, exp.lr_search_stage):
+                print(f"  {line}")
         print("dry run: nothing trained, no noise measured, no report written")
         return before
     problems, outcomes = [], []
@@ -164,6 +169,14 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
                                device, seconds, array)
         plan, problems = replan_after_tuning(exp, scale, optimizers, extra, plan)
     outcomes += train_jobs(plan, jobs_at_once, device, seconds, array)
+    if exp.lr_search_stage:
+        def train_round(new: list[Job]) -> None:
+            timed = {} if hydra_launcher(new) else job_seconds(
+                new, job_threads(jobs_at_once) if device == "cpu" else None)
+            outcomes.extend(train_jobs(new, jobs_at_once, device, timed, array))
+
+        plan = lr_search.search(plan, exp.lr_search_stage, train_round,
+                                after_round=lambda p: held.extend(hold_for_noise(exp, p)))
     failed = [j for j in plan if not j.done]
     problems += [f"run did not complete: {j.run_dir} ({j.failure or 'no reason recorded'}; "
                  "see its train.log)" for j in failed]

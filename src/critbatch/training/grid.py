@@ -106,6 +106,14 @@ class GridConfig:
     beta2: float = 0.999
     beta2_scaling: str = "tokens"
     branch_budgets: list[float] = field(default_factory=lambda: [0.125, 0.25, 0.5])
+    # the adaptive lr search of the batch and widths sweeps (science.md, "The lr search"):
+    # after the grid, each (width, batch) adds lrs one grid step beyond any budget whose best
+    # lr is on the edge of those tried, round by round, until every optimum is bracketed.
+    # false: the grid's lrs only. At most lr_search_rounds rounds and lr_search_budget x the
+    # plan's tokens (at cpu scale the search kept the sweep within 1.3x the grid's tokens)
+    lr_search: bool = True
+    lr_search_rounds: int = 3
+    lr_search_budget: float = 0.3
     # the batch and widths sweeps' train.warmup_tokens: every batch warms up over at least
     # these tokens and at least train.warmup_steps steps; null: the steps alone
     warmup_tokens: int | None = None

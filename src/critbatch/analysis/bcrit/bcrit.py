@@ -319,6 +319,16 @@ def noise_points(runs: list[dict]) -> list[dict]:
     return points
 
 
+def lr_edge_cells(groups: list[dict]) -> dict[str, int]:
+    """Per optimizer, the cells whose best lr is the lowest or highest lr tried (`Cell.edge`):
+    each bounds its loss instead of measuring it. The lr search's goal is none."""
+    counts: Counter = Counter()
+    for g in groups:
+        optimizer = g["key"]["optimizer"]
+        counts[optimizer] += sum(c.edge in ("low", "high") for c in g["cells"])
+    return dict(sorted(counts.items()))
+
+
 def cell_warnings(name: str, cells: list[Cell]) -> list[str]:
     """Edge optima, untuned cells and cells of too few steps (`too_few_steps`) of one group."""
     warnings = []
@@ -575,9 +585,10 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
     points = one_corpus(groups, points, warnings)
     kaplan = kaplan_fits(points, warnings, hints.losses)
     joint, joint_rows = joint_fits(out_groups, warnings)  # every cell at once: analysis.joint
+    edge_cells = lr_edge_cells(out_groups)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
             "warnings": warnings,
             "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan + joint_rows,
                      "kaplan_points": points, "lr_scaling": lr_scaling, "warnings": warnings,
-                     "online_noise": online, "joint": joint,
+                     "online_noise": online, "joint": joint, "lr_edge_cells": edge_cells,
                      "consistency": [row for g in out_groups for row in g["consistency"]]}}

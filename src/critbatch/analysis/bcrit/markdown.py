@@ -304,6 +304,26 @@ def lr_scaling_table(lr_scaling: dict) -> str:
          for opt, f in lr_scaling.items()])
 
 
+def lr_search_lines(edge_cells: dict[str, int], searches: dict[str, dict]) -> list[str]:
+    """The cells on an lr edge per optimizer, and what each lr search added and spent."""
+    if not edge_cells:
+        return []
+    lines = ["Cells whose best lr is the lowest or highest lr tried (an upper bound on their "
+             "loss, not a measurement; fits.json `lr_edge_cells`): "
+             + ", ".join(f"{opt} {n}" for opt, n in edge_cells.items()) + "."]
+    for name, record in searches.items():
+        grid, spent = record["grid_tokens"], record["search_tokens"]
+        rounds = sum(1 for r in record["rounds"] if r["added"])
+        left = record.get("unbracketed") or []
+        lines.append(
+            f"- lr search (`grid.lr_search`) of {name}: {record['search_runs']} lr(s) added in "
+            f"{rounds} round(s), {spent / 1e6:,.1f}M tokens beyond the grid's "
+            f"{grid / 1e6:,.1f}M ({spent / grid:.0%} more; the search's tokens); "
+            + (f"{len(left)} cell(s) left on an edge: {'; '.join(left[:4])}"
+               + (" ..." if len(left) > 4 else "") if left else "every cell bracketed"))
+    return [*lines, ""]
+
+
 def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
                     elapsed_s: float) -> str:
     fits = result["fits"]
@@ -323,6 +343,7 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "budget. The lr is the peak lr trained; where `optim.lr_scaling` carried it to "
               "the batch, the base lr it came from (`optim.lr` at `optim.base_batch_size`, "
               "the value in the run folders' names) is in brackets.", "",
+              *lr_search_lines(fits.get("lr_edge_cells") or {}, fits.get("lr_search") or {}),
               "\n\n".join(loss_tables(result["groups"])) or "No runs (see the Pareto frontier).",
               "",
               "## Effective tokens and B_crit per run", "",

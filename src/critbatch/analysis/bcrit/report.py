@@ -17,7 +17,9 @@ and writes, through `render.run_study`:
                 cell, its interval, the loss-alone test and the held-out predictions),
                 summary (`analysis.summary`: per optimizer B_crit at the final loss, the
                 recommended batch and lr there, the held-out verdict, and whether the
-                numbers are a measurement);
+                numbers are a measurement), lr_edge_cells (per optimizer, the cells whose
+                best lr is the lowest or highest tried), lr_search (the sweep's lr search
+                per optimizer and draw: lrs added, why, tokens);
                 B_crit in sequences with `_tokens` twins);
 - `bcrit.csv`   the per-run table;
 - a W&B run (job_type "analysis", in the group most of the analysed runs were logged in).
@@ -25,6 +27,7 @@ and writes, through `render.run_study`:
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from functools import partial
 from pathlib import Path
@@ -41,6 +44,7 @@ from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_text_atomic
 from critbatch.results.runs import load_runs, load_wandb_runs
 
+LR_SEARCH_RECORD = "lr_search.json"  # what the sweep's lr search writes in its stage folder
 PER_RUN_COLUMNS = (
     "run_dir", "group", "optimizer", "batch_size", "tokens", "lr", "lr_edge", "val_loss",
     "val_loss_per_byte", "val_loss_sigma", "effective_tokens", "r", "b_crit", "b_crit_low",
@@ -78,13 +82,31 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], str]:
 
 
 FITS_KEYS = ("per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling", "warnings",
-             "online_noise", "consistency", "joint", "summary")
+             "online_noise", "consistency", "joint", "summary", "lr_edge_cells", "lr_search")
 
 
 def fits_document(result: dict, inputs: list[str] | None = None) -> dict:
     """The public fits.json: exactly FITS_KEYS (the inputs are named in report.md, not
     here)."""
     return {k: result["fits"][k] for k in FITS_KEYS}
+
+
+def lr_search_records(runs: list[dict]) -> dict:
+    """The lr searches of the sweep folders the runs lie in (each folder's lr_search.json, as
+    the sweep wrote it: per optimizer and draw the lrs added, why and their tokens), keyed
+    "<folder>: <optimizer and draw>"; empty for runs no search added to (tables, W&B)."""
+    folders = {Path(r["run_dir"]).parent for r in runs if r.get("run_dir")
+               and not r.get("branch_of")}
+    out = {}
+    for folder in sorted(folders):
+        path = folder / LR_SEARCH_RECORD
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for draw, record in sorted(doc.items()):
+            out[f"{folder}: {draw}"] = record
+    return out
 
 
 def write_csv(result: dict, out: Path) -> list[str]:
@@ -154,6 +176,7 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
     draws.add_draw_checks(runs, result)
     result["fits"]["summary"] = summary.sweep_summary(runs, result["fits"]["joint"],
                                                       warnings=result["warnings"])
+    result["fits"]["lr_search"] = lr_search_records(runs)
     left_out = {d["run_dir"] for d in result["left_out"]}
     sweeps: dict[tuple, Counter] = defaultdict(Counter)
     rules: dict[tuple, set] = defaultdict(set)  # (optim.lr_scaling, optim.base_batch_size)
