@@ -161,7 +161,8 @@ def _sweep(cwd: Path, cache_dir: Path, **kw) -> subprocess.Popen:
            "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
            # 12 runs, 36 branches; short runs (the largest batch's smallest branch still has
            # 2 steps after its warmup): what is checked is which runs train, not how well
-           "train.tokens=16384", "train.warmup_steps=2", "grid.batch_sizes='4,8,16'"]
+           "train.tokens=16384", "train.warmup_steps=2", "grid.batch_sizes='4,8,16'",
+           "grid.lr_search=false"]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, **kw)
 
@@ -394,21 +395,55 @@ def test_efficiency_is_the_wall_time_the_runs_would_take_side_by_side_over_the_r
 
 
 @pytest.mark.slow
+def test_the_lr_search_adds_lrs_beyond_an_edge_and_a_rerun_trains_nothing(tmp_path, cache_dir):
+    """A grid far below the optimum (1e-4, 2e-4): every cell's best lr is the highest tried,
+    so round 1 adds 4e-4 to both batches and says why; the record, the report and a rerun
+    (which trains nothing, the rounds found done) agree."""
+    cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
+           "adamw", "--jobs", "2", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
+           "train.tokens=8192", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
+           "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_batch_sizes=4",
+           "grid.lr_search_rounds=2", "grid.lr_search_budget=2.0"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "== lr search round 1: 2 lr(s) added" in proc.stdout
+    assert "batch 4: lr 0.0004, because best lr 0.0002 is the highest lr tried" in proc.stdout
+    folder = tmp_path / "runs/batch/smoke"
+    for batch in (4, 8):
+        added = next(folder.glob(f"*optim.lr=0.0004,*train.batch_size={batch},*"))
+        assert runs.read_config(added)["optim"]["lr"] == 4e-4  # the base lr, as in the name
+    (record,) = json.loads((folder / "lr_search.json").read_text()).values()
+    assert [a["lr"] for a in record["rounds"][0]["added"]] == [4e-4, 4e-4]
+    assert record["search_runs"] == sum(len(r["added"]) for r in record["rounds"]) >= 2
+    fits = json.loads((folder / "report/fits.json").read_text())
+    assert set(fits["lr_edge_cells"]) == {"adamw"} and len(fits["lr_search"]) == 1
+    assert "lr search (`grid.lr_search`)" in (folder / "report/report.md").read_text()
+
+    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "2 lr(s) added (2 trained already)" in again.stdout and "step:" not in again.stdout
+
+
+@pytest.mark.slow
 def test_a_hydra_launcher_takes_the_stages_as_multiruns(tmp_path, cache_dir):
     """ARGS="hydra/launcher=..." (SLURM, submitit, joblib): each stage goes to that launcher as
-    a Hydra multirun, which trains the runs and their branches into the same folders."""
+    a Hydra multirun, which trains the runs and their branches into the same folders; each lr
+    the search adds goes as a multirun of its one job, named as the grid would name it."""
     cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
            "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
            "train.tokens=8192", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
-           "grid.lrs.adamw=4e-3", "hydra/launcher=joblib"]
+           "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_lrs.adamw=2e-4",
+           "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0", "hydra/launcher=joblib"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "--config-name batch" in proc.stdout and "[1/" not in proc.stdout
     # the planner does not time the submitting host for runs the launcher trains elsewhere
     assert "no time estimate: a Hydra launcher" in proc.stdout and "estimated" not in proc.stdout
     mains = sorted(p.parent.name for p in tmp_path.glob("runs/batch/smoke/*/summary.json"))
-    assert len(mains) == 3  # batch 4 and 8, and batch 4 at seed 1
-    assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 9
+    # batch 4 and 8 at two lrs, batch 4 at seed 1, and the lr the search added to each batch
+    assert len(mains) == 7, mains
+    assert sum("optim.lr=0.0004," in name for name in mains) == 2
+    assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 21
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
