@@ -412,6 +412,7 @@ def test_the_lr_search_adds_lrs_beyond_an_edge_and_a_rerun_trains_nothing(tmp_pa
     for batch in (4, 8):
         added = next(folder.glob(f"*optim.lr=0.0004,*train.batch_size={batch},*"))
         assert runs.read_config(added)["optim"]["lr"] == 4e-4  # the base lr, as in the name
+        assert "lr_search" not in added.name  # more search on a rerun reuses these runs
     (record,) = json.loads((folder / "lr_search.json").read_text()).values()
     assert [a["lr"] for a in record["rounds"][0]["added"]] == [4e-4, 4e-4]
     assert record["search_runs"] == sum(len(r["added"]) for r in record["rounds"]) >= 2

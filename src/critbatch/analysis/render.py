@@ -118,11 +118,13 @@ TRAINED_LR = (". The lr cited is the one trained at that batch: `optim.lr` (the 
 # What fixes each kind of warning, by a phrase the warning contains: the override or option
 # to change. `{optimizer}` is filled in when every warning of the kind names one optimizer.
 WARNING_FIXES = (
-    ("best lr on the high edge", "the optimum lies above the grid: add a larger lr to "
-     "`grid.lrs.{optimizer}` (the baseline batch's lrs; 2.5x above the largest keeps the "
-     "grid's spacing)" + TRAINED_LR),
-    ("best lr on the low edge", "the optimum lies below the grid: add a smaller lr to "
-     "`grid.lrs.{optimizer}` (2.5x below the smallest keeps the grid's spacing)" + TRAINED_LR),
+    ("best lr on the high edge", "the optimum lies above the lrs tried: rerun the sweep with "
+     "more lr search (`grid.lr_search_rounds`, `grid.lr_search_budget`; the runs done are "
+     "kept), or add a larger lr to `grid.lrs.{optimizer}` (the baseline batch's lrs, in the "
+     "grid's step)" + TRAINED_LR),
+    ("best lr on the low edge", "the optimum lies below the lrs tried: rerun the sweep with "
+     "more lr search (`grid.lr_search_rounds`, `grid.lr_search_budget`), or add a smaller lr "
+     "to `grid.lrs.{optimizer}` (in the grid's step)" + TRAINED_LR),
     ("warmup steps", "lower `train.warmup_steps`, or drop the smallest fraction from "
      "`grid.branch_budgets` (those cells train too few steps to measure the batch)"),
     ("reaches a lower loss than the baseline", "`--baseline-batch auto` (the most "
