@@ -392,3 +392,18 @@ def test_failed_refits_are_named_without_a_bootstrap_and_a_failed_per_width_fit_
     shared = fit_joint(data)
     test = loss_alone_test(shared, failed_fit(data, True, shared.form, "no"))
     assert test["holds"] is None and math.isnan(test["p_value"])
+
+
+def test_a_repeating_misfit_is_named_by_batch_in_nats():
+    """The draws' check calls a misfit the model's own error: the report says, per batch, how
+    far the measured losses lie from the model (measured minus model, nats/token)."""
+    from critbatch.analysis.joint.report import misfit_by_batch
+
+    def cell(batch, residual, upper=False):
+        return {"width": "w64", "batch_size": batch, "residual_sigmas": residual,
+                "loss_sigma": 0.01, "upper_bound": upper}
+
+    doc = {"cells": [cell(16, 1.0), cell(16, 0.6), cell(32, -1.0), cell(32, -0.2),
+                     cell(32, -5.0, upper=True)]}
+    (text,) = misfit_by_batch(doc)
+    assert text == "batch 16: -0.0080 (0 of 2 above); batch 32: +0.0060 (2 of 2 above)"

@@ -361,6 +361,13 @@ def draws_lines(documents: dict) -> list[str]:
             for doc in documents.values() if (d := doc.get("draws"))]
     if not rows:
         return []
+    missed = [[doc["optimizer"], *misfit_by_batch(doc)] for doc in documents.values()
+              if (doc.get("draws") or {}).get("verdict") == "model error"]
+    shape = ["Where the model misses, for the optimizers whose misfit repeats: the measured "
+             "loss minus the model's, in nats/token, per batch (mean over its budgets; cells "
+             "measured, not bounds; the fit of both draws). A shape the model lacks shows as "
+             "a sign that holds across budgets:", "",
+             *(f"- {opt}: {text}" for opt, text in missed), ""] if missed else []
     return ["Noise or the model's error? The runs hold two draws of the sweep (`grid.seed`), "
             "each fitted alone in the form above. Their losses' difference, cell by cell in "
             "the combined seed sigma, tests the sigmas; the correlation of each cell's "
@@ -369,4 +376,21 @@ def draws_lines(documents: dict) -> list[str]:
             "simulated with the model right (science.md section 8):", "",
             md_table(["optimizer", "draws (grid.seed)", "cells", "chi2/dof of each",
                       "difference chi2 / cells", "p (difference)", "residual correlation r",
-                      "p (r)", "verdict"], rows), ""]
+                      "p (r)", "verdict"], rows), "", *shape]
+
+
+def misfit_by_batch(doc: dict) -> list[str]:
+    """Per width and batch of the joint fit's measured cells: the mean of measured minus
+    predicted loss (nats/token) over its budgets, and how many of them lie above the model,
+    as one line of text."""
+    by_batch: dict[tuple, list[float]] = {}
+    for c in doc.get("cells") or []:
+        if not c["upper_bound"] and c["residual_sigmas"] is not None:
+            # residual_sigmas is (model - measured) / sigma
+            by_batch.setdefault((c["width"], c["batch_size"]), []).append(
+                -c["residual_sigmas"] * c["loss_sigma"])
+    widths = {w for w, _ in by_batch}
+    parts = [(f"{w} " if len(widths) > 1 else "") + f"batch {b}: {sum(v) / len(v):+.4f} "
+             f"({sum(x > 0 for x in v)} of {len(v)} above)"
+             for (w, b), v in sorted(by_batch.items())]
+    return ["; ".join(parts)]
