@@ -57,7 +57,9 @@ def test_cli_end_to_end_writes_every_output(tmp_path):
 
     fits = json.loads((out / "fits.json").read_text())
     assert set(fits) == {"per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling",
-                         "warnings", "online_noise", "consistency", "joint", "summary"}
+                         "warnings", "online_noise", "consistency", "joint", "summary",
+                         "lr_edge_cells", "lr_search"}
+    assert set(fits["lr_edge_cells"]) <= {"adamw", "muon"} and fits["lr_search"] == {}
     assert all(set(r) >= PER_RUN_KEYS for r in fits["per_run"])
     assert all(set(p) >= PARETO_KEYS for p in fits["pareto"]) and fits["pareto"]
     assert fits["kaplan"] and all(set(row) >= KAPLAN_KEYS for row in fits["kaplan"])
