@@ -46,6 +46,14 @@ def test_the_grid_step_and_the_lattice_give_every_draw_the_same_names():
     assert lattice(2.4e-3 * 1.587) == 3.8e-3 and lattice(6e-4 / 1.587) == 3.8e-4
 
 
+def test_budgets_asking_for_one_lr_from_two_sides_get_one_addition():
+    # budget 1 tried 1e-4 (diverged) and 2e-4: wants 4e-4 above; budget 2 tried only 8e-4:
+    # wants 4e-4 below
+    (add,) = additions({1e-4: {1: INF}, 2e-4: {1: 1.0}, 8e-4: {2: 1.0}}, 2.0)
+    assert (add.lr, add.side, add.budgets) == (4e-4, "high+low", (1, 2))
+    assert "the highest lr tried or the lowest lr tried at 2 budget(s)" in add.reason()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from([1e-4, 2e-4, 4e-4, 8e-4, 1.6e-3, 3.2e-3]),
                        st.dictionaries(st.sampled_from([1, 2, 3]),

@@ -26,16 +26,21 @@ class Addition:
 
     lr: float
     side: str  # "low": below the lowest tried; "high": above the highest; "gap": below a
-    # diverged lr, half a step above the best
-    best_lr: float  # the best lr tried at the budgets that ask for it
+    # diverged lr, half a step above the best; sides joined by "+" when budgets that tried
+    # different lrs ask for the same one from different sides
+    best_lr: float  # the best lr tried at the budgets that ask for it (the first's, when
+    # they ask from different sides)
     budgets: tuple[int, ...]  # those budgets (tokens)
 
     def reason(self) -> str:
         """Why this lr is added, in words."""
-        where = {"low": "the lowest lr tried", "high": "the highest lr tried",
-                 "gap": "the highest lr below a diverged one"}[self.side]
+        names = {"low": "the lowest lr tried", "high": "the highest lr tried",
+                 "gap": "the highest lr below a diverged one"}
+        where = " or ".join(names[side] for side in self.side.split("+"))
         budgets = ", ".join(f"{b / 1e6:.3g}M" for b in self.budgets)
-        return (f"best lr {self.best_lr:.3g} is {where} at {len(self.budgets)} budget(s) "
+        best = (f"best lr {self.best_lr:.3g}" if "+" not in self.side
+                else "the best lr (not the same one)")
+        return (f"{best} is {where} at {len(self.budgets)} budget(s) "
                 f"({budgets} tokens)")
 
 
@@ -73,7 +78,7 @@ def additions(losses: dict[float, dict[int, float]], step: float) -> list[Additi
     if not losses:
         return []
     tried_all = sorted(losses)
-    wanted: dict[tuple[float, str], list] = {}
+    wanted: dict[float, list] = {}
     for budget, (best, tried) in best_per_budget(losses).items():
         i = tried.index(best)
         if i == 0:
@@ -87,9 +92,10 @@ def additions(losses: dict[float, dict[int, float]], step: float) -> list[Additi
             lr, side = lattice(math.sqrt(best * above)), "gap"
         if any(math.isclose(lr, t, rel_tol=1e-9) for t in tried_all):
             continue  # tried (at another budget's run), and this budget has no result for it
-        wanted.setdefault((lr, side), []).append((budget, best))
-    return [Addition(lr, side, best_lr=items[0][1], budgets=tuple(b for b, _ in items))
-            for (lr, side), items in sorted(wanted.items())]
+        wanted.setdefault(lr, []).append((budget, best, side))
+    return [Addition(lr, "+".join(sorted({side for _, _, side in items})), best_lr=items[0][1],
+                     budgets=tuple(b for b, _, _ in items))
+            for lr, items in sorted(wanted.items())]
 
 
 def bracketed(losses: dict[float, dict[int, float]]) -> dict[int, bool]:
