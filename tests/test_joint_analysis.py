@@ -407,3 +407,35 @@ def test_a_repeating_misfit_is_named_by_batch_in_nats():
                      cell(32, -5.0, upper=True)]}
     (text,) = misfit_by_batch(doc)
     assert text == "batch 16: -0.0080 (0 of 2 above); batch 32: +0.0060 (2 of 2 above)"
+
+
+def test_seed_blocks_gather_each_seed_s_run_and_branches_by_batch_and_lr():
+    from critbatch.analysis.bcrit.best_lr import seed_blocks
+
+    def run(name, seed, tokens, loss, batch=8, parent=None):
+        return {"run_dir": f"/sweep/{name}", "branch_of": parent, "sweep": "s", "seed": seed,
+                "batch_size": batch, "lr": 1e-3, "tokens": tokens, "val_loss": loss}
+
+    runs = [r for seed in (0, 1, 2) for r in (
+        run(f"b8_s{seed}", seed, 1000, 4.0 + 0.01 * seed),
+        run(f"b8_s{seed}_half", seed, 500, 5.0 + 0.02 * seed, parent=f"b8_s{seed}"))]
+    runs += [run("b16_s0", 0, 1000, 3.9, batch=16),  # one seed: says nothing
+             run("b16_s0_half", 0, 500, 4.9, batch=16, parent="b16_s0"),
+             {**run("b8_nos", None, 1000, 4.2)}]  # no seed (a table row): left out
+    (budgets, losses), = seed_blocks(runs, {1000: 1000, 500: 500})
+    assert budgets == (500, 1000)
+    assert losses.tolist() == [[5.0, 4.0], [5.02, 4.01], [5.04, 4.02]]
+
+
+def test_the_trunk_sharing_used_is_in_fits_json_and_the_report(sweep):
+    """The planted sweep seeds only its baseline's 3 lrs at 2 seeds (3 dof): too few to
+    measure, so the model assumes SHARED_FRACTION and says so."""
+    from critbatch.analysis.joint.report import sharing_lines
+    from critbatch.science.joint import SHARED_FRACTION
+
+    _, result = sweep
+    for doc in result["fits"]["joint"].values():
+        assert doc["trunk_sharing"] == {"fraction": SHARED_FRACTION, "source": "assumed",
+                                        "dof": 0, "trunks": 0, "budget_pairs": 0}
+    text = "\n".join(sharing_lines(result["fits"]["joint"]))
+    assert "assumed: too few trunks" in text and "| 0.50 |" in text

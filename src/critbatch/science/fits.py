@@ -392,3 +392,68 @@ def fit_noise_split(samples: dict, p_keep: float = NOISE_TREND_P) -> NoiseSplit:
     df = sum(n_params(t) for t in own.values()) - n_params(pooled)
     p = float(chi2.sf(max(gain, 0.0), df)) if df > 0 else 1.0
     return NoiseSplit(pooled, own if p < p_keep else {}, p)
+
+
+# A trunk's shared share of the seed noise (`trunk_sharing`): estimated only from this many
+# seed degrees of freedom up, else the joint model assumes SHARED_FRACTION (science.joint);
+# never above MAX_SHARING (a fully shared noise would leave a trunk one measurement)
+MIN_SHARING_DOF = 6
+MAX_SHARING = 0.95
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How much of one run's loss noise its cooldown branches share: the correlation of a
+    seed's loss deviations between two budgets of one trunk, averaged over the budget pairs."""
+
+    fraction: float  # in [0, MAX_SHARING]
+    dof: int  # seed degrees of freedom pooled (seeds - 1, summed over the seeded trunks)
+    trunks: int  # (batch, lr) trunks trained at several seeds
+    pairs: int  # budget pairs averaged
+
+    def as_dict(self) -> dict:
+        return {"fraction": self.fraction, "dof": self.dof, "trunks": self.trunks,
+                "pairs": self.pairs}
+
+
+def trunk_sharing(blocks: list[tuple[tuple, np.ndarray]]) -> Sharing | None:
+    """The shared fraction of the seed noise along a trunk (a run and its cooldown branches),
+    from trunks trained at several seeds: `blocks` holds per (batch, lr) its budgets and a
+    seeds x budgets array of final losses (nats/token), one row per seed (the run and its
+    branches). Each block's deviations from its seeds' mean are scaled by the block's own
+    unshared sd, so an unstable lr's large scatter does not outweigh the rest; then per
+    budget pair the pooled correlation, and their mean. With the noise
+    z = sqrt(s) u_trunk + sqrt(1 - s) e_cell (`science.joint.draw_losses`) every pair's
+    correlation is s. None below
+    MIN_SHARING_DOF degrees of freedom or without a budget pair."""
+    products: dict[tuple, float] = {}
+    squares: dict[tuple, list[float]] = {}
+    dof = trunks = 0
+    for budgets, losses in blocks:
+        m = np.asarray(losses, dtype=float)
+        if m.ndim != 2 or m.shape[0] < 2 or m.shape[1] < 2 or not np.isfinite(m).all():
+            continue
+        d = m - m.mean(axis=0)
+        # the block's scale from what its trunks do not share (each seed's deviations about
+        # their own mean over the budgets): a scale from all of it would shrink the blocks
+        # whose seeds drew a large shared part, and with it the estimate (to 0.38 for 0.5);
+        # where they share all of it, the whole sd
+        within = d - d.mean(axis=1, keepdims=True)
+        scale = (math.sqrt(float(np.sum(within**2)) / ((m.shape[0] - 1) * (m.shape[1] - 1)))
+                 or math.sqrt(float(np.sum(d**2)) / ((m.shape[0] - 1) * m.shape[1])))
+        if scale == 0:
+            continue
+        d /= scale
+        dof, trunks = dof + m.shape[0] - 1, trunks + 1
+        for i in range(len(budgets)):
+            for j in range(i + 1, len(budgets)):
+                key = (budgets[i], budgets[j])
+                products[key] = products.get(key, 0.0) + float(d[:, i] @ d[:, j])
+                sq = squares.setdefault(key, [0.0, 0.0])
+                sq[0] += float(d[:, i] @ d[:, i])
+                sq[1] += float(d[:, j] @ d[:, j])
+    r = [products[k] / math.sqrt(a * b) for k, (a, b) in squares.items() if a > 0 and b > 0]
+    if dof < MIN_SHARING_DOF or not r:
+        return None
+    return Sharing(fraction=float(np.clip(np.mean(r), 0.0, MAX_SHARING)), dof=dof,
+                   trunks=trunks, pairs=len(r))

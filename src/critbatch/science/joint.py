@@ -22,8 +22,9 @@ only where a likelihood-ratio test says the data demand it (`select_form`):
   0.53-0.63 (docs/results/cpu.md). p and gamma trade against each other over a short loss range:
   both stretch the batch axis of E/E_min, so with p free the exponent's interval widens.
 
-The noise of a cell's loss is its sigma, a share (SHARED_FRACTION) of its variance drawn once
-per trunk, since a run and its cooldown branches see the same data order (`draw_losses`),
+The noise of a cell's loss is its sigma, a share (`JointData.shared`: measured from trunks
+trained at several seeds where there are enough, else SHARED_FRACTION) of its variance drawn
+once per trunk, since a run and its cooldown branches see the same data order (`draw_losses`),
 scaled up by sqrt(chi2/dof) where the model misfits (`noise_scale`). Fitted in
 science/joint_fit.py; which terms the data demand, the loss-alone test, the bootstrap and
 the spread of predictions in science/joint_inference.py; worlds planted from known
@@ -38,7 +39,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 E_REF = 1e6  # tokens: E_min is measured in units of this inside the curve (conditioning)
-SHARED_FRACTION = 0.5  # of a cell's loss variance drawn once per trunk (branches share data)
+# of a cell's loss variance drawn once per trunk (branches share data), where the seeds do not
+# measure it: the cpu batch sweep's two draws measured 0.59 (AdamW) and 0.26 (Muon)
+SHARED_FRACTION = 0.5
 NEWTON_STEPS_FIT = 3
 L_N_FLOOR = -30.0  # nats/token: L_N is a curve parameter here, free to fall below 0 (see fit_joint)
 CONFIDENCE = 0.95
@@ -115,6 +118,9 @@ class JointData:
     # known). None: every sigma is taken as known
     noise_group: np.ndarray | None = None
     noise_dof: np.ndarray | None = None
+    # the share of a cell's loss variance drawn once per trunk (`draw_losses`): measured from
+    # trunks trained at several seeds (`science.fits.trunk_sharing`), else SHARED_FRACTION
+    shared: float = SHARED_FRACTION
 
     def __post_init__(self):
         if self.upper is None:
@@ -122,7 +128,7 @@ class JointData:
 
     @staticmethod
     def build(width, batch, tokens, loss, sigma, unit, widths=None, upper=None,
-              noise_group=None, noise_dof=None) -> JointData:
+              noise_group=None, noise_dof=None, shared: float = SHARED_FRACTION) -> JointData:
         width = np.asarray(width)
         labels = tuple(widths) if widths is not None else tuple(sorted(set(width.tolist())))
         index = {w: i for i, w in enumerate(labels)}
@@ -134,7 +140,8 @@ class JointData:
             unit=np.array([units[u] for u in np.asarray(unit).tolist()], dtype=int),
             widths=labels, upper=None if upper is None else np.asarray(upper, dtype=bool),
             noise_group=None if noise_group is None else np.asarray(noise_group, dtype=int),
-            noise_dof=None if noise_dof is None else np.asarray(noise_dof, dtype=float))
+            noise_dof=None if noise_dof is None else np.asarray(noise_dof, dtype=float),
+            shared=float(shared))
 
     def __len__(self) -> int:
         return len(self.loss)
@@ -150,7 +157,7 @@ class JointData:
 
         return JointData(self.width[keep], self.batch[keep], self.tokens[keep], self.loss[keep],
                          self.sigma[keep], self.unit[keep], self.widths, self.upper[keep],
-                         pick(self.noise_group), pick(self.noise_dof))
+                         pick(self.noise_group), pick(self.noise_dof), self.shared)
 
     def with_loss(self, loss: np.ndarray) -> JointData:
         return replace(self, loss=np.asarray(loss, float))
@@ -347,11 +354,12 @@ def noise_scale(fit: JointFit) -> float:
 
 
 def draw_losses(rng: np.random.Generator, data: JointData, center: np.ndarray,
-                scale: float = 1.0, shared: float = SHARED_FRACTION,
+                scale: float = 1.0, shared: float | None = None,
                 sigma: np.ndarray | None = None) -> np.ndarray:
     """`center` plus each cell's noise (`sigma`, default `data.sigma`): a draw per trunk
-    (`shared` of the variance, the same for a run and its branches) and one per cell (the
-    rest)."""
+    (`shared` of the variance, default `data.shared`, the same for a run and its branches)
+    and one per cell (the rest)."""
+    shared = data.shared if shared is None else shared
     per_unit = rng.standard_normal(int(data.unit.max()) + 1)[data.unit]
     own = rng.standard_normal(len(data))
     z = math.sqrt(shared) * per_unit + math.sqrt(1 - shared) * own

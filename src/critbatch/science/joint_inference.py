@@ -22,7 +22,6 @@ import numpy as np
 from critbatch.science.joint import (
     CONFIDENCE,
     REFIT_FTOL,
-    SHARED_FRACTION,
     TERM_TEST_DRAWS,
     TERM_TEST_LEVEL,
     Form,
@@ -109,7 +108,7 @@ def model_center(data: JointData, fit: JointFit) -> np.ndarray:
 
 
 def redrawn_data(data: JointData, fit: JointFit, resamples: int, seed: int,
-                 shared: float = SHARED_FRACTION, scale: float | None = None):
+                 shared: float | None = None, scale: float | None = None):
     """`resamples` copies of `data`, every cell's loss redrawn around the fit's prediction
     (`draw_losses`, noise scaled by `scale`, default `noise_scale(fit)`; an upper bound
     stays at least its bound; where the sigmas are estimates, each draw with sigmas as the
@@ -123,7 +122,7 @@ def redrawn_data(data: JointData, fit: JointFit, resamples: int, seed: int,
 
 
 def redrawn_refits(data: JointData, fit: JointFit, resamples: int, seed: int,
-                   shared: float = SHARED_FRACTION):
+                   shared: float | None = None):
     """The parametric bootstrap's refits: `redrawn_data`, each refitted from the fit's
     parameters, weighted by the stated sigmas as the fit was; every refit, converged or not
     (`converged` tells: callers count the others)."""
@@ -188,7 +187,7 @@ class Bootstrap:
 
 def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: int = 0,
                     confidence: float = CONFIDENCE,
-                    shared: float = SHARED_FRACTION) -> Bootstrap:
+                    shared: float | None = None) -> Bootstrap:
     """The central `confidence` percentiles of gamma and B_star (the shared law, or the first
     width's) over `redrawn_refits`. None for a fit on gamma's bound: a percentile interval
     cut by the bound is no interval, and such refits run to their evaluation limit."""
@@ -211,7 +210,8 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     label = (f"{confidence:.0%} parametric bootstrap: every cell's loss redrawn with its seed "
              f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}"
              f"{' (each noise estimate redrawn from its degrees of freedom)' if estimated else ''}"
-             f", a trunk and its branches sharing {shared:.0%} of the variance, refitted "
+             f", a trunk and its branches sharing "
+             f"{data.shared if shared is None else shared:.0%} of the variance, refitted "
              f"{len(gammas)} times" + (f" ({failed} refits failed)" if failed else ""))
     if len(gammas) < max(10, resamples // 2):
         return Bootstrap(None, None, None, None, len(gammas), scale, np.array(gammas),
@@ -225,7 +225,7 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
 
 def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,
                       resamples: int = 40, seed: int = 0,
-                      shared: float = SHARED_FRACTION) -> np.ndarray:
+                      shared: float | None = None) -> np.ndarray:
     """Standard deviation of the loss `fit` predicts at (width, batch, tokens) over a
     parametric bootstrap of `fit` on `data` (`bootstrap_joint`'s draws): the prediction's
     own uncertainty, beside the seed noise of the cells it is compared with. NaN where fewer

@@ -71,7 +71,7 @@ def planted_world(world: PlantedWorld, batches=(8, 16, 32, 64, 128), budget: flo
         [width[i[0]] for i in order], [batch[i[0]] for i in order],
         [tokens[i[0]] for i in order], [float(np.mean(noisy[i])) for i in order],
         [run_sigma[i[0]] / math.sqrt(len(i)) for i in order],
-        [units[i[0]] for i in order], widths=tuple(range(len(world.l_inf))))
+        [units[i[0]] for i in order], widths=tuple(range(len(world.l_inf))), shared=shared)
     if not with_seed_samples:
         return data
     samples: dict[int, dict[int, tuple[list, list, list]]] = {}

@@ -42,7 +42,6 @@ from critbatch.science.joint import (
     PLAIN,
     POWER_BOUNDS,
     REFIT_FTOL,
-    SHARED_FRACTION,
     Form,
     JointData,
     JointFit,
@@ -296,9 +295,10 @@ def noise_scale(fit: ScalingFit) -> float:
 
 
 def bootstrap_scaling(data: JointData, sizes, fit: ScalingFit, resamples: int = 100,
-                      seed: int = 0, shared: float = SHARED_FRACTION) -> list[ScalingFit]:
+                      seed: int = 0, shared: float | None = None) -> list[ScalingFit]:
     """Refits of the law on losses redrawn around its predictions with the cells' noise
-    (x `noise_scale`; a trunk and its branches share `shared` of the variance), each started
+    (x `noise_scale`; a trunk and its branches share `shared` of the variance, default
+    `data.shared`), each started
     from `fit`; the converged ones."""
     sizes = np.asarray(sizes, float)
     rng = np.random.default_rng(seed)

@@ -30,7 +30,6 @@ import numpy as np
 
 from critbatch.science.joint import (
     PLAIN,
-    SHARED_FRACTION,
     Form,
     JointData,
     JointFit,
@@ -129,7 +128,7 @@ def usable(fit: JointFit) -> bool:
 
 def check_draws(first: JointData, second: JointData, pairs: tuple[np.ndarray, np.ndarray],
                 form: Form, simulations: int = SIMULATIONS, seed: int = 0,
-                shared: float = SHARED_FRACTION) -> DrawCheck:
+                shared: float | None = None) -> DrawCheck:
     """The two draws' check (module docstring): each fitted alone in `form`, then
     `simulations` pairs of draws simulated from those fits, refitted from them. Raises
     ValueError where it cannot be made: under 3 shared cells measured (not bounds) in both,

@@ -46,6 +46,7 @@ from critbatch.analysis.bcrit.best_lr import (
     best_lr_cells,
     group_key,
     group_name,
+    seed_blocks,
     seed_scatter,
     split_runs,
 )
@@ -417,6 +418,7 @@ def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batc
          "baseline": None, "per_run": [], "pareto": [], "lr_scaling": None,
          "seed_scatter": scatter[0] if scatter else None,
          "seed_scatter_dof": scatter[1] if scatter else 0,
+         "seed_blocks": seed_blocks(members, budgets),
          "sweep": Counter(r["sweep"] for r in members).most_common(1)[0][0]}
     if len(batches) < 2:
         warnings.append(f"{name}: one batch size only ({batches[0]}); B_crit needs several: "
@@ -485,7 +487,7 @@ def target_frontiers(targets: list[dict], out_groups: list[dict], warnings: list
                 "key": dict(zip(GROUP_KEYS, key, strict=True)), "name": name, "cells": [],
                 "n_runs": 0, "batch_sizes": [], "budgets": [], "baseline_batch": None,
                 "baseline": None, "per_run": [], "pareto": [], "lr_scaling": None,
-                "seed_scatter": None, "seed_scatter_dof": 0,
+                "seed_scatter": None, "seed_scatter_dof": 0, "seed_blocks": [],
                 "sweep": Counter(p["sweep"] for pts in by_target.values()
                                  for p in pts).most_common(1)[0][0]}
             out_groups.append(g)

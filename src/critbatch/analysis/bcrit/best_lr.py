@@ -171,6 +171,31 @@ def trunks(runs: list[dict]) -> dict[str, str]:
     return out
 
 
+def seed_blocks(runs: list[dict], budgets: dict[int, int]) -> list[tuple[tuple, np.ndarray]]:
+    """Per (batch size, lr) trained at several seeds, each seed a trunk (a run and its cooldown
+    branches): the nominal budgets every such trunk reached, and the seeds x budgets array of
+    their losses (nats/token), as `science.fits.trunk_sharing` reads them. Runs without a
+    seed, and trunks of one budget, say nothing of the sharing and are left out."""
+    trunk = trunks(runs)
+    by_trunk: dict[str, dict[int, float]] = defaultdict(dict)
+    where: dict[str, tuple] = {}
+    for run in runs:
+        if run.get("seed") is None:
+            continue
+        by_trunk[trunk[run["run_dir"]]][budgets[run["tokens"]]] = float(run["val_loss"])
+        where[trunk[run["run_dir"]]] = (run["batch_size"], float(run["lr"]))
+    families: dict[tuple, list[dict[int, float]]] = defaultdict(list)
+    for name, losses in by_trunk.items():
+        if len(losses) >= 2:
+            families[where[name]].append(losses)
+    blocks = []
+    for _, members in sorted(families.items()):
+        common = sorted(set.intersection(*(set(m) for m in members)))
+        if len(members) >= 2 and len(common) >= 2:
+            blocks.append((tuple(common), np.array([[m[b] for b in common] for m in members])))
+    return blocks
+
+
 def seed_scatter(runs: list[dict], budgets: dict[int, int]) -> tuple[float, int] | None:
     """(standard deviation of one run's final loss, degrees of freedom), pooled over the
     (batch, budget) cells whose best grid lr (lowest mean loss) was trained at several seeds;

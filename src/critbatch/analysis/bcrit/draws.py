@@ -76,21 +76,25 @@ def draw_groups(runs: list[dict], keys: list[dict]
     return dict(by_draw), dict(shared)
 
 
-def draw_data(groups: list[dict]) -> tuple[JointData, list[tuple]] | None:
+def draw_data(groups: list[dict], shared: float | None = None
+              ) -> tuple[JointData, list[tuple]] | None:
     """(JointData, the cells' keys (width, batch, budget)) of one draw's groups, or None
-    with fewer than MIN_CELLS usable cells (`analysis.joint.model_data`)."""
-    used, _, _, data = model_data(groups)
+    with fewer than MIN_CELLS usable cells (`analysis.joint.model_data`; `shared` as there)."""
+    used, _, _, data = model_data(groups, shared)
     if data is None:
         return None
     return data, [(width_label(g["key"]), c.batch_size, c.budget) for g, c, _ in used]
 
 
-def draws_document(draws: dict[int, list[dict]], optimizer: str, form: Form) -> dict | None:
+def draws_document(draws: dict[int, list[dict]], optimizer: str, form: Form,
+                   shared: float | None = None) -> dict | None:
     """fits.json `joint.<optimizer>.draws`: the first two draws with enough cells compared
-    (`check_draws`), or None where fewer than two have them. Raises ValueError where the
-    check cannot be made (`check_draws`)."""
+    (`check_draws`), or None where fewer than two have them; `shared`: the share of the
+    noise a trunk shares, as the joint model of all draws measured it. Raises ValueError
+    where the check cannot be made (`check_draws`)."""
     found = [(d, got) for d, groups in draws.items()
-             if (got := draw_data([g for g in groups if g["key"]["optimizer"] == optimizer]))]
+             if (got := draw_data([g for g in groups if g["key"]["optimizer"] == optimizer],
+                                  shared))]
     if len(found) < 2:
         return None
     (d1, (first, keys1)), (d2, (second, keys2)) = found[:2]
@@ -123,7 +127,8 @@ def add_draw_checks(runs: list[dict], result: dict) -> None:
         form = Form(small_batch=doc.get("b_small") is not None,
                     power=doc.get("transition_power") is not None)
         try:
-            doc["draws"] = draws_document(draws, optimizer, form)
+            doc["draws"] = draws_document(draws, optimizer, form,
+                                          (doc.get("trunk_sharing") or {}).get("fraction"))
         except ValueError as e:
             warnings.append(f"joint model ({optimizer}), two draws: not compared: {e}")
             continue

@@ -27,7 +27,7 @@ from collections import Counter
 
 import numpy as np
 
-from critbatch.science.fits import NoiseSplit, fit_noise_split
+from critbatch.science.fits import NoiseSplit, Sharing, fit_noise_split, trunk_sharing
 from critbatch.science.joint import (
     SHARED_FRACTION,
     Form,
@@ -122,13 +122,28 @@ def seed_noise(group: dict) -> NoiseSplit | None:
     return fit_noise_split(samples) if samples else None
 
 
-def noise_rows(width: str, split: NoiseSplit) -> list[dict]:
+def sharing_of(groups: list[dict]) -> tuple[Sharing | None, float]:
+    """(the measured share of the seed noise a trunk's cells share, `science.fits.trunk_sharing`
+    over the groups' seeded trunks, or None; the share the model uses: that, else
+    SHARED_FRACTION)."""
+    sharing = trunk_sharing([b for g in groups for b in g.get("seed_blocks", [])])
+    return sharing, SHARED_FRACTION if sharing is None else sharing.fraction
+
+
+def sharing_document(sharing: Sharing | None, shared: float) -> dict:
+    """fits.json `joint.<optimizer>.trunk_sharing`: the share used and where it came from."""
+    return {"fraction": shared, "source": "assumed" if sharing is None else "seeds",
+            "dof": sharing.dof if sharing else 0, "trunks": sharing.trunks if sharing else 0,
+            "budget_pairs": sharing.pairs if sharing else 0}
+
+
+def noise_rows(width: str, split: NoiseSplit, shared: float = SHARED_FRACTION) -> list[dict]:
     """fits.json's seed-noise rows of one group: the pooled trend (batch_size None) and, where
     the batches differ, each batch's (`batches_differ_p`: the test's p, on every row;
     `budgets` and `effective_dof`: what the bootstrap redraws the estimate from)."""
     rows = [(None, split.pooled)] + sorted(split.by_key.items())
     return [{"width": width, "batch_size": b, **t.as_dict(), "budgets": t.budgets,
-             "effective_dof": t.effective_dof(SHARED_FRACTION),
+             "effective_dof": t.effective_dof(shared),
              "batches_differ_p": split.p_value} for b, t in rows]
 
 
@@ -159,9 +174,11 @@ def cells_of(groups: list[dict], trends: list[NoiseSplit | None] | None = None
     return used, [f"{n} cell(s): {why}" for why, n in sorted(notes.items())]
 
 
-def build_data(used: list[tuple], noise: tuple[list, list] | None = None) -> JointData:
+def build_data(used: list[tuple], noise: tuple[list, list] | None = None,
+               shared: float = SHARED_FRACTION) -> JointData:
     """The model's cells; widths indexed narrowest first (the held-out set is the widest).
-    `noise`: `noise_sources`, where the sigmas are estimates the bootstrap should redraw."""
+    `noise`: `noise_sources`, where the sigmas are estimates the bootstrap should redraw;
+    `shared`: the share of a cell's noise its trunk shares (`sharing_of`)."""
     ordered = sorted(used, key=lambda u: width_order(u[0]["key"]))
     return JointData.build(
         [width_label(g["key"]) for g, _, _ in used], [c.batch_size for _, c, _ in used],
@@ -170,11 +187,11 @@ def build_data(used: list[tuple], noise: tuple[list, list] | None = None) -> Joi
         widths=tuple(dict.fromkeys(width_label(g["key"]) for g, _, _ in ordered)),
         upper=[upper_bound(c) for _, c, _ in used],
         noise_group=None if noise is None else noise[0],
-        noise_dof=None if noise is None else noise[1])
+        noise_dof=None if noise is None else noise[1], shared=shared)
 
 
-def noise_sources(used: list[tuple], groups: list[dict], trends: list[NoiseSplit | None]
-                  ) -> tuple[list[int], list[float]]:
+def noise_sources(used: list[tuple], groups: list[dict], trends: list[NoiseSplit | None],
+                  shared: float = SHARED_FRACTION) -> tuple[list[int], list[float]]:
     """Per used cell, which seed-noise estimate its sigma comes from (an int: its group's
     pooled trend or its batch's) and that estimate's effective degrees of freedom
     (`NoiseTrend.effective_dof`; inf where the sigma is the cell's own, not a trend's)."""
@@ -189,7 +206,7 @@ def noise_sources(used: list[tuple], groups: list[dict], trends: list[NoiseSplit
         else:
             trend = split.trend(c.batch_size)
             key = (i, c.batch_size if trend is not split.pooled else None)
-            nu = trend.effective_dof(SHARED_FRACTION)
+            nu = trend.effective_dof(shared)
         group.append(sources.setdefault(key, len(sources)))
         dof.append(nu)
     return group, dof
@@ -428,14 +445,18 @@ def decide(doc: dict) -> dict:
     return {"verdict": UNRESOLVED if reasons else RESOLVED, "reasons": reasons}
 
 
-def model_data(groups: list[dict]) -> tuple[list[tuple], list, list[str], JointData | None]:
+def model_data(groups: list[dict], shared: float | None = None
+               ) -> tuple[list[tuple], list, list[str], JointData | None]:
     """The model's input from one optimizer's comparable groups: (the usable (group, cell,
     sigma) triples, each group's `seed_noise`, why other cells are not usable, and the
-    JointData with its noise sources, None below MIN_CELLS usable cells)."""
+    JointData with its noise sources, None below MIN_CELLS usable cells). `shared`: the
+    share of the noise a trunk shares, default measured from the groups (`sharing_of`)."""
+    if shared is None:
+        shared = sharing_of(groups)[1]
     trends = [seed_noise(g) for g in groups]
     used, notes = cells_of(groups, trends)
-    data = (build_data(used, noise_sources(used, groups, trends)) if len(used) >= MIN_CELLS
-            else None)
+    data = (build_data(used, noise_sources(used, groups, trends, shared), shared)
+            if len(used) >= MIN_CELLS else None)
     return used, trends, notes, data
 
 
@@ -460,7 +481,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
     """({optimizer: the joint model's document}, its Kaplan rows: method `joint`)."""
     documents, rows = {}, []
     for optimizer, mine in comparable_groups(groups).items():
-        used, trends, notes, data = model_data(mine)
+        sharing, shared = sharing_of(mine)
+        used, trends, notes, data = model_data(mine, shared)
         if data is None:
             warnings.append(f"joint model ({optimizer}): {len(used)} usable cells, it needs "
                             f"{MIN_CELLS}" + (f" ({'; '.join(notes)})" if notes else "")
@@ -507,7 +529,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
             else interval["b_star_high"] * seq_len,
             "log_loss_span": float(np.ptp(np.log(data.loss))),
             "seed_noise": [row for g, trend in zip(mine, trends, strict=True) if trend
-                           for row in noise_rows(width_label(g["key"]), trend)],
+                           for row in noise_rows(width_label(g["key"]), trend, shared)],
+            "trunk_sharing": sharing_document(sharing, shared),
             "curves": [{"width": w, "l_inf": float(fit.l_inf[i]), "a": float(fit.a[i]),
                         "alpha": float(fit.alpha[i]), "e_ref_tokens": 1e6}
                        for i, w in enumerate(data.widths)],

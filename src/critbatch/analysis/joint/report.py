@@ -119,6 +119,30 @@ def range_summary(doc: dict) -> str:
     return f"{check['exponent']:.2f} ({check['n_cells']} cells left out)"
 
 
+def sharing_lines(documents: dict) -> list[str]:
+    """How much of one run's noise its cooldown branches share, per optimizer: measured from
+    the trunks trained at several seeds, or assumed (fits.json joint.<optimizer>.trunk_sharing;
+    absent in a fits.json from before it was measured)."""
+    rows = []
+    for doc in documents.values():
+        s = doc.get("trunk_sharing")
+        if not s:
+            continue
+        rows.append([doc["optimizer"], f"{s['fraction']:.2f}",
+                     (f"measured: {s['trunks']} (batch, lr) trunks at several seeds, "
+                      f"{s['dof']} seed dof, {s['budget_pairs']} budget pairs")
+                     if s["source"] == "seeds" else
+                     "assumed: too few trunks trained at several seeds to measure it"])
+    if not rows:
+        return []
+    return ["A trunk's shared noise: the correlation of one seed's loss deviations between two "
+            "budgets of its run and branches (each (batch, lr)'s deviations from its seeds' "
+            "mean scaled by their own sd, pooled per budget pair, averaged over the pairs). "
+            "The bootstrap, the term tests and the two draws' check redraw that share of "
+            "each cell's noise once per trunk:", "",
+            md_table(["optimizer", "shared share of the variance", "source"], rows), ""]
+
+
 def joint_section(documents: dict) -> list[str]:
     """The section: fit table, loss-alone test, curves, held-out cells."""
     lines = ["## The joint model", "",
@@ -137,8 +161,9 @@ def joint_section(documents: dict) -> list[str]:
              "steps are left out; a cell whose best lr is on the grid's edge counts as an "
              "upper bound (a one-sided residual: only a prediction above it costs). "
              "Interval: 95% parametric bootstrap (every loss redrawn around the model with "
-             "its seed noise, a run and its cooldown branches sharing "
-             "half the variance, widened by sqrt(chi2/dof) when the model misfits; each "
+             "its seed noise, a run and its cooldown branches sharing the part of the "
+             "variance the seeds measure (below; half where they cannot), widened by "
+             "sqrt(chi2/dof) when the model misfits; each "
              "draw first redraws every seed-noise estimate from its effective degrees of "
              "freedom, since a few seeds pin a sigma only to within 0.6-1.4x). The "
              "loss-alone test compares the shared law against one law per width "
@@ -220,6 +245,7 @@ def joint_section(documents: dict) -> list[str]:
                   md_table(["optimizer", "width", "batch (seq)", "sd_ref (nats/token)",
                             "E_ref (tokens)", "slope", "dof", "effective dof", "p (slope 0)"],
                            noise), ""]
+    lines += sharing_lines(documents)
     curves = [[doc["optimizer"], c["width"], f"{c['l_inf']:.3f}", f"{c['a']:.3f}",
                f"{c['alpha']:.3f}"] for doc in documents.values() for c in doc["curves"]]
     lines += ["Example curves (L = L_N + A (E_min / 1e6 tokens)^-alpha; nats/token):", "",
