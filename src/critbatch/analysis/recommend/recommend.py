@@ -21,13 +21,20 @@ import numpy as np
 from critbatch.analysis.bcrit.best_lr import (
     BUDGET_TOLERANCE,
     best_lr_cells,
+    seed_blocks,
     seed_scatter,
     split_runs,
 )
-from critbatch.analysis.joint.joint import MIN_CELLS, NOMINAL_SIGMA, seed_noise, upper_bound
+from critbatch.analysis.joint.joint import (
+    MIN_CELLS,
+    NOMINAL_SIGMA,
+    seed_noise,
+    sharing_of,
+    upper_bound,
+)
 from critbatch.results.errors import ResultsError
 from critbatch.science.fits import nominal_budgets
-from critbatch.science.joint import JointData
+from critbatch.science.joint import SHARED_FRACTION, JointData
 from critbatch.science.joint_inference import select_form
 from critbatch.science.model_size import param_count
 from critbatch.science.recommend import (
@@ -63,6 +70,9 @@ class SizedSweep:
     depth: int | None  # the sweep's depth (for --width), when one
     notes: list[str] = field(default_factory=list)
     beta2_rule: dict | None = None  # `beta2_rule` of its runs
+    # the share of a cell's noise its trunk shares, measured from the seeds where they can
+    # (`analysis.joint.joint.sharing_of`), else science.joint.SHARED_FRACTION
+    shared: float = SHARED_FRACTION
 
     @property
     def sizes(self) -> list[float]:
@@ -79,7 +89,8 @@ class SizedSweep:
                                [self.cells[i].loss for i in picked],
                                [self.sigma[i] for i in picked],
                                [self.cells[i].trunk for i in picked], widths=tuple(sizes),
-                               upper=[upper_bound(self.cells[i]) for i in picked])
+                               upper=[upper_bound(self.cells[i]) for i in picked],
+                               shared=self.shared)
         return data, np.array(sizes, float)
 
 
@@ -174,6 +185,8 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
         if not sweep.cells:
             continue
         sweep.beta2_rule = beta2_rule([r for m in corpora[corpus] for r in m])
+        sweep.shared = sharing_of([{"seed_blocks": seed_blocks(m, nominal_budgets(
+            [r["tokens"] for r in m], BUDGET_TOLERANCE))} for m in corpora[corpus]])[1]
         if not any(math.isfinite(s) for s in sweep.sigma):
             warnings.append(f"{optimizer}: no run was repeated at another seed, so the loss "
                             "noise is unknown: every cell weighs the same and the intervals "
