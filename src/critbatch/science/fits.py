@@ -422,7 +422,8 @@ def trunk_sharing(blocks: list[tuple[tuple, np.ndarray]]) -> Sharing | None:
     seeds x budgets array of final losses (nats/token), one row per seed (the run and its
     branches). Each block's deviations from its seeds' mean are scaled by the block's own
     unshared sd, so an unstable lr's large scatter does not outweigh the rest; then per
-    budget pair the pooled correlation, and their mean. With the noise
+    budget pair (budgets named by their share of the block's largest) the pooled correlation,
+    and their mean. With the noise
     z = sqrt(s) u_trunk + sqrt(1 - s) e_cell (`science.joint.draw_losses`) every pair's
     correlation is s. None below
     MIN_SHARING_DOF degrees of freedom or without a budget pair."""
@@ -445,9 +446,12 @@ def trunk_sharing(blocks: list[tuple[tuple, np.ndarray]]) -> Sharing | None:
             continue
         d /= scale
         dof, trunks = dof + m.shape[0] - 1, trunks + 1
+        # a budget is named by its share of the block's largest: one batch's 1/8 of the
+        # budget is another's (their tokens differ by the step's rounding)
+        share = [round(b / max(budgets), 2) for b in budgets]
         for i in range(len(budgets)):
             for j in range(i + 1, len(budgets)):
-                key = (budgets[i], budgets[j])
+                key = (share[i], share[j])
                 products[key] = products.get(key, 0.0) + float(d[:, i] @ d[:, j])
                 sq = squares.setdefault(key, [0.0, 0.0])
                 sq[0] += float(d[:, i] @ d[:, i])

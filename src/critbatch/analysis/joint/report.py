@@ -129,7 +129,7 @@ def sharing_lines(documents: dict) -> list[str]:
         if not s:
             continue
         rows.append([doc["optimizer"], f"{s['fraction']:.2f}",
-                     (f"measured: {s['trunks']} (batch, lr) trunks at several seeds, "
+                     (f"measured: {s['trunks']} (batch, lr) trained at several seeds, "
                       f"{s['dof']} seed dof, {s['budget_pairs']} budget pairs")
                      if s["source"] == "seeds" else
                      "assumed: too few trunks trained at several seeds to measure it"])
@@ -137,10 +137,11 @@ def sharing_lines(documents: dict) -> list[str]:
         return []
     return ["A trunk's shared noise: the correlation of one seed's loss deviations between two "
             "budgets of its run and branches (each (batch, lr)'s deviations from its seeds' "
-            "mean scaled by their own sd, pooled per budget pair, averaged over the pairs). "
+            "mean scaled by their own unshared sd, pooled per budget pair, averaged over the "
+            "pairs). "
             "The bootstrap, the term tests and the two draws' check redraw that share of "
             "each cell's noise once per trunk:", "",
-            md_table(["optimizer", "shared share of the variance", "source"], rows), ""]
+            md_table(["optimizer", "share of the variance shared", "source"], rows), ""]
 
 
 def joint_section(documents: dict) -> list[str]:
