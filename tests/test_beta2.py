@@ -7,7 +7,7 @@ import torch
 
 from critbatch.orchestration.stages import plan_stage
 from critbatch.results.errors import ConfigError
-from critbatch.science.rules import beta2_half_life_tokens
+from critbatch.science.rules import decay_half_life_tokens
 from critbatch.training.cli import check_overrides
 from critbatch.training.config import OptimConfig
 from critbatch.training.model import GPT
@@ -16,7 +16,7 @@ from critbatch.training.optim import build_optimizers, used_beta2
 
 def test_the_half_life_in_tokens_is_the_same_at_every_batch():
     optim = OptimConfig(beta2=0.999, beta2_scaling="tokens", base_batch_size=8)
-    halves = [beta2_half_life_tokens(used_beta2(optim, b), b, 64) for b in (4, 8, 16, 128)]
+    halves = [decay_half_life_tokens(used_beta2(optim, b), b, 64) for b in (4, 8, 16, 128)]
     assert halves[1] == pytest.approx(math.log(0.5) / math.log(0.999) * 8 * 64)
     assert halves == pytest.approx([halves[1]] * 4, rel=1e-9)
     assert used_beta2(optim, 16) == pytest.approx(0.999**2)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_text_atomic
-from critbatch.science.rules import beta2_at
+from critbatch.science.rules import decay_at
 
 if TYPE_CHECKING:
     from critbatch.science.noise import NoiseEMA
@@ -285,9 +285,13 @@ def build_summary(
         "base_lr": o["lr"],  # the lr at base_batch_size, before lr_scaling
         "base_batch_size": o["base_batch_size"],
         # AdamW's beta2 as trained (Muon: its AdamW on embeddings and gains), and its rule
-        "beta2": beta2_at(o["beta2"], o.get("beta2_scaling", "none"), t["batch_size"],
+        "beta2": decay_at(o["beta2"], o.get("beta2_scaling", "none"), t["batch_size"],
                           o["base_batch_size"]),
         "beta2_scaling": o.get("beta2_scaling", "none"),
+        # Muon's momentum as trained, and its rule (None for AdamW)
+        "momentum": decay_at(o["momentum"], o.get("momentum_scaling", "none"), t["batch_size"],
+                             o["base_batch_size"]) if o["name"] == "muon" else None,
+        "momentum_scaling": o.get("momentum_scaling", "none") if o["name"] == "muon" else None,
         # batch schedule (constant: start = final = mean = batch_size, no changes)
         "batch_schedule": t["batch_schedule"],
         "batch_size_start": batch_size_start,
@@ -408,7 +412,7 @@ def beta2_from_config(summary: dict, run_dir: str | Path) -> dict:
     if optim.get("beta2") is None or not optim.get("base_batch_size"):
         return {}
     scaling = optim.get("beta2_scaling", "none")
-    return {"beta2": beta2_at(optim["beta2"], scaling, summary["batch_size"],
+    return {"beta2": decay_at(optim["beta2"], scaling, summary["batch_size"],
                               optim["base_batch_size"]), "beta2_scaling": scaling}
 
 

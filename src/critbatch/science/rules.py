@@ -112,20 +112,22 @@ def lr_multiplier(rule: str, batch_size: int, base_batch_size: int) -> float:
     return {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[rule]
 
 
-def beta2_at(beta2: float, rule: str, batch_size: int, base_batch_size: int) -> float:
-    """Adam's beta2 at `batch_size` by `optim.beta2_scaling`: as given (none), or
-    beta2^(B / B_base) (tokens), whose half-life ln 0.5 / ln beta2 steps of B sequences is the
-    same number of tokens at every B (Marek et al. 2025)."""
-    return beta2 ** (batch_size / base_batch_size) if rule == "tokens" else beta2
+def decay_at(decay: float, rule: str, batch_size: int, base_batch_size: int) -> float:
+    """A per-step decay (Adam's beta2, Muon's momentum) at `batch_size` by its scaling rule
+    (`optim.beta2_scaling`, `optim.momentum_scaling`): as given (none), or decay^(B / B_base)
+    (tokens), whose half-life ln 0.5 / ln decay steps of B sequences is the same number of
+    tokens at every B (Marek et al. 2025 for beta2)."""
+    return decay ** (batch_size / base_batch_size) if rule == "tokens" else decay
 
 
-def beta2_half_life_tokens(beta2: float, batch_size: int, seq_len: int) -> float:
-    """Tokens over which the second moment's weight on a gradient halves (inf at beta2 = 0 or
-    1): ln 0.5 / ln beta2 steps of batch_size x seq_len tokens."""
-    return math.log(0.5) / math.log(beta2) * batch_size * seq_len if 0 < beta2 < 1 else math.inf
+def decay_half_life_tokens(decay: float, batch_size: int, seq_len: int) -> float:
+    """Tokens over which a per-step decay's average (Adam's second moment, Muon's momentum)
+    halves its weight on a gradient (inf at 0 or 1): ln 0.5 / ln decay steps of
+    batch_size x seq_len tokens."""
+    return math.log(0.5) / math.log(decay) * batch_size * seq_len if 0 < decay < 1 else math.inf
 
 
 def beta2_for_half_life(half_life_tokens: float, batch_size: int, seq_len: int) -> float:
     """The beta2 whose second-moment half-life is `half_life_tokens` at batch_size x seq_len
-    tokens a step (the inverse of `beta2_half_life_tokens`)."""
+    tokens a step (the inverse of `decay_half_life_tokens`)."""
     return 0.5 ** (batch_size * seq_len / half_life_tokens)

@@ -37,7 +37,9 @@ class LrScaling(StrEnum):
     linear = "linear"
 
 
-class Beta2Scaling(StrEnum):
+class DecayScaling(StrEnum):
+    """How a per-step decay follows the batch: none, or tokens (decay^(B / B_base))."""
+
     none = "none"
     tokens = "tokens"
 
@@ -122,7 +124,11 @@ class OptimConfig:
     beta2: float = 0.95  # AdamW second-moment decay
     eps: float = 1e-8  # AdamW epsilon
     fused: bool | None = None  # AdamW fused kernel; null = on (faster on CPU and CUDA, make bench)
-    momentum: float = 0.95  # Muon momentum (Nesterov)
+    momentum: float = 0.95  # Muon momentum (Nesterov), at base_batch_size
+    # none | tokens: with tokens the momentum used is momentum^(batch_size / base_batch_size),
+    # so the momentum's half-life is the same number of tokens at every batch (as
+    # beta2_scaling does for Adam's second moment); none: `momentum` per step at every batch
+    momentum_scaling: DecayScaling = DecayScaling.none
     aux_lr: float = 3e-3  # Muon only: AdamW lr for embeddings and gains
     # Muon's Newton-Schulz precision: auto | float32 | bfloat16. auto = bfloat16 on CUDA (as
     # torch.optim.Muon and Jordan et al.), float32 elsewhere: a CPU without bf16 instructions
@@ -136,7 +142,7 @@ class OptimConfig:
     # number of tokens at every batch (Marek et al. 2025). AdamW's, and Muon's AdamW for
     # embeddings and gains. A fixed beta2 0.95 cost batch 8 0.15 nats/token at cpu scale
     # (docs/results/cpu.md), enough to make it lose to batch 16.
-    beta2_scaling: Beta2Scaling = Beta2Scaling.none
+    beta2_scaling: DecayScaling = DecayScaling.none
     base_batch_size: int = 32  # sequences; batch size at which `lr` is the lr used
 
 

@@ -56,6 +56,13 @@ def validate(cfg: Config) -> None:
             f"optim.beta2_scaling=tokens with train.batch_schedule={t.batch_schedule}: beta2 "
             "is set once, for the first batch, and would not follow the schedule; set "
             "optim.beta2_scaling=none (and optim.beta2 for the run)")
+    if not 0 <= o.momentum < 1:
+        raise ConfigError(f"optim.momentum={o.momentum} must lie in [0, 1) (e.g. 0.95)")
+    if o.momentum_scaling == "tokens" and t.batch_schedule != "constant":
+        raise ConfigError(
+            f"optim.momentum_scaling=tokens with train.batch_schedule={t.batch_schedule}: "
+            "the momentum is set once, for the first batch, and would not follow the "
+            "schedule; set optim.momentum_scaling=none (and optim.momentum for the run)")
     micro = micro_batch_size(cfg)
     if micro <= 0 or t.batch_size % micro:
         raise ConfigError(

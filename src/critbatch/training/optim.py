@@ -7,7 +7,7 @@ import math
 import torch
 from torch.optim._muon import _adjust_lr  # Muon's shape-dependent lr scale, as torch's step
 
-from critbatch.science.rules import beta2_at, lr_multiplier
+from critbatch.science.rules import decay_at, lr_multiplier
 from critbatch.training.config import OptimConfig, TrainConfig
 from critbatch.training.model import GPT
 
@@ -18,8 +18,13 @@ def used_lr(optim: OptimConfig, batch_size: int) -> float:
 
 
 def used_beta2(optim: OptimConfig, batch_size: int) -> float:
-    """AdamW's beta2 at `batch_size` by `optim.beta2_scaling` (`science.rules.beta2_at`)."""
-    return beta2_at(optim.beta2, optim.beta2_scaling, batch_size, optim.base_batch_size)
+    """AdamW's beta2 at `batch_size` by `optim.beta2_scaling` (`science.rules.decay_at`)."""
+    return decay_at(optim.beta2, optim.beta2_scaling, batch_size, optim.base_batch_size)
+
+
+def used_momentum(optim: OptimConfig, batch_size: int) -> float:
+    """Muon's momentum at `batch_size` by `optim.momentum_scaling` (`science.rules.decay_at`)."""
+    return decay_at(optim.momentum, optim.momentum_scaling, batch_size, optim.base_batch_size)
 
 
 def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_type: str) -> list:
@@ -55,7 +60,7 @@ def build_optimizers(model: GPT, optim: OptimConfig, batch_size: int, device_typ
         ns_dtype=ns_dtype(optim, device_type),
         lr=muon_lr,
         weight_decay=optim.weight_decay,
-        momentum=optim.momentum,
+        momentum=used_momentum(optim, batch_size),
         nesterov=True,
         adjust_lr_fn="original",
     )

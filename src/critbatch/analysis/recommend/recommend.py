@@ -49,7 +49,7 @@ from critbatch.science.recommend import (
     starts_from,
     to_target_loss,
 )
-from critbatch.science.rules import beta2_for_half_life, beta2_half_life_tokens
+from critbatch.science.rules import beta2_for_half_life, decay_half_life_tokens
 
 RESAMPLES = 100  # bootstrap refits (the joint model's number)
 DEFAULT_TOLERANCE = 0.01  # nats/token
@@ -115,7 +115,7 @@ def beta2_rule(runs: list[dict]) -> dict | None:
         if r.get("beta2") is None or not r.get("seq_len"):
             return None
         if r.get("beta2_scaling") == "tokens":
-            half = beta2_half_life_tokens(r["beta2"], r["batch_size"], r["seq_len"])
+            half = decay_half_life_tokens(r["beta2"], r["batch_size"], r["seq_len"])
             seen.add(("tokens", float(f"{half:.6g}")))
         else:
             seen.add(("none", float(r["beta2"])))
