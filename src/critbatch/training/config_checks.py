@@ -49,20 +49,17 @@ def validate(cfg: Config) -> None:
             f"choose heads among {[h for h in range(1, m.width + 1) if m.width % h == 0][:8]}"
         )
     _validate_batch_schedule(cfg)
-    if not 0 <= o.beta2 < 1:
-        raise ConfigError(f"optim.beta2={o.beta2} must lie in [0, 1) (e.g. 0.95)")
-    if o.beta2_scaling == "tokens" and t.batch_schedule != "constant":
-        raise ConfigError(
-            f"optim.beta2_scaling=tokens with train.batch_schedule={t.batch_schedule}: beta2 "
-            "is set once, for the first batch, and would not follow the schedule; set "
-            "optim.beta2_scaling=none (and optim.beta2 for the run)")
-    if not 0 <= o.momentum < 1:
-        raise ConfigError(f"optim.momentum={o.momentum} must lie in [0, 1) (e.g. 0.95)")
-    if o.momentum_scaling == "tokens" and t.batch_schedule != "constant":
-        raise ConfigError(
-            f"optim.momentum_scaling=tokens with train.batch_schedule={t.batch_schedule}: "
-            "the momentum is set once, for the first batch, and would not follow the "
-            "schedule; set optim.momentum_scaling=none (and optim.momentum for the run)")
+    # per-step decays (Adam's beta2, Muon's momentum) and the rule that carries each to the
+    # batch: set once, for the first batch, so a changing batch would not be followed
+    for key, value, rule in (("beta2", o.beta2, o.beta2_scaling),
+                             ("momentum", o.momentum, o.momentum_scaling)):
+        if not 0 <= value < 1:
+            raise ConfigError(f"optim.{key}={value} must lie in [0, 1) (e.g. 0.95)")
+        if rule == "tokens" and t.batch_schedule != "constant":
+            raise ConfigError(
+                f"optim.{key}_scaling=tokens with train.batch_schedule={t.batch_schedule}: "
+                f"{key} is set once, for the first batch, and would not follow the schedule; "
+                f"set optim.{key}_scaling=none (and optim.{key} for the run)")
     micro = micro_batch_size(cfg)
     if micro <= 0 or t.batch_size % micro:
         raise ConfigError(
