@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from critbatch.science.joint import SHARED_FRACTION, Form, JointData, above_baseline
 from critbatch.science.joint_fit import fit_joint
@@ -445,3 +447,25 @@ def test_a_fit_that_cannot_be_made_says_why_and_a_failed_refit_is_counted():
     assert boot.exponent_low is None and "the fit failed" in boot.interval
     negative = data.with_loss(np.where(data.width == 0, -40.0, data.loss))  # below L_N_FLOOR
     assert "20 cell(s) with a loss" in fit_joint(negative).message
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(
+    st.integers(1, 4), st.integers(1, 5),
+    st.lists(st.floats(0.0, 10.0), min_size=20, max_size=20),
+    st.sampled_from([None, None, None, math.inf, math.nan])), max_size=12))
+def test_trunk_sharing_answers_a_share_or_none_for_any_blocks(shapes):
+    """Any seeds x budgets blocks (one seed, one budget, equal losses, an inf or nan loss): a
+    share in [0, MAX_SHARING] from at least MIN_SHARING_DOF seed dof, or None; never a
+    traceback."""
+    from critbatch.science.fits import MAX_SHARING, MIN_SHARING_DOF, trunk_sharing
+
+    blocks = []
+    for seeds, budgets, values, poison in shapes:
+        losses = np.array(values[:seeds * budgets]).reshape(seeds, budgets)
+        if poison is not None:
+            losses[0, 0] = poison
+        blocks.append((tuple(1000 * (j + 1) for j in range(budgets)), losses))
+    sharing = trunk_sharing(blocks)
+    if sharing is not None:
+        assert 0.0 <= sharing.fraction <= MAX_SHARING and sharing.dof >= MIN_SHARING_DOF

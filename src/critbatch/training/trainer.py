@@ -11,7 +11,7 @@ import torch
 from critbatch.results.errors import ConfigError
 from critbatch.science.model_size import param_count
 from critbatch.science.noise import NoiseEMA
-from critbatch.science.rules import decay_half_life_tokens
+from critbatch.science.rules import decay_at, decay_half_life_tokens
 from critbatch.training import checkpoint
 from critbatch.training.batching import BatchPlan
 from critbatch.training.checkpoint import TrainState
@@ -25,7 +25,7 @@ from critbatch.training.config import (
 from critbatch.training.data import check_seq_len, coverage_warnings, val_windows
 from critbatch.training.distributed import Ranks, init_ranks
 from critbatch.training.memory import reuse_freed_memory
-from critbatch.training.optim import used_beta2, used_lr, used_momentum
+from critbatch.training.optim import used_lr
 from critbatch.training.step import Stepper, build_stepper, resolve_device
 from critbatch.training.token_cache import TokenData, prepare_data
 
@@ -137,8 +137,8 @@ def log_start(tr: Trainer) -> None:
         f"{tr.params / 1e6:.3f}M params ({tr.params_nonembedding / 1e6:.3f}M non-embedding)"
     )
     log.info(f"optim: {cfg.optim.name}, {lr_words(cfg, tr.lr, lr_batch_size(cfg))}; "
-             f"{beta2_words(cfg, lr_batch_size(cfg))}; "
-             + (f"{momentum_words(cfg, lr_batch_size(cfg))}; " if cfg.optim.name == "muon"
+             f"{decay_words(cfg, 'beta2', lr_batch_size(cfg))}; "
+             + (f"{decay_words(cfg, 'momentum', lr_batch_size(cfg))}; " if cfg.optim.name == "muon"
                 else "")
              + f"{t.schedule} schedule, warmup {t.warmup_steps} steps")
     micro, local = tr.stepper.micro, t.batch_size // tr.ranks.world
@@ -188,28 +188,20 @@ def lr_words(cfg: Config, lr: float, batch_size: int) -> str:
             f"by the {o.lr_scaling} rule at batch {batch_size}")
 
 
-def momentum_words(cfg: Config, batch_size: int) -> str:
-    """Muon's momentum at `batch_size`, its half-life in tokens, and where it came from."""
+def decay_words(cfg: Config, key: str, batch_size: int) -> str:
+    """A per-step decay (`optim.beta2`: AdamW's, `optim.momentum`: Muon's) at `batch_size`, its
+    half-life in tokens, and where it came from (as given, or carried from the base batch by
+    `optim.<key>_scaling=tokens`)."""
     o = cfg.optim
-    momentum = used_momentum(o, batch_size)
-    half = decay_half_life_tokens(momentum, batch_size, cfg.model.seq_len)
-    source = ("optim.momentum" if o.momentum_scaling == "none"
-              or batch_size == o.base_batch_size
-              else f"optim.momentum {o.momentum:g} at batch {o.base_batch_size}, carried by "
-                   "optim.momentum_scaling=tokens")
-    return f"Muon momentum {momentum:.4g} ({source}; half-life {half:,.0f} tokens)"
-
-
-def beta2_words(cfg: Config, batch_size: int) -> str:
-    """AdamW's beta2 at `batch_size`, its half-life in tokens, and where it came from."""
-    o = cfg.optim
-    beta2 = used_beta2(o, batch_size)
-    half = decay_half_life_tokens(beta2, batch_size, cfg.model.seq_len)
-    which = "AdamW" if o.name == "adamw" else "AdamW on embeddings and gains"
-    source = ("optim.beta2" if o.beta2_scaling == "none" or batch_size == o.base_batch_size
-              else f"optim.beta2 {o.beta2:g} at batch {o.base_batch_size}, carried by "
-                   "optim.beta2_scaling=tokens")
-    return f"{which} beta2 {beta2:.4g} ({source}; half-life {half:,.0f} tokens)"
+    given, rule = getattr(o, key), getattr(o, f"{key}_scaling")
+    value = decay_at(given, rule, batch_size, o.base_batch_size)
+    half = decay_half_life_tokens(value, batch_size, cfg.model.seq_len)
+    which = ("Muon" if key == "momentum" else
+             "AdamW" if o.name == "adamw" else "AdamW on embeddings and gains")
+    source = (f"optim.{key}" if rule == "none" or batch_size == o.base_batch_size
+              else f"optim.{key} {given:g} at batch {o.base_batch_size}, carried by "
+                   f"optim.{key}_scaling=tokens")
+    return f"{which} {key} {value:.4g} ({source}; half-life {half:,.0f} tokens)"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -157,7 +157,7 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
     for optimizer, corpora in sorted(by_opt.items()):
         corpus = max(corpora, key=lambda c: sum(len(m) for m in corpora[c]))
         sweep = SizedSweep(optimizer, int(corpus[2]), [], [], [], None)
-        depths = set()
+        depths, blocks = set(), []
         for members in corpora[corpus]:
             size = run_params(members[0])
             if size is None:
@@ -167,6 +167,7 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
                 continue
             depths.add(members[0].get("depth"))
             budgets = nominal_budgets([r["tokens"] for r in members], BUDGET_TOLERANCE)
+            blocks += seed_blocks(members, budgets)
             scatter = seed_scatter(members, budgets)
             cells = best_lr_cells(members, None, scatter[0] if scatter else None)
             noise = seed_noise({"cells": cells})  # the joint model's: per batch and tokens
@@ -185,8 +186,7 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
         if not sweep.cells:
             continue
         sweep.beta2_rule = beta2_rule([r for m in corpora[corpus] for r in m])
-        sweep.shared = sharing_of([{"seed_blocks": seed_blocks(m, nominal_budgets(
-            [r["tokens"] for r in m], BUDGET_TOLERANCE))} for m in corpora[corpus]])[1]
+        sweep.shared = sharing_of([{"seed_blocks": blocks}])[1]
         if not any(math.isfinite(s) for s in sweep.sigma):
             warnings.append(f"{optimizer}: no run was repeated at another seed, so the loss "
                             "noise is unknown: every cell weighs the same and the intervals "
