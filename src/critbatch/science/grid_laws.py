@@ -52,6 +52,7 @@ TERMS = ("N", "D")  # the optional terms of a law in ln N and ln D
 # scatter is kept in all (measured over 300 planted lr laws each, 3 sizes x 3 budgets x 4
 # batches)
 TERM_GAIN = 0.05
+REFIT_EVALUATIONS = 40  # a loss law's refit from a known law: at most this many evaluations
 
 
 class GridTooSmall(ValueError):
@@ -207,10 +208,56 @@ def design(columns: tuple[str, ...], batch, params, tokens) -> np.ndarray:
                                           for c in columns)])
 
 
-def fit_law(name: str, columns: tuple[str, ...], y, params, tokens, batch=None) -> Law:
-    """The law of ln y on `columns` by ordinary least squares."""
-    coef, cov, dof, sd = least_squares(design(columns, batch, params, tokens),
-                                       np.log(np.asarray(y, float)))
+def between_variance(x: np.ndarray, y: np.ndarray, var: np.ndarray) -> float:
+    """The scatter tau^2 of the points about the law beyond their own variances `var`
+    (Paule and Mandel 1982): the tau^2 >= 0 at which the weighted residuals' sum of squares,
+    weights 1 / (var + tau^2), equals its degrees of freedom."""
+    dof = len(y) - x.shape[1]
+    if dof <= 0:
+        return 0.0
+
+    def excess(tau2: float) -> float:
+        w = 1.0 / (var + tau2)
+        coef = np.linalg.lstsq(x * np.sqrt(w)[:, None], y * np.sqrt(w), rcond=None)[0]
+        return float(w @ (y - x @ coef) ** 2) - dof
+
+    if excess(0.0) <= 0:
+        return 0.0
+    low, high = 0.0, max(float(np.var(y)), 1e-12)
+    while excess(high) > 0:
+        high *= 4
+    for _ in range(30):  # tau^2 to 1e-9 of its bracket: far below any law's own uncertainty
+        mid = (low + high) / 2
+        low, high = (mid, high) if excess(mid) > 0 else (low, mid)
+    return (low + high) / 2
+
+
+def weighted_least_squares(x: np.ndarray, y: np.ndarray, var
+                           ) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """(coef, covariance, dof, scatter sd) of y ~ x: ordinary least squares
+    (`fits.least_squares`) without `var`; with it, weights 1 / (var + tau^2), tau^2 the
+    scatter between points beyond their variances (`between_variance`), and the scatter sd
+    is tau (a new point's deviation from the law, its own measurement error aside)."""
+    if var is None:
+        return least_squares(x, y)
+    var = np.asarray(var, float)
+    tau2 = between_variance(x, y, var)
+    w = np.sqrt(1.0 / (var + tau2))
+    coef, _, dof, _ = least_squares(x * w[:, None], y * w)
+    cov = np.full((x.shape[1],) * 2, math.nan)
+    if dof > 0:
+        normal = (x * (w * w)[:, None]).T @ x
+        if np.linalg.matrix_rank(normal) == x.shape[1]:
+            cov = np.linalg.inv(normal)
+    return coef, cov, dof, math.sqrt(tau2) if dof > 0 else math.nan
+
+
+def fit_law(name: str, columns: tuple[str, ...], y, params, tokens, batch=None,
+            var=None) -> Law:
+    """The law of ln y on `columns` by least squares: ordinary, or weighted by each point's
+    variance of ln y `var` plus the scatter between points (`weighted_least_squares`)."""
+    coef, cov, dof, sd = weighted_least_squares(design(columns, batch, params, tokens),
+                                                np.log(np.asarray(y, float)), var)
     return Law(name, columns, coef, cov, dof, sd)
 
 
@@ -221,13 +268,15 @@ def cell_ids(params, tokens) -> list[str]:
 
 
 def bootstrap_law(law: Law, y, params, tokens, cell, batch=None, resamples: int = BOOTSTRAP,
-                  seed: int = 0) -> Law:
+                  seed: int = 0, var=None) -> Law:
     """`law` with `boot`: refits on the points of `resamples` cell resamples (every point of a
-    drawn cell, a cell drawn as often as it is drawn); draws whose design is singular (too few
-    distinct sizes or budgets drawn) are left out."""
+    drawn cell, a cell drawn as often as it is drawn; weighted as `law` was, by `var`); draws
+    whose design is singular (too few distinct sizes or budgets drawn) are left out."""
     rng = np.random.default_rng(seed)
     x = design(law.columns, batch, params, tokens)
     y = np.log(np.asarray(y, float))
+    weight = (np.ones(len(y)) if var is None else
+              1.0 / np.sqrt(np.asarray(var, float) + law.residual_sd ** 2))
     cell = np.asarray(cell)
     ids = np.unique(cell)
     members = [np.flatnonzero(cell == c) for c in ids]
@@ -236,7 +285,8 @@ def bootstrap_law(law: Law, y, params, tokens, cell, batch=None, resamples: int 
         pick = np.concatenate([members[i] for i in rng.integers(0, len(ids), len(ids))])
         if np.linalg.matrix_rank(x[pick]) < x.shape[1]:
             continue
-        coefs.append(np.linalg.lstsq(x[pick], y[pick], rcond=None)[0])
+        w = weight[pick][:, None]
+        coefs.append(np.linalg.lstsq(x[pick] * w, y[pick] * w[:, 0], rcond=None)[0])
     law.boot = np.array(coefs).reshape(len(coefs), x.shape[1])
     return law
 
@@ -256,17 +306,21 @@ def held_out_folds(params, tokens) -> list[tuple[str, np.ndarray]]:
     return folds
 
 
-def held_out_rms(columns: tuple[str, ...], y, params, tokens, batch=None) -> dict:
+def held_out_rms(columns: tuple[str, ...], y, params, tokens, batch=None, var=None) -> dict:
     """Root-mean-square error of ln y on the held-out points of every fold (each fitted on
-    the rest): over the held-out budgets, over the held-out size, and their mean (each
-    question, a new budget and a new size, weighs the same however many points it has)."""
+    the rest, weighted by `var` as `fit_law` weighs): over the held-out budgets, over the
+    held-out size, and their mean (each question, a new budget and a new size, weighs the
+    same however many points it has)."""
     x = design(columns, batch, params, tokens)
     ly = np.log(np.asarray(y, float))
+    # with variances, each fold is weighted with the scatter between points of the whole set
+    w = (np.ones(len(ly)) if var is None else
+         1.0 / np.sqrt(np.asarray(var, float) + between_variance(x, ly, np.asarray(var, float))))
     errors: dict[str, list[float]] = {"budget": [], "size": []}
     for name, held in held_out_folds(params, tokens):
-        if np.linalg.matrix_rank(x[~held]) < x.shape[1]:
+        if np.linalg.matrix_rank(x[~held]) < x.shape[1] or (~held).sum() <= x.shape[1]:
             return {"budget": math.inf, "size": math.inf, "mean": math.inf}
-        coef = np.linalg.lstsq(x[~held], ly[~held], rcond=None)[0]
+        coef = np.linalg.lstsq(x[~held] * w[~held, None], ly[~held] * w[~held], rcond=None)[0]
         errors["size" if name.startswith("size") else "budget"] += (x[held] @ coef
                                                                     - ly[held]).tolist()
 
@@ -285,21 +339,26 @@ def penalised(error: float, terms: int) -> float:
 
 
 def select_terms(name: str, y, params, tokens, batch=None, always: tuple[str, ...] = (),
-                 resamples: int = BOOTSTRAP, seed: int = 0) -> Law:
+                 resamples: int = BOOTSTRAP, seed: int = 0, var=None,
+                 min_points: int = 0) -> Law:
     """The law of ln y whose optional terms (ln N, ln D: every subset, beside the `always`
     columns) predict held-out folds best (`held_out_rms`, the mean of the budget and size
-    errors), each term having to lower the error by TERM_GAIN (`penalised`). Returns it with
-    its cell bootstrap and every subset's scores in `held_out`."""
+    errors), each term having to lower the error by TERM_GAIN (`penalised`); a subset with
+    fewer than `min_points` points per coefficient beyond the first is not tried. Weighted by
+    `var` where given (`fit_law`). Returns it with its cell bootstrap and every subset's
+    scores in `held_out`."""
     scores = {}
     for k in range(len(TERMS) + 1):
         for terms in itertools.combinations(TERMS, k):
             columns = (*always, *terms)
-            scores[columns] = held_out_rms(columns, y, params, tokens, batch)
+            if len(np.atleast_1d(params)) < 1 + min_points * len(columns):
+                continue
+            scores[columns] = held_out_rms(columns, y, params, tokens, batch, var)
     best = min(scores, key=lambda c: (penalised(scores[c]["mean"], len(c) - len(always)),
                                       len(c)))
-    law = fit_law(name, best, y, params, tokens, batch)
+    law = fit_law(name, best, y, params, tokens, batch, var)
     cell = cell_ids(params, tokens)
-    law = bootstrap_law(law, y, params, tokens, cell, batch, resamples, seed)
+    law = bootstrap_law(law, y, params, tokens, cell, batch, resamples, seed, var)
     law.held_out = {"+".join(c) or "constant": s for c, s in scores.items()}
     law.held_out["chosen"] = "+".join(best) or "constant"
     return law
@@ -325,9 +384,10 @@ class LossLaw:
                 + self.b * (np.asarray(tokens, float) / D_REF) ** -self.beta)
 
 
-def fit_loss_law(params, tokens, loss) -> LossLaw | None:
+def fit_loss_law(params, tokens, loss, start: LossLaw | None = None) -> LossLaw | None:
     """Least squares of L* in `LossLaw`'s form (five parameters: needs six cells), from a few
-    starting exponents; None when too few cells or no fit."""
+    starting exponents (or from `start` alone, a refit near a known law); None when too few
+    cells or no fit."""
     from scipy.optimize import least_squares
 
     n, d, y = (np.asarray(x, float) for x in (params, tokens, loss))
@@ -339,14 +399,28 @@ def fit_loss_law(params, tokens, loss) -> LossLaw | None:
         e, la, alpha, lb, beta = theta
         return e + np.exp(la - alpha * u) + np.exp(lb - beta * v) - y
 
+    def jac(theta):
+        _, la, alpha, lb, beta = theta
+        size, budget = np.exp(la - alpha * u), np.exp(lb - beta * v)
+        return np.column_stack([np.ones_like(u), size, -u * size, budget, -v * budget])
+
     best = None
-    for alpha0, beta0 in itertools.product((0.2, 0.5), (0.2, 0.5)):
-        x0 = [0.8 * y.min(), math.log(0.2), alpha0, math.log(0.2), beta0]
-        res = least_squares(resid, x0, bounds=([0, -20, 0.01, -20, 0.01],
-                                               [y.min(), 20, 3, 20, 3]))
+    starts = [[0.8 * y.min(), math.log(0.2), alpha0, math.log(0.2), beta0]
+              for alpha0, beta0 in itertools.product((0.2, 0.5), (0.2, 0.5))]
+    if start is not None:
+        starts = [[min(start.e, 0.999 * y.min()), math.log(start.a), start.alpha,
+                   math.log(start.b), start.beta]]
+    lower, upper = np.array([0, -20, 0.01, -20, 0.01]), np.array([y.min(), 20, 3, 20, 3])
+    for x0 in starts:
+        x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+        # a refit from a known law stops after REFIT_EVALUATIONS: E trades against A and alpha
+        # along a flat valley the solver crawls through, while C and beta, what a promise in
+        # compute reads, settle within a few steps
+        res = least_squares(resid, x0, jac=jac, bounds=(lower, upper),
+                            max_nfev=REFIT_EVALUATIONS if start is not None else None)
         if best is None or res.cost < best.cost:
             best = res
-    if best is None or not best.success:
+    if best is None or not (best.success or (start is not None and best.status == 0)):
         return None
     e, la, alpha, lb, beta = best.x
     sd = math.sqrt(2 * best.cost / max(len(y) - 5, 1))
