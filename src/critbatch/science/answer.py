@@ -28,7 +28,10 @@ weighted by each optimum's variance plus the scatter between cells (`grid_laws.f
 
 Intervals (`bootstrap_answer`): the cells are resampled, every law refitted and its terms
 chosen again, the choice redone at the target, and a new cell's scatter about each law drawn
-(a prediction interval: a user's run is one new cell). `score` reads what an answer costs on
+(a prediction interval: a user's run is one new cell). The promise is one-sided (a batch above
+the true top costs more than one as far below saves), so the answer is the batch whose
+overhead, averaged over those draws, is the promise (`keep_promise`), a little below the
+draws' median. `score` reads what an answer costs on
 a cell it never saw: the loss at its (batch, lr) off the cell's own grid, above the cell's
 best. numpy/scipy only.
 """
@@ -63,6 +66,9 @@ VALLEY_FALLOFF = 4.0
 LR_WINDOW = 4.0  # lr optima of batches within this factor of their cell's B_opt feed the lr law
 INTERIOR_CELLS = 3  # a grid has an interior optimum with at least this many bracketed cells
 RESAMPLES = 300  # cell resamples of an answer's bootstrap
+# d ln eps / d ln B at the window's top where the grid cannot measure it: McCandlish's overhead
+# at fixed tokens, eps ~ (x - 1)^2 / x for x = B / B_opt, has (x + 1) / (x - 1) = 3 at x = 2
+STEEPNESS = 3.0
 LAW_TERMS = ("N", "D")
 
 
@@ -400,29 +406,76 @@ def chosen_terms(fit: GridFit) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Intervals: the whole choice redone on resampled cells
+# Intervals: the whole choice redone on resampled cells, and a promise kept in expectation
+
+
+def percentile_interval(log_values, confidence: float = CONFIDENCE
+                        ) -> tuple[float | None, float | None]:
+    """The central `confidence` interval of draws of a logged quantity, exponentiated (None
+    with fewer than 20 finite draws)."""
+    values = np.asarray(log_values, float)
+    values = values[np.isfinite(values)]
+    if len(values) < 20:
+        return None, None
+    tail = 100 * (1 - confidence) / 2
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(math.exp(lo)), float(math.exp(hi))
+
+
+def keep_promise(log_tops, steepness: float) -> float:
+    """The batch whose overhead, averaged over what the fit does not know, is the promise.
+
+    Near the top B_top of a cell's window the overhead grows as eps (B / B_top)^g (g the
+    profile's `steepness`, d ln eps / d ln B there), so an answer above the true top costs
+    more than one as far below it saves: over draws z_j of ln B_top (the bootstrap's, a new
+    cell's scatter included), the mean overhead at B is eps mean_j exp(g (ln B - z_j)), equal
+    to eps at ln B = -ln(mean_j exp(-g z_j)) / g: the draws' median less about g s^2 / 2 for
+    a spread s. Returns B (sequences)."""
+    z = np.asarray(log_tops, float)
+    z = z[np.isfinite(z)]
+    shift = float(z.min())  # for the exponentials' range
+    return float(math.exp(shift - math.log(np.mean(np.exp(-steepness * (z - shift))))
+                          / steepness))
+
+
+def steepness(cells: list[GridCell], promise: Promise, loss: LossLaw | None) -> float:
+    """d ln eps / d ln B at the top of the promise's window: per cell ln 2 over ln of the
+    ratio of the tops of the windows of twice the promise and of the promise (both inside
+    the batches tried), the median over cells; STEEPNESS where fewer than three cells have
+    both."""
+    double = (Promise(overhead=2 * promise.overhead) if promise.overhead is not None
+              else Promise(overhead=None, tolerance=2 * promise.tolerance))
+    ratios = []
+    for c in cells:
+        one, two = c.window(promise.nats(loss, c.tokens)), c.window(double.nats(loss, c.tokens))
+        if not (one[3] or two[3]) and two[1] > one[1] * (1 + 1e-9):
+            ratios.append(math.log(2) / math.log(two[1] / one[1]))
+    return float(np.median(ratios)) if len(ratios) >= 3 else STEEPNESS
 
 
 @dataclass
-class Draws:
-    """Bootstrap predictions at one target, ln of each answer's value, one row a replicate
-    (with a new cell's scatter drawn about each law)."""
+class Replicates:
+    """Bootstrap refits of a GridFit on resampled cells, each with a new cell's scatter drawn
+    about its batch laws (ln units): what the intervals and the kept promise read."""
 
-    batch: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    lr: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    loss_optimal_batch: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    loss_optimal_lr: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    failed: int = 0
+    fits: list[GridFit]
+    top_scatter: np.ndarray
+    optimum_scatter: np.ndarray
+    lr_scatter: np.ndarray
+    failed: int
 
-    def interval(self, key: str, confidence: float = CONFIDENCE
-                 ) -> tuple[float | None, float | None]:
-        values = getattr(self, key)
-        values = values[np.isfinite(values)]
-        if len(values) < 20:
-            return None, None
-        tail = 100 * (1 - confidence) / 2
-        lo, hi = np.percentile(values, [tail, 100 - tail])
-        return float(math.exp(lo)), float(math.exp(hi))
+    def log_tops(self, params: float, tokens: float) -> np.ndarray:
+        return np.array([math.log(f.b_top.predict(params, tokens)) for f in self.fits]) \
+            + self.top_scatter
+
+    def log_optima(self, params: float, tokens: float) -> np.ndarray:
+        return np.array([math.log(f.b_opt.predict(params, tokens)) for f in self.fits]) \
+            + self.optimum_scatter
+
+    def log_lrs(self, params: float, tokens: float, batch: float) -> np.ndarray:
+        """ln lr* at `batch` per replicate, with a new cell's scatter about the lr law."""
+        return np.array([math.log(f.lr.predict(params, tokens, batch)) for f in self.fits]) \
+            + self.lr_scatter
 
 
 def scatter(law: Law, rng: np.random.Generator) -> float:
@@ -433,14 +486,13 @@ def scatter(law: Law, rng: np.random.Generator) -> float:
     return float(law.residual_sd * rng.standard_t(law.dof))
 
 
-def bootstrap_answer(cells: list[GridCell], fit: GridFit, params: float, tokens: float,
-                     resamples: int = RESAMPLES, seed: int = 0) -> Draws:
-    """`resamples` replicates: the cells drawn with replacement, every law refitted with its
-    terms chosen again (`fit_answer`), the answer read at (params, tokens) and each law's
-    scatter drawn for a new cell. Replicates that cannot give a law (too few distinct sizes or
-    budgets drawn) are counted in `failed`."""
+def bootstrap_answer(cells: list[GridCell], fit: GridFit, resamples: int = RESAMPLES,
+                     seed: int = 0) -> Replicates:
+    """`resamples` replicates: the cells drawn with replacement and every law refitted with its
+    terms chosen again (`fit_answer`), so the intervals include the choice of terms. Replicates
+    that cannot give a law (too few distinct sizes or budgets drawn) count as `failed`."""
     rng = np.random.default_rng(seed)
-    rows, failed = [], 0
+    fits, draws, failed = [], [], 0
     for _ in range(resamples):
         pick = [cells[i] for i in rng.integers(0, len(cells), len(cells))]
         try:
@@ -448,11 +500,35 @@ def bootstrap_answer(cells: list[GridCell], fit: GridFit, params: float, tokens:
         except (GridTooSmall, np.linalg.LinAlgError, ValueError):
             failed += 1
             continue
-        batch = math.log(again.b_top.predict(params, tokens)) + scatter(again.b_top, rng)
-        b_opt = math.log(again.b_opt.predict(params, tokens)) + scatter(again.b_opt, rng)
-        lr = again.lr
-        rows.append((batch, math.log(lr.predict(params, tokens, math.exp(batch)))
-                     + scatter(lr, rng), b_opt,
-                     math.log(lr.predict(params, tokens, math.exp(b_opt))) + scatter(lr, rng)))
-    values = np.array(rows, float).reshape(len(rows), 4)
-    return Draws(*values.T, failed=failed)
+        fits.append(again)
+        draws.append((scatter(again.b_top, rng), scatter(again.b_opt, rng),
+                      scatter(again.lr, rng)))
+    top, optimum, lr = (np.array(x, float) for x in (zip(*draws, strict=True) if draws
+                                                     else ([], [], [])))
+    return Replicates(fits, top, optimum, lr, failed)
+
+
+def grid_answer(fit: GridFit, replicates: Replicates, params: float, tokens: float,
+                cells: list[GridCell]) -> dict:
+    """The answer at (params, tokens) with 95% prediction intervals: the fastest batch within
+    the promise kept in expectation (`keep_promise`) and the lr at it, the loss-optimal batch
+    and its lr, the loss given up and the predicted losses (nats/token)."""
+    point = fit.answer(params, tokens)
+    tops = replicates.log_tops(params, tokens)
+    optima = replicates.log_optima(params, tokens)
+    g = steepness(cells, fit.promise, fit.loss)
+    batch = keep_promise(tops, g) if len(tops) >= 20 else point["batch_size"]
+    b_opt = point["loss_optimal_batch"]
+    lr = fit.lr.predict(params, tokens, batch)
+    lr_opt = fit.lr.predict(params, tokens, b_opt)
+    low, high = percentile_interval(tops)
+    opt_low, opt_high = percentile_interval(optima)
+    lr_low, lr_high = percentile_interval(replicates.log_lrs(params, tokens, batch))
+    opt_lr_low, opt_lr_high = percentile_interval(replicates.log_lrs(params, tokens, b_opt))
+    return {**point, "batch_size": batch, "batch_low": low, "batch_high": high,
+            "batch_top": point["batch_size"], "steepness": g,
+            "lr": lr, "lr_low": lr_low, "lr_high": lr_high,
+            "loss_optimal_batch_low": opt_low, "loss_optimal_batch_high": opt_high,
+            "loss_optimal_lr": lr_opt, "loss_optimal_lr_low": opt_lr_low,
+            "loss_optimal_lr_high": opt_lr_high,
+            "resamples": len(replicates.fits), "failed_resamples": replicates.failed}
