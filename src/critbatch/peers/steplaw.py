@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.results.errors import ResultsError
+from critbatch.science.answer import BatchRuns, GridCell
 from critbatch.science.grid_laws import (
     BOOTSTRAP,
     CellOptimum,
@@ -93,6 +94,27 @@ def fit(cells: list[CellOptimum], resamples: int = BOOTSTRAP) -> GridModel:
     except GridTooSmall as err:
         raise ResultsError(f"the grid cannot give its laws: {err}; give it more sizes, budgets, "
                            "batches or lrs around each optimum") from None
+
+
+def grid_cells(runs: list[dict]) -> list[GridCell]:
+    """The runs as the answer engine's cells (`science.answer.GridCell`): per (N, D), per
+    batch, its lrs and losses; a run without a finite loss is a diverged lr of its batch."""
+    groups: dict[tuple[float, float], dict[float, list[dict]]] = defaultdict(
+        lambda: defaultdict(list))
+    for r in runs:
+        groups[(r["params"], r["tokens"])][r["batch_size"]].append(r)
+    cells = []
+    for (n, d), by_batch in sorted(groups.items()):
+        batches = []
+        for b, rows in sorted(by_batch.items()):
+            done = [r for r in rows if math.isfinite(r["loss"])]
+            if done:
+                batches.append(BatchRuns(b, [r["lr"] for r in done], [r["loss"] for r in done],
+                                         tuple(r["lr"] for r in rows
+                                               if not math.isfinite(r["loss"]))))
+        if len(batches) >= 2:
+            cells.append(GridCell(n, d, batches))
+    return cells
 
 
 def cells_of(runs: list[dict]) -> list[CellOptimum]:

@@ -532,3 +532,19 @@ def grid_answer(fit: GridFit, replicates: Replicates, params: float, tokens: flo
             "loss_optimal_lr": lr_opt, "loss_optimal_lr_low": opt_lr_low,
             "loss_optimal_lr_high": opt_lr_high,
             "resamples": len(replicates.fits), "failed_resamples": replicates.failed}
+
+
+def bootstrap_lr(cells: list[GridCell], centres: dict, resamples: int = RESAMPLES,
+                 seed: int = 0) -> list[tuple[Law, float]]:
+    """The lr law alone refitted on resampled cells (terms chosen again), each with a new
+    cell's scatter drawn: (law, ln deviation) per replicate that could be fitted."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(resamples):
+        pick = [cells[i] for i in rng.integers(0, len(cells), len(cells))]
+        try:
+            law, _ = fit_lr(pick, centres)
+        except (GridTooSmall, np.linalg.LinAlgError, ValueError):
+            continue
+        out.append((law, scatter(law, rng)))
+    return out

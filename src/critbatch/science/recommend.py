@@ -522,3 +522,88 @@ def to_target_loss(fit: ScalingFit, params: float, target: float, batches: list[
     return {"target_loss": target, "rows": rows, "batch_size": rows[pick]["batch_size"],
             "steps": rows[pick]["steps"], "tokens": rows[pick]["tokens"],
             "allowed_tokens": allowed}
+
+
+# ---------------------------------------------------------------------------------------------
+# The fastest batch within a promise, where loss keeps falling towards small batches
+
+PROFILE_STEPS_PER_DOUBLING = 8  # the batch profile's grid: 2^(1/8) apart
+
+
+def batch_profile(fit: ScalingFit, params: float, tokens: float, smallest: float,
+                  seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """(batches, predicted loss at `tokens` tokens) on a geometric grid from `smallest` up to
+    MAX_DOUBLINGS doublings or the batch that leaves one step; NaN where the law has no loss."""
+    top = min(smallest * 2.0**MAX_DOUBLINGS, tokens / seq_len)
+    if top < smallest:
+        return np.zeros(0), np.zeros(0)
+    count = int(math.log2(top / smallest) * PROFILE_STEPS_PER_DOUBLING) + 1
+    batches = smallest * 2.0 ** (np.arange(count) / PROFILE_STEPS_PER_DOUBLING)
+    return batches, fit.predict_loss(params, batches, np.full(count, tokens))
+
+
+def fastest_within(fit: ScalingFit, params: float, tokens: float, smallest: float,
+                   seq_len: int, overhead: float | None = None,
+                   tolerance: float | None = None) -> dict | None:
+    """The largest batch whose loss at `tokens` costs at most `overhead` more compute than the
+    loss-optimal batch (or lies within `tolerance` nats/token of its loss).
+
+    The loss-optimal batch B_ref minimises the predicted loss at `tokens` over batches from
+    `smallest`, the smallest the sweep trained (below it the law is not measured: where loss
+    keeps falling towards small batches B_ref is that batch). A batch B reaching L(B) costs
+    D / E(B_ref, L(B)) - 1 more compute, E(B_ref, L) the tokens B_ref needs to reach L
+    (`ScalingFit.tokens_to`); the overhead grows with B above B_ref, so the answer is its
+    crossing of the promise (bisection in ln B between the profile's grid points). Returns
+    None where the law has no loss at `tokens`; else the batch and what it costs: the loss
+    given up L(B) - L(B_ref), E/E_min and S/S_min at L(B) (McCandlish: S/S_min =
+    (E/E_min) B_crit / B)."""
+    batches, losses = batch_profile(fit, params, tokens, smallest, seq_len)
+    ok = np.isfinite(losses)
+    if not ok.any():
+        return None
+    batches, losses = batches[ok], losses[ok]
+    i_ref = int(np.argmin(losses))
+    ref, best = float(batches[i_ref]), float(losses[i_ref])
+
+    def cost(batch: float) -> float:
+        loss = float(fit.predict_loss(params, batch, tokens)[0])
+        if tolerance is not None:
+            return (loss - best) / tolerance
+        return (tokens / float(fit.tokens_to(loss, params, ref)) - 1) / overhead
+
+    costs = np.array([cost(b) for b in batches[i_ref:]])
+    over = np.flatnonzero(~(costs <= 1.0))
+    if len(over) == 0:
+        batch = float(batches[-1])
+    else:
+        k = i_ref + int(over[0])
+        lo, hi = math.log(batches[k - 1]), math.log(batches[k])
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if cost(math.exp(mid)) <= 1.0 else (lo, mid)
+        batch = math.exp(lo)
+    loss = float(fit.predict_loss(params, batch, tokens)[0])
+    factor = float(fit.overhead_factor(loss, batch))
+    b_crit = float(fit.b_crit(loss))
+    return {"batch_size": batch, "loss_optimal_batch": ref,
+            "loss_optimal_is_smallest": i_ref == 0, "predicted_loss": loss,
+            "predicted_best_loss": best, "loss_given_up": loss - best,
+            "b_crit": b_crit, "tokens_over_min": factor,
+            "steps_over_min": factor * b_crit / batch,
+            "capped": len(over) == 0}
+
+
+def cost_steepness(fit: ScalingFit, params: float, tokens: float, batch: float,
+                   reference: float, overhead: float | None) -> float:
+    """d ln(cost) / d ln B at `batch`: the cost the overhead (or, without one, the loss given
+    up) above the loss-optimal `reference`; central differences over +-5% in B."""
+    def cost(b: float) -> float:
+        loss = float(fit.predict_loss(params, b, tokens)[0])
+        if overhead is None:
+            return loss - float(fit.predict_loss(params, reference, tokens)[0])
+        return tokens / float(fit.tokens_to(loss, params, reference)) - 1
+
+    up, down = cost(batch * 1.05), cost(batch / 1.05)
+    if not (up > 0 and down > 0):
+        return math.nan
+    return math.log(up / down) / (2 * math.log(1.05))

@@ -1,25 +1,27 @@
 """The batch size and learning rate for a larger run, predicted from your own sweep.
 
     critbatch-recommend RUNS_DIR [RUNS_DIR ...] (--width W | --params N) --tokens D
-                        [--optimizer adamw|muon] [--tolerance T] [--target-loss L]
-                        [--json FILE] [--out DIR] [--wandb MODE]
+                        [--optimizer adamw|muon] [--overhead EPS | --tolerance T]
+                        [--target-loss L] [--json FILE] [--out DIR] [--wandb MODE]
     critbatch-recommend --table FILE ... --params N --tokens D
     critbatch-recommend RUNS_DIR --validate
     critbatch-recommend --peers steplaw --params N --tokens D [--peers-dir DIR]
     critbatch-recommend --peers steplaw --validate
 
-(`python analysis/recommend.py` is the same command.) Fits one law to the sweep's best-lr
-losses over batch, tokens and model size (the joint model, docs/science.md sections 8 and 9),
-and the best lr as a power law in batch and size; then, for a model of W width (at the sweep's
-depth) or N non-embedding parameters trained on D tokens, predicts the loss of each candidate
-batch (powers of two from the sweep's smallest), and recommends the largest batch within T
-nats/token (default 0.01) of the best. Intervals are 95%: the law's parametric bootstrap and
-the lr law's fit. A target more than 10x beyond the sweep is answered with a loud warning.
---validate holds out the sweep's largest model (with one model, its largest budget), recommends
-for it from the rest and prints that beside what its runs measured. Writes recommend.md,
-recommend.json and recommend.png to --out (default: <sweep dir>/report) and logs them to W&B
-(offline by default). --peers steplaw answers from Step Law's public grid alone (Li et al.
-2025; `critbatch.peers.recommend`), for users with no sweep of their own: its file is read from
+(`python analysis/recommend.py` is the same command.) For a model of W width (at the
+sweep's depth) or N non-embedding parameters trained on D tokens, answers with two batches
+and their lrs: the loss-optimal batch, and the largest batch whose loss at D tokens costs at
+most EPS more compute than the loss-optimal one (--overhead, default 0.1: 10% more tokens for
+the same loss; --tolerance T asks for T nats/token instead). Where the runs have a loss
+optimum inside their batches (a dense public grid) the batches come from the measured
+profiles and their laws in size and tokens; where loss keeps falling towards the smallest
+batch (critbatch's sweeps) from the joint model's B_crit(L); the answer says which, and
+whether the law it rests on is resolved. Intervals are 95%, from refits of the whole choice.
+--validate holds out each size's largest budget (and, with three sizes, the largest model)
+in turn and scores the answer on the held-out runs. Writes recommend.md, recommend.json and
+recommend.png to --out (default: <sweep dir>/report) and logs them to W&B (offline by
+default). --peers steplaw answers from Step Law's public grid alone (Li et al. 2025), the
+same engine on its runs, for users with no sweep of their own: its file is read from
 --peers-dir (or $PEERS_DIR) or downloaded at a pinned commit and checked by sha256. The work
 is done by `critbatch.analysis.recommend.report`; this module
 only parses arguments.
@@ -30,12 +32,12 @@ from __future__ import annotations
 import argparse
 import os
 
-from critbatch.analysis.recommend.recommend import DEFAULT_TOLERANCE
 from critbatch.analysis.recommend.report import run
 from critbatch.analysis.render import add_wandb_arguments
 from critbatch.peers import recommend as peers
 from critbatch.peers.recommend import GRIDS
 from critbatch.results.errors import user_errors
+from critbatch.science.answer import DEFAULT_OVERHEAD, Promise
 
 
 def count(text: str) -> float:
@@ -58,9 +60,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=count, help="the target run's training tokens")
     parser.add_argument("--optimizer", help="only this optimizer (default: every one in the "
                                             "sweep, the best first)")
-    parser.add_argument("--tolerance", type=count, default=DEFAULT_TOLERANCE,
-                        help="nats/token a larger batch may lose against the best "
-                             f"(default {DEFAULT_TOLERANCE})")
+    promise = parser.add_mutually_exclusive_group()
+    promise.add_argument("--overhead", type=count,
+                         help="the compute the fastest batch may cost beyond the loss-optimal "
+                              f"one, a fraction (default {DEFAULT_OVERHEAD}: 10%% more tokens "
+                              "for the same loss)")
+    promise.add_argument("--tolerance", type=count,
+                         help="instead of --overhead: nats/token of loss the fastest batch may "
+                              "give up at the target's tokens")
     parser.add_argument("--target-loss", type=count, help="also: steps and tokens of each "
                         "batch to reach this loss (nats/token)")
     parser.add_argument("--json", dest="json_file", help="also write the answer to this file")
@@ -97,13 +104,15 @@ def main(argv: list[str] | None = None) -> None:
         if not args.validate and (args.tokens is None or not (args.width or args.params)):
             parser.error("say the target: --width W or --params N, and --tokens D "
                          "(or --validate)")
+        promise = (Promise(overhead=None, tolerance=args.tolerance) if args.tolerance
+                   else Promise(overhead=args.overhead or DEFAULT_OVERHEAD))
         if args.peers:
-            peers.run(args.peers, args.params, args.tokens, args.tolerance, args.peers_dir,
+            peers.run(args.peers, args.params, args.tokens, promise, args.peers_dir,
                       None, args.out, args.json_file, args.validate)
             return
         run(args.paths, args.table, args.from_wandb, args.group, width=args.width,
             params=args.params, tokens=args.tokens, optimizer=args.optimizer,
-            tolerance=args.tolerance, target_loss=args.target_loss, json_file=args.json_file,
+            promise=promise, target_loss=args.target_loss, json_file=args.json_file,
             out=args.out, do_validate=args.validate, wandb_mode=args.wandb_mode,
             project=args.project)
 

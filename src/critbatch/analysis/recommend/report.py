@@ -1,10 +1,10 @@
-"""`python analysis/recommend.py`: the recommendation printed, written (JSON, report.md, plot)
-and logged to W&B; `analysis.recommend` computes it.
+"""`python analysis/recommend.py`: the answer printed, written (JSON, report.md, plot) and logged
+to W&B; `engine.py` computes it, for this door and every other.
 
 With several optimizers in the sweep (and no --optimizer), each gets its answer; the JSON's
-top level is the one whose recommended batch predicts the lowest loss, the others under
-`others`. `--validate` writes `validation` instead: per optimizer, the held-out model's
-recommendation beside what its runs measured.
+top level is the one whose recommended batch predicts the lowest loss (where both predict
+one), the others under `others`. `--validate` writes `validation` instead: per optimizer, each
+held-out case's answer scored on the case's own runs.
 """
 
 from __future__ import annotations
@@ -17,15 +17,14 @@ import numpy as np
 
 from critbatch.analysis import plotting
 from critbatch.analysis.bcrit.report import inputs_of
+from critbatch.analysis.recommend import engine
 from critbatch.analysis.recommend.recommend import (
-    DEFAULT_TOLERANCE,
     SizedSweep,
-    answer,
-    fit_model,
+    beta2_of,
     sized_sweeps,
-    validate,
     width_params,
 )
+from critbatch.analysis.recommend.summary import scale_of
 from critbatch.analysis.render import (
     fmt,
     json_clean,
@@ -35,27 +34,96 @@ from critbatch.analysis.render import (
 )
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_json_atomic
+from critbatch.science.answer import GridCell, Promise
+from critbatch.science.recommend import to_target_loss
 
 PLOT_FILE = "recommend.png"
 JSON_FILE = "recommend.json"
 REPORT_FILE = "recommend.md"
+SMOKE_RESAMPLES = 20  # bootstrap refits at the smoke scale: it measures nothing anyway
 
 
 def fmt_range(low, high, spec: str = ".4g") -> str:
-    return "-" if low is None or high is None else f"[{low:{spec}}, {high:{spec}}]"
+    return "" if low is None or high is None else f" [{low:{spec}}, {high:{spec}}]"
 
 
-def candidate_table(doc: dict) -> tuple[list[str], list[list[str]]]:
-    header = ["batch (seq)", "loss (nats/token)", "95% (bootstrap)", "steps",
-              "token overhead", "lr", "lr 95% (fit)", "B_crit (seq)"]
+def batch_words(batch: float, seq_len: int) -> str:
+    return f"{batch:,.0f} sequences of {seq_len:,} tokens"
+
+
+def answer_lines(doc: dict) -> list[str]:
+    """An answer as the console shows it: its warnings first, then the batch and lr, the
+    promise and what it costs, the loss-optimal batch, the route and the check."""
+    name = doc.get("optimizer") or doc.get("grid") or ""
+    prefix = f"{name}: " if name else ""
+    lines = [prefix + w for w in doc["headline"]]
+    size = (f"width {doc['width']} ({doc['params']:,.0f} params)" if doc.get("width")
+            else f"{doc['params']:.3g} params")
+    lr = f"lr {doc['lr']:.3g}{fmt_range(doc['lr_low'], doc['lr_high'], '.3g')}"
+    if doc.get("beta2") is not None:
+        lr += f", AdamW beta2 {doc['beta2']:.4g}"
+    lines.append(
+        f"{prefix}batch {batch_words(doc['batch_size'], doc['seq_len'])}"
+        f"{fmt_range(doc['batch_low'], doc['batch_high'], ',.0f')} at {lr}, for {size} on "
+        f"{doc['tokens']:.3g} tokens ({doc['steps']:,} steps)")
+    loss = ("" if doc.get("predicted_loss") is None else
+            f"; predicted loss {doc['predicted_loss']:.4f}"
+            f"{fmt_range(doc.get('predicted_loss_low'), doc.get('predicted_loss_high'))}")
+    lines.append(f"  promise: {doc['promise']}, which gives up {doc['loss_given_up']:.4f} "
+                 f"nats/token{loss}")
+    opt = doc["loss_optimal_batch"]
+    where = (" (the smallest trained: loss keeps falling towards it)"
+             if doc.get("loss_optimal_is_smallest") else "")
+    interval = fmt_range(doc.get("loss_optimal_batch_low"), doc.get("loss_optimal_batch_high"),
+                         ",.0f")
+    lines.append(
+        f"  loss-optimal: batch {opt:,.0f}{interval}{where} at lr {doc['loss_optimal_lr']:.3g}"
+        f"{fmt_range(doc['loss_optimal_lr_low'], doc['loss_optimal_lr_high'], '.3g')}")
+    if doc.get("b_crit") is not None:
+        lines.append(f"  B_crit {doc['b_crit']:,.0f}"
+                     f"{fmt_range(doc['b_crit_low'], doc['b_crit_high'], ',.0f')} sequences at "
+                     f"that loss: E/E_min {doc['tokens_over_min']:.2f}, S/S_min "
+                     f"{doc['steps_over_min']:.2f}")
+    lines += [f"  how: {doc['route_words']}; intervals 95%, {doc['model']['intervals']}",
+              f"  verdict: {doc['verdict']}; check: {doc['check']}"]
+    return lines
+
+
+def candidate_rows(doc: dict, fitted: engine.Fitted) -> list[dict]:
+    """Powers of two around the answer: steps and lr (and on the B_crit route the predicted
+    loss and the compute overhead against the loss-optimal batch)."""
+    low = 2 ** math.floor(math.log2(min(doc["loss_optimal_batch"], doc["batch_size"]) / 2))
+    high = 2 ** math.ceil(math.log2(doc["batch_size"] * 4))
     rows = []
-    for r in doc["candidates"]:
-        mark = " <-" if r["batch_size"] == doc["batch_size"] else ""
-        rows.append([f"{r['batch_size']}{mark}", f"{r['predicted_loss']:.4f}",
-                     fmt_range(r["predicted_loss_low"], r["predicted_loss_high"]),
-                     f"{r['steps']:,}", f"{r['token_overhead']:+.1%}", fmt(r["lr"], ".3g"),
-                     fmt_range(r["lr_low"], r["lr_high"], ".3g"), fmt(r["b_crit"], ".3g")])
-    return header, rows
+    b = max(low, 1)
+    while b <= high and b * doc["seq_len"] <= doc["tokens"]:
+        row = {"batch_size": b, "steps": int(doc["tokens"] // (b * doc["seq_len"])),
+               "within_promise": b <= doc["batch_size"] * (1 + 1e-9)}
+        if fitted.route == engine.ROUTE_B_CRIT:
+            fit, ref = fitted.model.fit, doc["loss_optimal_batch"]
+            loss = float(fit.predict_loss(doc["params"], b, doc["tokens"])[0])
+            row["predicted_loss"] = loss
+            row["overhead"] = doc["tokens"] / float(fit.tokens_to(loss, doc["params"], ref)) - 1
+            row["lr"] = engine.lr_of(fitted, doc["params"], doc["tokens"], b)[0]
+        else:
+            row["lr"] = fitted.grid.lr.predict(doc["params"], doc["tokens"], b)
+        rows.append(row)
+        b *= 2
+    return rows
+
+
+def candidate_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    loss = any("predicted_loss" in r for r in rows)
+    header = ["batch (seq)", "steps", "lr", "within the promise"] + (
+        ["loss (nats/token)", "compute overhead"] if loss else [])
+    out = []
+    for r in rows:
+        cells = [str(r["batch_size"]), f"{r['steps']:,}", fmt(r["lr"], ".3g"),
+                 "yes" if r["within_promise"] else "no"]
+        if loss:
+            cells += [fmt(r["predicted_loss"], ".4f"), f"{r['overhead']:+.1%}"]
+        out.append(cells)
+    return header, out
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:
@@ -63,24 +131,6 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
-
-
-def headline(doc: dict) -> str:
-    if doc["batch_size"] is None:
-        return f"{doc['optimizer']}: no recommendation ({'; '.join(doc['warnings'])})"
-    size = (f"width {doc['width']} ({doc['params']:,.0f} params)" if doc["width"]
-            else f"{doc['params']:,.0f} params")
-    lr = ("" if doc["lr"] is None else
-          f" at lr {doc['lr']:.3g} {fmt_range(doc['lr_low'], doc['lr_high'], '.3g')}")
-    if doc.get("beta2") is not None:
-        lr += f", AdamW beta2 {doc['beta2']:.4g} ({beta2_words(doc['beta2_rule'])})"
-    return (f"{doc['optimizer']}: batch {doc['batch_size']} sequences{lr} for {size} on "
-            f"{doc['tokens']:,.0f} tokens: {doc['steps']:,} steps, predicted loss "
-            f"{doc['predicted_loss']:.4f} "
-            f"{fmt_range(doc['predicted_loss_low'], doc['predicted_loss_high'])} "
-            f"nats/token, B_crit {fmt(doc['b_crit'], '.3g')} "
-            f"{fmt_range(doc['b_crit_low'], doc['b_crit_high'], '.3g')} sequences (the largest "
-            f"batch within {doc['tolerance']} nats/token of the best; intervals 95%)")
 
 
 def target_lines(doc: dict) -> list[str]:
@@ -91,91 +141,116 @@ def target_lines(doc: dict) -> list[str]:
             for r in t["rows"]]
     pick = ("no batch reaches it" if t["batch_size"] is None else
             f"fewest steps within the tolerance: batch {t['batch_size']} ({t['steps']:,} "
-            f"steps, {t['tokens']:.4g} tokens; allowed up to {t['allowed_tokens']:.4g} tokens, "
-            "what the most token-efficient batch needs for "
-            f"{t['target_loss'] - doc['tolerance']:.4g})")
+            f"steps, {t['tokens']:.4g} tokens; allowed up to {t['allowed_tokens']:.4g} tokens)")
     return [f"to reach {t['target_loss']} nats/token (the predicted Pareto frontier): {pick}",
             text_table(["batch (seq)", "tokens", "steps"], rows)]
 
 
-def validation_rows(v: dict) -> list[list[str]]:
-    doc, m, at = v["recommendation"], v["measured"], v["predicted_at_measured_batch"] or {}
-    checks = v["checks"]
+def validation_lines(name: str, rows: list[dict]) -> list[str]:
+    """Each held-out case: the answer beside what the case's own runs measured."""
+    out = [f"{name}: held out in turn (the answer fitted without the case, its cost read off "
+           "the case's own runs)"]
+    for r in rows:
+        a, m, o = r["answer"], r["measured"], r["loss_optimal_measured"]
+        checks = ", ".join(f"{k} {'ok' if v else 'NO'}" for k, v in m["checks"].items()
+                           if v is not None)
+        interval = fmt_range(a["batch_low"], a["batch_high"], ",.0f")
+        out += [f"  {r['case']}",
+                f"    batch {a['batch_size']:,.0f}{interval} vs measured largest within "
+                f"{a['loss_given_up']:.4f}: "
+                f"{m['measured_largest_within']:,.0f}; gives up {m['loss_given_up']:.4f} "
+                f"nats/token at its (batch, lr) ({checks})",
+                f"    loss-optimal batch {a['loss_optimal_batch']:,.0f} gives up "
+                f"{o['loss_given_up']:.4f}"
+                + (f"; the formula's batch {r['formula']['batch_size']:,.0f} gives up "
+                   f"{r['formula']['loss_given_up']:.4f}" if r.get("formula") else "")]
+    s = engine.validation_summary(rows)
+    out.append(f"  promise kept {s['promise_kept']['passed']} of {s['promise_kept']['of']}; "
+               f"interval holds the measured batch {s['interval_holds']['passed']} of "
+               f"{s['interval_holds']['of']}; within a doubling "
+               f"{s['batch_within_a_doubling']['passed']} of {s['batch_within_a_doubling']['of']}")
+    return out
 
-    def ok(key):
-        return {True: "yes", False: "no", None: "-"}[checks.get(key)]
-    return [
-        ["batch (seq)", str(doc["batch_size"]), str(m["batch_size"]),
-         ok("batch_within_a_doubling")],
-        ["lr at the measured batch", fmt(at.get("lr"), ".3g"),
-         fmt(m["lr"], ".3g") + (f" (grid edge: {m['lr_edge']})" if m["lr_edge"] else ""),
-         ok("lr_within_1.5x")],
-        ["loss at the measured batch (nats/token)",
-         f"{fmt(at.get('predicted_loss'), '.4f')} "
-         f"{fmt_range(at.get('predicted_loss_low'), at.get('predicted_loss_high'))}",
-         f"{m['loss']:.4f}", ok("loss_within_interval")],
-    ]
+
+def nearest_cells(cells: list[GridCell], params: float, tokens: float, count: int = 4
+                  ) -> list[GridCell]:
+    """The cells nearest the target in ln N and ln D."""
+    return sorted(cells, key=lambda c: math.hypot(math.log(c.params / params),
+                                                  math.log(c.tokens / tokens)))[:count]
 
 
-def plot(docs: list[dict], sweeps: dict[str, SizedSweep], path: Path,
-         measured: dict[str, dict] | None = None) -> None:
-    """Per optimizer: predicted loss against batch at the target (line, 95% band, the pick
-    ringed), the sweep's cells at each size's largest budget beside it (points), and with
-    --validate the held-out runs' losses (crosses)."""
+def plot(docs: list[dict], fitted: dict[str, engine.Fitted], path: Path) -> None:
+    """Per optimizer: the measured loss above each nearby cell's best against batch, the
+    promised loss given up, the answer with its interval and the loss-optimal batch; on the
+    B_crit route also the predicted loss above its best at the target (with its 95% band)."""
     plt = plotting.pyplot()
-    fig, axes = plotting.panel_grid(max(1, len(docs)), "Predicted loss at the target tokens "
-                                    "against batch (95% bootstrap band), beside the sweep")
+    fig, axes = plotting.panel_grid(max(1, len(docs)), "The answer against the measured "
+                                    "profiles: loss above each cell's best against batch")
     for ax, doc in zip(axes, docs, strict=False):
-        rows = doc["candidates"]
-        if not rows:
-            plotting.empty_axes(ax, "no candidates")
-            continue
-        b = [r["batch_size"] for r in rows]
-        ax.plot(b, [r["predicted_loss"] for r in rows], "-o", color="k", ms=4,
-                label=f"predicted, {doc['params']:.3g} params, {doc['tokens']:.3g} tokens")
-        if all(r["predicted_loss_low"] is not None for r in rows):
-            ax.fill_between(b, [r["predicted_loss_low"] for r in rows],
-                            [r["predicted_loss_high"] for r in rows], color="k", alpha=0.15)
-        if doc["batch_size"]:
-            ax.plot([doc["batch_size"]], [doc["predicted_loss"]], "o", ms=12, mfc="none",
-                    color="tab:red", label=f"recommended: {doc['batch_size']}")
-        sweep = sweeps[doc["optimizer"]]
-        colors = plt.cm.viridis(np.linspace(0, 0.85, max(1, len(sweep.sizes))))
-        for color, size in zip(colors, sweep.sizes, strict=False):
-            mine = [c for c, p in zip(sweep.cells, sweep.params, strict=True) if p == size]
-            top = max(c.budget for c in mine)
-            pts = sorted((c.batch_size, c.loss) for c in mine if c.budget == top)
-            ax.plot(*zip(*pts, strict=True), "s--", color=color, ms=4, lw=0.8,
-                    label=f"sweep {size:.3g} params, {top:.3g} tokens")
-        held = (measured or {}).get(doc["optimizer"])
-        if held:
-            ax.plot(list(held["losses"]), list(held["losses"].values()), "x", color="tab:red",
-                    ms=8, mew=2, label="held-out runs (measured)")
+        fit = fitted[doc.get("optimizer") or doc.get("grid")]
+        near = nearest_cells(fit.cells, doc["params"], doc["tokens"])
+        colors = plt.cm.viridis(np.linspace(0, 0.85, max(1, len(near))))
+        for color, c in zip(colors, near, strict=False):
+            b, loss = c.profile()
+            ax.plot(b, loss - c.best, "s-", color=color, ms=3, lw=0.8,
+                    label=f"measured {c.params:.3g} params, {c.tokens:.3g} tokens")
+        rows = doc.get("candidates") or []
+        if fit.route == engine.ROUTE_B_CRIT and rows:
+            b = [r["batch_size"] for r in rows]
+            best = doc["predicted_best_loss"]
+            ax.plot(b, [r["predicted_loss"] - best for r in rows], "-o", color="k", ms=3,
+                    label="predicted at the target")
+        ax.axhline(doc["loss_given_up"], color="tab:red", lw=0.8, ls=":",
+                   label=f"promised: {doc['loss_given_up']:.4f} nats/token given up")
+        if doc["batch_low"] is not None:
+            ax.axvspan(doc["batch_low"], doc["batch_high"], color="tab:red", alpha=0.12,
+                       label="95% interval of the batch")
+        ax.axvline(doc["batch_size"], color="tab:red",
+                   label=f"answer: {doc['batch_size']:,.0f} sequences")
+        ax.axvline(doc["loss_optimal_batch"], color="tab:blue", ls="--",
+                   label=f"loss-optimal: {doc['loss_optimal_batch']:,.0f}")
+        ax.set_ylim(bottom=-0.002)
         plotting.log_axes(ax, x=True)
-        plotting.label_axes(ax, "batch size (sequences)", "loss (nats/token)",
-                            f"{doc['optimizer']}")
+        plotting.label_axes(ax, "batch size (sequences)", "loss above the cell's best "
+                            "(nats/token)", f"{doc.get('optimizer') or doc.get('grid')}: "
+                            f"{doc['params']:.3g} params, {doc['tokens']:.3g} tokens")
     plotting.save_figure(fig, path)
 
 
-def beta2_words(rule: dict) -> str:
-    if rule["scaling"] == "tokens":
-        return f"the sweep's half-life of {rule['half_life_tokens']:,.0f} tokens"
-    return "the sweep's, fixed at every batch"
-
-
-def recommend_all(sweeps: dict[str, SizedSweep], optimizer: str | None, params: float,
-                  tokens: float, tolerance: float, width: int | None,
-                  target_loss: float | None) -> list[dict]:
-    """A document per optimizer (the asked one, or every one), best predicted loss first."""
-    docs = []
+def fit_all(sweeps: dict[str, SizedSweep], optimizer: str | None, promise: Promise,
+            pipeline_test: bool, report_verdicts: dict | None = None
+            ) -> dict[str, engine.Fitted]:
+    out = {}
     for name, sweep in sweeps.items():
         if optimizer and name != optimizer:
             continue
-        model = fit_model(sweep)
-        docs.append(answer(model, name, params, tokens, sweep.seq_len, tolerance, width,
-                           target_loss))
-    return sorted(docs, key=lambda d: math.inf if d["predicted_loss"] is None
-                  else d["predicted_loss"])
+        print(f"  {name}: fitting the answer's laws and their bootstrap ...", flush=True)
+        out[name] = engine.fit(engine.grid_cells(sweep), promise, sweep.seq_len, sweep,
+                               resamples=SMOKE_RESAMPLES if pipeline_test else None,
+                               report_verdict=(report_verdicts or {}).get(name),
+                               pipeline_test=pipeline_test)
+    return out
+
+
+def answer_for(name: str, fitted: engine.Fitted, sweep: SizedSweep, params: float,
+               tokens: float, width: int | None, target_loss: float | None) -> dict:
+    """One optimizer's answer document (engine.answer with the sweep's beta2, its candidates
+    and, on the B_crit route, the steps to a target loss)."""
+    doc = {"optimizer": name, **engine.answer(fitted, params, tokens, width)}
+    doc["beta2"] = beta2_of(sweep.beta2_rule, round(doc["batch_size"]), sweep.seq_len)
+    doc["beta2_rule"] = sweep.beta2_rule
+    doc["candidates"] = candidate_rows(doc, fitted)
+    doc["warnings"] = [f"{name}: {w}" for w in engine.size_warnings(fitted, params)]
+    if target_loss is not None:
+        if fitted.route != engine.ROUTE_B_CRIT:
+            doc["warnings"].append(f"{name}: --target-loss needs the joint model's loss law, "
+                                   "which a grid with an interior optimum does not use")
+        else:
+            model = fitted.model
+            doc["target_loss"] = to_target_loss(model.fit, params, target_loss,
+                                                [r["batch_size"] for r in doc["candidates"]],
+                                                sweep.seq_len, doc["loss_given_up"])
+    return doc
 
 
 def target_params(sweeps: dict[str, SizedSweep], width: int | None,
@@ -192,12 +267,13 @@ def target_params(sweeps: dict[str, SizedSweep], width: int | None,
 @on_one_blas_thread
 def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, group: str | None,
         *, width: int | None = None, params: float | None = None, tokens: float | None = None,
-        optimizer: str | None = None, tolerance: float = DEFAULT_TOLERANCE,
+        optimizer: str | None = None, promise: Promise | None = None,
         target_loss: float | None = None, json_file: str | None = None,
         out: str | None = None, do_validate: bool = False, wandb_mode: str = "offline",
         project: str = "critbatch") -> dict:
     """Load the runs, answer (or validate), print, and write the report folder."""
     t0 = time.perf_counter()
+    promise = promise or Promise()
     load, inputs, default = inputs_of(paths, from_wandb, group, tables, "runs")
     loaded = load()
     if not loaded["runs"]:
@@ -213,64 +289,63 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
                            "without a model size)")
     out_dir = Path(out) if out else default
     out_dir.mkdir(parents=True, exist_ok=True)
+    smoke = scale_of(loaded["runs"]) == "smoke"
     lines: list[str] = []
     if do_validate:
-        checks = {name: validate(s, tolerance) for name, s in sweeps.items()
-                  if not optimizer or name == optimizer}
-        docs = [v["recommendation"] for v in checks.values()]
-        document = {"validation": list(checks.values()), "warnings": warnings}
-        for name, v in checks.items():
-            lines += [f"{name}: held out {v['held_out']}; recommended from the rest vs measured",
-                      text_table(["", "recommended", "measured", "match"], validation_rows(v)),
-                      ""]
-        measured = {name: v["measured"] for name, v in checks.items()}
+        document = {"validation": {}, "warnings": warnings}
+        docs, fitted = [], {}
+        for name, sweep in sweeps.items():
+            if optimizer and name != optimizer:
+                continue
+            cells = engine.grid_cells(sweep)
+            rows = engine.validate(cells, promise, sweep.seq_len, sweep,
+                                   SMOKE_RESAMPLES if smoke else None,
+                                   progress=lambda m, n=name: print(f"  {n}: {m}", flush=True))
+            document["validation"][name] = {"cases": rows,
+                                            "summary": engine.validation_summary(rows)}
+            lines += validation_lines(name, rows) + [""]
     else:
         size = target_params(sweeps, width, params)
-        docs = recommend_all(sweeps, optimizer, size, tokens, tolerance, width, target_loss)
+        fitted = fit_all(sweeps, optimizer, promise, smoke)
+        docs = [answer_for(name, f, sweeps[name], size, tokens, width, target_loss)
+                for name, f in fitted.items()]
+        docs.sort(key=lambda d: math.inf if d.get("predicted_loss") is None
+                  else d["predicted_loss"])
         document = {**docs[0], "others": docs[1:]}
-        document["warnings"] = warnings + docs[0]["warnings"]
+        document["warnings"] = warnings + [w for d in docs for w in d["warnings"]]
         for doc in docs:
-            lines += [headline(doc), text_table(*candidate_table(doc)), *target_lines(doc), ""]
-        measured = None
-    plot(docs, sweeps, out_dir / PLOT_FILE, measured)
+            lines += [*answer_lines(doc), text_table(*candidate_table(doc["candidates"])),
+                      *target_lines(doc), ""]
+        plot(docs, fitted, out_dir / PLOT_FILE)
     document = json_clean(document)
     write_json_atomic(out_dir / JSON_FILE, document)
     if json_file:
         write_json_atomic(Path(json_file), document)
-    doc_warnings = [w for d in docs for w in d["warnings"]] + warnings
-    text = "\n".join(lines + [f"warning: {w}" for w in dict.fromkeys(doc_warnings)])
+    doc_warnings = list(dict.fromkeys(document.get("warnings", [])))
+    text = "\n".join(lines + [f"warning: {w}" for w in doc_warnings])
     (out_dir / REPORT_FILE).write_text(markdown(inputs, docs, lines, doc_warnings,
                                                 time.perf_counter() - t0))
     publish_report(out_dir, name="recommend", group=f"recommend-{out_dir.parent.name}",
                    mode=wandb_mode, project=project, config={"inputs": inputs},
-                   images={"recommend": PLOT_FILE}, files=[REPORT_FILE, JSON_FILE, PLOT_FILE],
+                   images={} if do_validate else {"recommend": PLOT_FILE},
+                   files=[REPORT_FILE, JSON_FILE] + ([] if do_validate else [PLOT_FILE]),
                    summary={k: document.get(k) for k in ("optimizer", "batch_size", "lr",
-                                                          "predicted_loss")})
+                                                          "predicted_loss", "verdict")})
     print(text)
     print(f"report: {out_dir / REPORT_FILE} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return document
 
 
-def terms_rows(model: dict) -> list[list[str]]:
-    """The fitted optional terms of a recommendation's model (older documents: none)."""
-    rows = []
-    if model.get("b_small") is not None:
-        rows.append(["B_s (sequences)", f"{model['b_small']:.3g}"])
-    if model.get("transition_power") is not None:
-        rows.append(["p (the transition's power)", f"{model['transition_power']:.2f}"])
-    return rows
-
-
 def markdown(inputs: list[str], docs: list[dict], lines: list[str], warnings: list[str],
              elapsed_s: float) -> str:
     out = ["# Recommendation", "", f"From {', '.join(inputs)} ({elapsed_s:.1f} s).", "",
-           "```", *lines, "```", "", f"![prediction]({PLOT_FILE})", ""]
+           "```", *lines, "```", ""]
     if docs:
+        out += [f"![answer]({PLOT_FILE})", ""]
         m = docs[0]["model"]
-        out += ["## The model", "", md_table(["", "value"], [
-            ["form", m["form"]], *terms_rows(m), ["chi2/dof", f"{m['chi2_per_dof']:.2f}"],
-            ["sizes (params)", ", ".join(f"{s:,.0f}" for s in m["sizes"])],
-            ["intervals", m["intervals"]]]), ""]
+        rows = [[k, fmt(v, ".4g") if isinstance(v, float) else str(v)]
+                for k, v in m.items() if not isinstance(v, dict | list)]
+        out += ["## The model", "", md_table(["", "value"], rows), ""]
     if warnings:
-        out += ["## Warnings", "", *[f"- {w}" for w in dict.fromkeys(warnings)], ""]
+        out += ["## Warnings", "", *[f"- {w}" for w in warnings], ""]
     return "\n".join(out)

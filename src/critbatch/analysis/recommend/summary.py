@@ -1,8 +1,9 @@
 """The B_crit report's opening: per optimizer, what to act on and how far to trust it.
 
-For each optimizer, `sweep_summary` asks `analysis.recommend` for the sweep's own largest
-model at its largest budget: B_crit at the loss it predicts there (95% bootstrap interval),
-the recommended batch and lr, beside the best loss the sweep measured there. The joint
+For each optimizer, `sweep_summary` asks the answer engine (`analysis.recommend.engine`) for the
+sweep's own largest model at its largest budget: B_crit at the loss it predicts there (95%
+bootstrap interval), the recommended batch and lr, beside the best loss the sweep measured
+there. The joint
 model's held-out check gives the verdict, and a reliability line says when the numbers are
 not meaningful and why: the smoke scale, an unbounded interval, an unresolved law, a model
 that misfits the losses or missed its held-out cells. Goes into fits.json as `summary`, at
@@ -15,16 +16,12 @@ import numpy as np
 
 from critbatch.analysis.joint.joint import RESOLVED_WIDTH, leans_on_extrapolation, passes
 from critbatch.analysis.joint.report import held_out_text
-from critbatch.analysis.recommend.recommend import (
-    DEFAULT_TOLERANCE,
-    RESAMPLES,
-    answer,
-    fit_model,
-    sized_sweeps,
-)
+from critbatch.analysis.recommend import engine
+from critbatch.analysis.recommend.recommend import beta2_of, sized_sweeps
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.results.errors import ResultsError
 from critbatch.results.runs import read_config
+from critbatch.science.answer import Promise
 
 MISFIT = 2.0  # chi2/dof above which the model does not describe the losses
 SMOKE_RESAMPLES = 20  # bootstrap refits at smoke scale
@@ -75,15 +72,16 @@ def reliability(row: dict, doc: dict | None, scale: str | None) -> list[str]:
     return why
 
 
-def sweep_summary(runs: list[dict], joint: dict, tolerance: float = DEFAULT_TOLERANCE,
+def sweep_summary(runs: list[dict], joint: dict, promise: Promise | None = None,
                   warnings: list[str] | None = None) -> list[dict]:
     """One row per optimizer (see the module docstring); an optimizer whose cells cannot
-    carry the model gets a row with `reason` instead."""
+    carry the answer gets a row with `reason` instead."""
     scale = scale_of(runs)
+    promise = promise or Promise()
     rows = []
     for optimizer, sweep in sized_sweeps(runs, []).items():
         doc = joint.get(optimizer)
-        print(f"  summary ({optimizer}): the recommendation's fit and bootstrap ...", flush=True)
+        print(f"  summary ({optimizer}): the answer's fit and bootstrap ...", flush=True)
         size = max(sweep.sizes)
         mine = [c for c, p in zip(sweep.cells, sweep.params, strict=True) if p == size]
         top = max(c.budget for c in mine)
@@ -94,17 +92,20 @@ def sweep_summary(runs: list[dict], joint: dict, tolerance: float = DEFAULT_TOLE
                "measured_lr": measured.lr}
         try:
             # a smoke sweep measures nothing (its row says so): a rough interval is enough
-            model = fit_model(sweep, resamples=SMOKE_RESAMPLES if scale == "smoke" else
-                              RESAMPLES)
-            ans = answer(model, optimizer, size, tokens, sweep.seq_len, tolerance)
+            fitted = engine.fit(engine.grid_cells(sweep), promise, sweep.seq_len, sweep,
+                                resamples=SMOKE_RESAMPLES if scale == "smoke" else None,
+                                report_verdict=doc, pipeline_test=scale == "smoke")
+            ans = engine.answer(fitted, size, tokens)
         except ResultsError as err:
             rows.append({**row, "reason": str(err), "reliable": False,
                          "why": [str(err)]})
             continue
-        row.update({k: ans[k] for k in (
-            "batch_size", "lr", "lr_low", "lr_high", "predicted_loss", "predicted_loss_low",
-            "predicted_loss_high", "b_crit", "b_crit_low", "b_crit_high", "steps", "beta2")})
-        row["seq_len"] = sweep.seq_len
+        row.update({k: ans.get(k) for k in (
+            "batch_size", "batch_low", "batch_high", "lr", "lr_low", "lr_high",
+            "loss_optimal_batch", "loss_optimal_lr", "overhead", "tolerance", "loss_given_up",
+            "predicted_loss", "predicted_loss_low", "predicted_loss_high", "b_crit",
+            "b_crit_low", "b_crit_high", "steps", "route", "verdict", "seq_len")})
+        row["beta2"] = beta2_of(sweep.beta2_rule, round(ans["batch_size"]), sweep.seq_len)
         row["held_out"], row["held_out_ok"] = held_out_verdict(doc)
         row["why"] = reliability(row, doc, scale)
         row["reliable"] = not row["why"]
@@ -117,8 +118,17 @@ def sweep_summary(runs: list[dict], joint: dict, tolerance: float = DEFAULT_TOLE
 
 
 def b_crit_text(row: dict) -> str:
+    if row.get("b_crit") is None:
+        return "- (the runs have a loss optimum inside their batches: no B_crit is read)"
     return (f"{fmt_interval(row['b_crit'], row['b_crit_low'], row['b_crit_high'], '.3g')} "
             f"sequences ({fmt(row['b_crit'] * row['seq_len'], '.3g')} tokens)")
+
+
+def batch_text(row: dict) -> str:
+    """'batch B [low, high] sequences, lr X [low, high]' of a summary row."""
+    lr = fmt_interval(row["lr"], row["lr_low"], row["lr_high"], ".3g")
+    batch = fmt_interval(row["batch_size"], row.get("batch_low"), row.get("batch_high"), ",.0f")
+    return f"batch {batch} sequences, lr {lr}{beta2_text(row)}"
 
 
 def markdown(rows: list[dict]) -> list[str]:
@@ -131,16 +141,16 @@ def markdown(rows: list[dict]) -> list[str]:
         if "reason" in r:
             table.append([r["optimizer"], "-", "-", "-", r["reason"]])
             continue
-        lr = fmt_interval(r["lr"], r["lr_low"], r["lr_high"], ".3g")
         table.append([
-            r["optimizer"], b_crit_text(r), f"batch {r['batch_size']}, lr {lr}{beta2_text(r)}",
+            r["optimizer"], b_crit_text(r), batch_text(r),
             r["held_out"], "yes" if r["reliable"] else "no: " + "; ".join(r["why"])])
     return ["## Summary", "",
             f"Per optimizer, at the sweep's largest model ({rows[0]['params']:,.0f} "
             f"non-embedding params) and largest budget ({rows[0]['tokens']:,.0f} tokens): "
             "B_crit at the loss the joint law predicts there (95% parametric bootstrap), the "
-            f"batch `recommend` gives (the largest within {DEFAULT_TOLERANCE} nats/token of the "
-            "best; lr from the lr law, 95% fit interval; AdamW's beta2 at that batch by the runs' "
+            "batch `recommend` gives (the largest costing at most 10% more compute than the "
+            "loss-optimal batch, with its 95% interval from refits of the whole choice; lr "
+            "from the lr law, 95% prediction interval; AdamW's beta2 at that batch by the runs' "
             "rule), the held-out check and whether the "
             "numbers are a measurement. `python analysis/recommend.py` answers for a larger "
             "run.", "",
@@ -163,8 +173,7 @@ def lines(rows: list[dict]) -> list[str]:
         loss = r["predicted_loss"]
         out.append(
             f"  {r['optimizer']}: B_crit {b_crit_text(r)} at {fmt(loss, '.4f')} nats/token; "
-            f"recommended here: batch {r['batch_size']}, lr {fmt(r['lr'], '.3g')}"
-            f"{beta2_text(r)}; "
+            f"recommended here: {batch_text(r)}; "
             + ("a measurement" if r["reliable"] else "NOT a measurement: " + r["why"][0]))
     return out
 
