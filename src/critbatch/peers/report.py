@@ -18,13 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from critbatch.analysis.render import fmt, json_clean, md_table
 from critbatch.peers import plots, steplaw, zhang
+from critbatch.peers import recommend as peers_recommend
 from critbatch.peers.sources import SOURCES, locate
 from critbatch.peers.sources import cache_dir as default_cache
 from critbatch.results.files import write_json_atomic, write_text_atomic
+from critbatch.science.answer import Promise
 
 JSON_FILE = "peers.json"
 REPORT_FILE = "peers.md"
@@ -35,11 +35,15 @@ def progress(message: str) -> None:
     print(f"  {message}", file=sys.stderr, flush=True)
 
 
-def joint_on_table(runs: list[dict], folder: Path) -> dict:
+QUESTION = (1e9, 2e10)  # (params, tokens) asked through both doors: about Step Law's largest
+
+
+def joint_on_table(runs: list[dict], folder: Path, cells_answer: dict) -> dict:
     """Step Law's runs through critbatch's table path and `bcrit.analyse`: the joint model's
-    verdict and its B_crit(L) row (Kaplan's form). The table is the grid re-expressed, so it
-    goes to `folder`, the download cache, never to the report folder (which may lie inside a
-    repository: the grid has no license)."""
+    verdict and its B_crit(L) row (Kaplan's form); and `recommend --table`'s answer to
+    QUESTION beside the `--peers` door's (`cells_answer`): one engine, one answer. The table is
+    the grid re-expressed, so it goes to `folder`, the download cache, never to the report
+    folder (which may lie inside a repository: the grid has no license)."""
     from critbatch.analysis.bcrit import bcrit, tables
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,36 +56,23 @@ def joint_on_table(runs: list[dict], folder: Path) -> dict:
     keep = ("verdict", "chi2_per_dof", "form", "b_small", "transition_power", "n_cells",
             "loss_alone", "log_loss_span")
     return {"table": str(path), "joint": {k: joint.get(k) for k in keep},
-            "kaplan_joint": row, "sweep_recommend": sweep_recommend(loaded["runs"])}
+            "kaplan_joint": row, "doors": doors(loaded["runs"], cells_answer)}
 
 
-def sweep_recommend(runs: list[dict], resamples: int = 0) -> list[dict]:
-    """The recommend of a user's sweep (`analysis.recommend`: the loss law across sizes and
-    the lr law) on the grid's table, held out like `steplaw.validate`: what a user would get
-    by passing the grid as their own sweep. `resamples` bootstrap refits: its point answer is
-    what is compared."""
-    from critbatch.analysis.recommend.recommend import answer, fit_model, sized_sweeps
+def doors(table_runs: list[dict], peers_doc: dict) -> dict:
+    """QUESTION through `recommend --table` (the runs read as a user's table) beside the
+    `--peers` door's answer `peers_doc`: the batches and lrs, and whether they agree within 5%."""
+    from critbatch.analysis.recommend import engine
+    from critbatch.analysis.recommend.recommend import sized_sweeps
 
-    sweep = sized_sweeps(runs, [])["adamw"]
-    cells = steplaw.cells_of([{"params": r["params_nonembedding"], "tokens": r["tokens"],
-                               "batch_size": r["batch_size"], "lr": r["lr"],
-                               "loss": r["val_loss"]} for r in runs])
-    out = []
-    for name, held, cell in steplaw.held_out_cases(cells):
-        gone = {(c.params, c.tokens) for c, h in zip(cells, held, strict=True) if h}
-        keep = np.array([(p, float(c.budget)) not in gone
-                         for p, c in zip(sweep.params, sweep.cells, strict=True)])
-        model = fit_model(sweep, keep, resamples)
-        doc = answer(model, "adamw", cell.params, cell.tokens, steplaw.SEQ_LEN,
-                     steplaw.TOLERANCE)
-        if doc["batch_size"] is None:
-            continue
-        grid_batch = cell.nearest(doc["batch_size"]).batch
-        rows = {r["batch_size"]: r for r in doc["candidates"]}
-        loss = rows.get(grid_batch, {}).get("predicted_loss", doc["predicted_loss"])
-        out.append({"case": name, **steplaw.compare(cell, doc["batch_size"], doc["lr"], loss,
-                                                    steplaw.TOLERANCE)})
-    return out
+    sweep = sized_sweeps(table_runs, [])["adamw"]
+    fitted = engine.fit(engine.grid_cells(sweep), Promise(), sweep.seq_len, sweep)
+    table_doc = engine.answer(fitted, *QUESTION)
+    keys = ("batch_size", "lr", "loss_optimal_batch", "loss_optimal_lr")
+    table = {k: table_doc[k] for k in keys}
+    peers = {k: peers_doc[k] for k in keys}
+    return {"params": QUESTION[0], "tokens": QUESTION[1], "table": table, "peers": peers,
+            "agree_within_5%": all(abs(table[k] / peers[k] - 1) <= 0.05 for k in keys)}
 
 
 def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
@@ -96,14 +87,18 @@ def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
     progress("Step Law: locating the grid and its bootstrap file")
     grid = locate(SOURCES["steplaw"], peers_dir, cache_dir)
     boot = locate(SOURCES["steplaw_bootstrap"], peers_dir, cache_dir)
-    progress(f"Step Law: cell optima, laws ({resamples} cell resamples) and held-out checks")
-    step = steplaw.analyse(grid, boot, resamples)
+    progress(f"Step Law: cell optima, laws ({resamples} cell resamples) and the answer held "
+             "out in turn")
+    step = steplaw.analyse(grid, boot, resamples, progress=progress)
     model = step.pop("model")
-    step["table_path"] = {"joint": {}, "kaplan_joint": None}
+    step["table_path"] = {"joint": {}, "kaplan_joint": None, "doors": None}
     if joint:
-        progress("Step Law: the joint model on critbatch's table of the grid")
+        progress("Step Law: the joint model and recommend --table on critbatch's table of the "
+                 "grid")
+        cells_doc = peers_recommend.answer("steplaw", *QUESTION, Promise(), peers_dir,
+                                           str(cache_dir) if cache_dir else None)
         step["table_path"] = joint_on_table(steplaw.read_runs(grid), cache_dir or
-                                            default_cache())
+                                            default_cache(), cells_doc)
     progress("Zhang et al.: Pareto fits and the CBS law")
     z = zhang.analyse_zhang()
     progress("figures")
@@ -209,28 +204,57 @@ def held_out_terms_table(step: dict) -> str:
 
 
 def validation_table(step: dict) -> str:
+    """Per held-out case: the answer a user gets (`recommend`, fitted without the case), its
+    loss-optimal batch, and Step Law's formula, each scored on the case's own runs."""
+    mark = {True: "yes", False: "**no**", None: "-"}
     rows = []
-    sweep = {r["case"]: r for r in step["table_path"].get("sweep_recommend") or []}
     for v in step["validation"]:
-        v = {**v, "sweep": sweep.get(v["case"])}
-        for who, key in (("critbatch", "critbatch"), ("Step Law formula", "steplaw_formula"),
-                         ("critbatch, sweep recommend", "sweep")):
-            c = v.get(key)
-            if not c:
-                continue
-            checks = c["checks"]
-            mark = {True: "yes", False: "**no**", None: "-"}
-            rows.append([v["case"] if who == "critbatch" else "", who,
-                         f"{c['batch_size']:.0f}", f"{c['measured_batch_size']:.0f}",
-                         mark[checks["batch_within_a_doubling"]], f"{c['loss_given_up']:.4f}",
-                         f"{c['lr']:.2e}", f"{c['measured_lr']:.2e} ({c['grid_batch_lr']:.2e})",
-                         mark[checks["lr_within_1.5x"]],
-                         fmt(c["predicted_loss"], ".3f"), f"{c['measured_loss']:.3f}",
-                         mark[checks["loss_within_0.03"]]])
-    return md_table(["held out", "answer", "batch (seq)", "measured largest within 0.01",
-                     "within 2x", "measured loss given up there", "lr",
-                     "measured lr at it (nearest grid batch)", "within 1.5x",
-                     "loss", "measured loss", "within 0.03"], rows)
+        a, m, o = v["answer"], v["measured"], v["loss_optimal_measured"]
+        interval = ("-" if a["batch_low"] is None else
+                    f"[{a['batch_low']:,.0f}, {a['batch_high']:,.0f}]")
+        rows.append([v["case"], "critbatch: fastest within 10% compute",
+                     f"{a['batch_size']:,.0f} {interval}",
+                     f"{m['measured_largest_within']:,.0f}",
+                     mark[m["checks"].get("interval_holds")],
+                     mark[m["checks"].get("batch_within_a_doubling")],
+                     f"{a['loss_given_up']:.4f}", f"{m['loss_given_up']:.4f}",
+                     mark[m["checks"].get("promise_kept")],
+                     f"{a['lr']:.2e}", f"{m['measured_lr']:.2e}"])
+        rows.append(["", "critbatch: loss-optimal", f"{a['loss_optimal_batch']:,.0f}", "-",
+                     "-", "-", "-", f"{o['loss_given_up']:.4f}", "-",
+                     f"{a['loss_optimal_lr']:.2e}", f"{o['measured_lr']:.2e}"])
+        f = v.get("formula")
+        if f:
+            rows.append(["", "Step Law's formula (aims at B_opt)", f"{f['batch_size']:,.0f}",
+                         "-", "-", "-", "-", f"{f['loss_given_up']:.4f}", "-",
+                         f"{f['lr']:.2e}", f"{f['measured_lr']:.2e}"])
+    return md_table(["held out", "answer", "batch (seq) [95%]",
+                     "measured largest within the promise", "interval holds it",
+                     "within 2x of it", "promised loss given up", "measured loss given up",
+                     "kept (within +0.004)", "lr", "measured best lr at that batch"], rows)
+
+
+def validation_text(step: dict) -> str:
+    """The held-out section's summary sentence."""
+    s = step["validation_summary"]
+    doors_doc = step["table_path"].get("doors")
+    text = (f"Over the {s['promise_kept']['of']} cases the promise is kept (the measured loss "
+            f"given up at most the promised one + 0.004 nats/token, the grid's noise) in "
+            f"{s['promise_kept']['passed']}, the 95% interval holds the measured largest batch "
+            f"within the promise in {s['interval_holds']['passed']}, and the batch lies within "
+            f"a doubling of it in {s['batch_within_a_doubling']['passed']}. The loss-optimal "
+            f"answer gives up a median {s['median_loss_optimal_given_up']:.4f} nats/token, "
+            f"Step Law's formula {fmt(s['median_formula_given_up'], '.4f')}.")
+    if doors_doc:
+        t, p = doors_doc["table"], doors_doc["peers"]
+        text += (f" The same question ({doors_doc['params']:.0e} params, "
+                 f"{doors_doc['tokens']:.0e} tokens) through `recommend --table` (the grid "
+                 f"as a user's table) and `recommend --peers steplaw`: batch "
+                 f"{t['batch_size']:,.0f} and {p['batch_size']:,.0f} sequences, lr "
+                 f"{t['lr']:.3g} and {p['lr']:.3g} ("
+                 + ("the same answer" if doors_doc["agree_within_5%"] else
+                    "**they differ by more than 5%**") + ").")
+    return text
 
 
 def zhang_table(z: dict) -> str:
@@ -373,25 +397,25 @@ def markdown(doc: dict) -> str:
         + (f"L* = {loss['e']:.3f} + {loss['a']:.3f} (N/1e8)^-{loss['alpha']:.3f} + "
            f"{loss['b']:.3f} (D/1e10)^-{loss['beta']:.3f} (residual sd "
            f"{loss['residual_sd']:.4f} nats/token)" if loss else "not fitted")
-        + f"; a batch away from B_opt loses {laws['penalty']['above']:.4f} nats/token per "
-          f"squared e-fold above it and {laws['penalty']['below']:.4f} below.",
+        + ".",
         "",
-        "### Held out in turn",
+        "### The answer held out in turn",
         "",
-        "critbatch's answer is fitted without the held-out cells; its batch is the largest "
-        "within 0.01 nats/token of the predicted best (B_opt exp(sqrt(0.01 / kappa_above))). "
-        "'Measured loss given up' is the grid's best loss at that batch (interpolated in "
-        "ln B) above the cell's best: what the answer costs, whatever the checks say. "
-        "The measured lr at a batch is the same line through the nearest grid batches' "
-        "optima (the nearest batch's own optimum in brackets: neighbours scatter by about a "
-        "grid step). Step Law's formula was fitted on every cell, these included, and "
-        "aims at B_opt rather than the largest batch within 0.01. The third row per case is "
-        "`critbatch-recommend --table` on the same held-out table, what a user passing the "
-        "grid as their own sweep gets: batches are powers of two, the loss comes from the "
-        "joint model's law across sizes, in which B_crit depends on the loss alone (rejected "
-        "on this grid, see below), and the lr from a power law in B over all batches.",
+        "What a user gets from `critbatch-recommend` (any door: this grid through `--peers`, "
+        "or as their own table through `--table`), fitted without the held-out cells, for "
+        "the held-out (N, D), with the default promise: the largest batch costing at most "
+        "10% more compute than the loss-optimal one. That promise, in nats/token, is "
+        "L*(N, D/1.1) - L*(N, D) from the loss law above. Each answer is scored on the "
+        "held-out cell's own runs: its loss at the answer's (batch, lr), read off the grid "
+        "(linear in ln lr within each batch, then in ln B), above the cell's best run. The "
+        "measured largest batch within the promise is where the cell's profile (each "
+        "batch's best run) crosses its best + the promised loss. The measured best lr at a "
+        "batch interpolates the nearest batches' lr optima. Step Law's formula was fitted on "
+        "every cell, these included, and aims at the loss-optimal batch.",
         "",
         validation_table(step),
+        "",
+        validation_text(step),
         "",
         "![loss against lr](steplaw_loss_vs_lr.png)",
         "",
@@ -436,12 +460,12 @@ def summary_lines(doc: dict) -> str:
     rows = exponent_rows(step)
     out = ["Step Law: critbatch [cell bootstrap] against Step Law's bootstrap:"]
     out += [f"  {r[0]}: {r[1]} vs {r[3]} (overlap: {r[4]})" for r in rows]
-    for who, key in (("critbatch", "critbatch"), ("Step Law's formula", "steplaw_formula")):
-        cases = [v[key] for v in step["validation"] if v.get(key)]
-        passed = sum(all(x for x in c["checks"].values() if x is not None) for c in cases)
-        given = [c["loss_given_up"] for c in cases]
-        out.append(f"  held out, {who}: {passed} of {len(cases)} cases pass every check; "
-                   f"measured loss given up {min(given):.4f}-{max(given):.4f} nats/token")
+    v = step["validation_summary"]
+    out.append(f"  held out in turn: promise kept in {v['promise_kept']['passed']} of "
+               f"{v['promise_kept']['of']}, interval holds the measured batch in "
+               f"{v['interval_holds']['passed']}; loss-optimal answer gives up a median "
+               f"{v['median_loss_optimal_given_up']:.4f} nats/token, Step Law's formula "
+               f"{fmt(v['median_formula_given_up'], '.4f')}")
     cbs = doc["zhang"]["cbs_law"]
     worst = max(max(abs(s["s_min_rel_diff"]), abs(s["e_min_rel_diff"]))
                 for s in doc["zhang"]["sizes"])

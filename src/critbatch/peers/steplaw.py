@@ -7,8 +7,8 @@ schedule to 1e-5) and `smooth loss` (the smoothed end of the training loss, nats
 StepFun's corpus and tokenizer: the number the paper fits). `analyse` turns it into
 critbatch's answers (`science.grid_laws`): each cell's optima, the laws with their terms chosen
 by held-out prediction, Step Law's exponents beside its own bootstrap (the
-`steplaw_bootstrap` file), and held-out recommendations beside the measured grid and Step
-Law's formula.
+`steplaw_bootstrap` file), and `recommend`'s answer held out in turn (`grid_cells`, the
+engine's view of the runs) beside Step Law's formula, both scored on the held-out runs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from critbatch.results.errors import ResultsError
-from critbatch.science.answer import BatchRuns, GridCell
+from critbatch.science.answer import BatchRuns, GridCell, Promise
 from critbatch.science.grid_laws import (
     BOOTSTRAP,
     CellOptimum,
@@ -39,10 +39,7 @@ SEQ_LEN = 2048  # tokens per sequence in every Step Law run
 LOSS_COLUMN = "smooth loss"
 COLUMNS = ("N", "D", "bs", "lr", LOSS_COLUMN)
 BOOTSTRAP_COLUMNS = ("lr_intercept", "lr_coefN", "lr_coefD", "bs_intercept", "bs_coefD")
-BATCH_MATCH = 2.0  # a recommended batch within this factor of the measured one matches
-LR_MATCH = 1.5  # an lr within this factor of the measured optimum at that batch matches
-LOSS_MATCH = 0.03  # nats/token: a predicted loss this close to the measured one matches
-TOLERANCE = 0.01  # nats/token a recommended batch may lose against the best
+TOLERANCE = 0.01  # nats/token: each cell's largest batch within this of its best (peers.json)
 
 
 def read_csv(path: Path, columns: tuple[str, ...], what: str) -> list[dict]:
@@ -197,89 +194,6 @@ def formula(law: dict, params: float, tokens: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Held-out checks
-
-
-def held_out_cases(cells: list[CellOptimum]) -> list[tuple[str, list[bool], CellOptimum]]:
-    """(name, held-out mask, target cell): the largest model (all its budgets) predicted at
-    its smallest budget, where two sizes or more are left, and each size's largest budget.
-    A name says how far a held-out budget lies beyond the size's next one, and how many of
-    the target's batches only bound their best lr (on the lr grid's edge)."""
-    sizes = sorted({c.params for c in cells})
-    cases = []
-
-    def edges(cell):
-        n = cell.edge_batches()
-        return f"; {n} of {len(cell.batches)} batches' best lr on the lr grid's edge" if n else ""
-
-    if len(sizes) >= 3:
-        largest = [c for c in cells if c.params == sizes[-1]]
-        target = min(largest, key=lambda c: c.tokens)
-        cases.append((f"the {sizes[-1] / 1e9:.2f}B model at {target.tokens / 1e9:.0f}B tokens "
-                      f"(the whole model held out{edges(target)})",
-                      [c.params == sizes[-1] for c in cells], target))
-    for n in sizes:
-        mine = sorted((c for c in cells if c.params == n), key=lambda c: c.tokens)
-        if len(mine) < 2:
-            continue
-        top = mine[-1]
-        cases.append((f"{n / 1e6:.0f}M at its largest budget, {top.tokens / 1e9:.0f}B tokens "
-                       f"({top.tokens / mine[-2].tokens:.1f}x its next{edges(top)})",
-                       [c is top for c in cells], top))
-    return cases
-
-
-def compare(cell: CellOptimum, batch: float, lr: float, loss: float | None,
-            tolerance: float) -> dict:
-    """How a (batch, lr, loss) answer lands on a measured cell: the batch against the largest
-    within `tolerance` of the best, and the loss the grid measured there above its best
-    (`loss_given_up`, interpolated in ln B); the lr against the grid's best lr at that batch
-    (`CellOptimum.lr_at`: a line through the optima of the nearest grid batches, whose own
-    optima scatter by about a grid step; the nearest batch's own optimum is reported beside);
-    the loss against the nearest grid batch's."""
-    measured_batch = cell.largest_within(tolerance)
-    at = cell.nearest(batch)
-    measured_lr = cell.lr_at(batch)
-    best = min(p.loss for p in cell.batches)
-    out = {"batch_size": batch, "lr": lr, "predicted_loss": loss,
-           "measured_batch_size": measured_batch, "measured_b_opt": cell.b_opt,
-           "loss_given_up": cell.measured_loss_at(batch) - best, "grid_batch": at.batch,
-           "measured_lr": measured_lr, "grid_batch_lr": at.lr, "grid_batch_lr_edge": at.edge,
-           "measured_loss": at.loss, "batch_ratio": batch / measured_batch,
-           "lr_ratio": lr / measured_lr,
-           "loss_error": None if loss is None else loss - at.loss}
-    out["checks"] = {
-        "batch_within_a_doubling": bool(1 / BATCH_MATCH <= out["batch_ratio"] <= BATCH_MATCH),
-        "lr_within_1.5x": bool(1 / LR_MATCH <= out["lr_ratio"] <= LR_MATCH),
-        "loss_within_0.03": None if loss is None else bool(abs(out["loss_error"]) <= LOSS_MATCH)}
-    return out
-
-
-def validate(cells: list[CellOptimum], law: dict | None, tolerance: float = TOLERANCE,
-             resamples: int = BOOTSTRAP) -> list[dict]:
-    """Each held-out case: critbatch's answer fitted without it, and Step Law's formula
-    (fitted on every cell, these included), against the measured cell."""
-    rows = []
-    for name, held, cell in held_out_cases(cells):
-        model = fit([c for c, h in zip(cells, held, strict=True) if not h], resamples)
-        answer = model.answer(cell.params, cell.tokens, tolerance)
-        ours = compare(cell, answer["batch_size"], answer["lr"],
-                       model.loss_at(cell.params, cell.tokens, cell.nearest(
-                           answer["batch_size"]).batch), tolerance)
-        ours.update({k: answer[k] for k in ("batch_size_low", "batch_size_high", "lr_low",
-                                             "lr_high", "b_opt")})
-        row = {"case": name, "params": cell.params, "tokens": cell.tokens, "critbatch": ours,
-               "terms": {"b_opt": model.b_opt.held_out["chosen"],
-                         "lr": model.lr.held_out["chosen"]}}
-        if law is not None:
-            theirs = formula(law, cell.params, cell.tokens)
-            row["steplaw_formula"] = compare(cell, theirs["batch_size"], theirs["lr"], None,
-                                             tolerance)
-        rows.append(row)
-    return rows
-
-
-# ---------------------------------------------------------------------------------------------
 # The whole analysis
 
 
@@ -306,10 +220,7 @@ def model_summary(model: GridModel) -> dict:
             "loss": None if loss is None else {
                 "form": "L* = E + A (N/1e8)^-alpha + B (D/1e10)^-beta", "e": loss.e, "a": loss.a,
                 "alpha": loss.alpha, "b": loss.b, "beta": loss.beta,
-                "residual_sd": loss.residual_sd},
-            "penalty": {"above": model.penalty.above, "below": model.penalty.below,
-                        "points": model.penalty.points,
-                        "residual_sd": model.penalty.residual_sd}}
+                "residual_sd": loss.residual_sd}}
 
 
 def steplaw_forms(cells: list[CellOptimum], resamples: int = BOOTSTRAP) -> dict:
@@ -335,15 +246,26 @@ def steplaw_forms(cells: list[CellOptimum], resamples: int = BOOTSTRAP) -> dict:
 
 
 def analyse(runs_path: str | Path, bootstrap_path: str | Path | None = None,
-            resamples: int = BOOTSTRAP, tolerance: float = TOLERANCE) -> dict:
+            resamples: int = BOOTSTRAP, tolerance: float = TOLERANCE,
+            promise: Promise | None = None, progress=None) -> dict:
     """Everything `make peers` reports on Step Law's grid, JSON-ready, and the fitted model
-    (key `model`, removed before writing)."""
+    (key `model`, removed before writing): the cells' optima, the laws beside Step Law's, and
+    the answer held out in turn (`analysis.recommend.engine.validate`, the same engine as every
+    door of `recommend`) beside Step Law's formula."""
+    from critbatch.analysis.recommend import engine
+
     runs = read_runs(runs_path)
     cells = cells_of(runs)
     model = fit(cells, resamples)
     law = published(bootstrap_path) if bootstrap_path else None
+    promise = promise or Promise()
+    formula_of = None if law is None else (lambda n, d: formula(law, n, d))
+    validation = engine.validate(grid_cells(runs), promise, SEQ_LEN, formula=formula_of,
+                                 progress=progress)
     return {"runs": len(runs), "cells": cell_rows(cells), "laws": model_summary(model),
             "steplaw_forms": steplaw_forms(cells, resamples),
             "steplaw_rule": steplaw_rule(runs, resamples),
-            "published": law, "validation": validate(cells, law, tolerance, resamples),
-            "seq_len": SEQ_LEN, "tolerance": tolerance, "model": model}
+            "published": law, "validation": validation,
+            "validation_summary": engine.validation_summary(validation),
+            "overhead": promise.overhead, "seq_len": SEQ_LEN, "tolerance": tolerance,
+            "model": model}

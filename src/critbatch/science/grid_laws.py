@@ -10,9 +10,7 @@ schedule. From it, per cell:
 - the loss-optimal batch B_opt and its loss L*: the same vertex, in ln B, of the per-batch
   best losses;
 - the lr at B_opt (Step Law's definition of the optimal lr): a line in ln B through the
-  per-batch optima of the LR_AT_BOPT_NEIGHBOURS grid batches nearest B_opt, read at B_opt;
-- the loss penalty of a batch away from B_opt: L(B) - L* = kappa u^2, u = ln(B / B_opt), one
-  curvature kappa above B_opt and one below, pooled over cells (`fit_penalty`).
+  per-batch optima of the LR_AT_BOPT_NEIGHBOURS grid batches nearest B_opt, read at B_opt.
 
 Across cells, log-linear laws (`fit_law`): ln B_opt, ln lr(B_opt) and, per batch, ln lr*(B)
 (`lr_points`) in ln N and ln D. Which of the N and D terms a law keeps is decided by held-out
@@ -25,9 +23,9 @@ cells (`bootstrap_law`), the resampling unit of the points they are fitted to, b
 t interval. The loss at B_opt follows Hoffmann et al. 2022's form
 L*(N, D) = E + A (N / N_REF)^-alpha + B (D / D_REF)^-beta (`fit_loss_law`).
 
-`GridModel` puts them together into an answer for (N, D) at a tolerance T: the largest batch
-whose predicted loss is within T of the best, B_opt exp(sqrt(T / kappa_above)), its lr and
-loss. numpy/scipy only.
+`GridModel` holds them: the laws set beside Step Law's own (`peers.steplaw`). The answer a user
+gets for (N, D) is `science.answer`'s, which reads the measured profiles rather than a vertex
+in ln B. numpy/scipy only.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from critbatch.science.fits import CONFIDENCE, least_squares, refine_best_lr
 N_REF = 1e8  # parameters: the unit of the loss law's size term
 D_REF = 1e10  # tokens: the unit of the loss law's budget term
 LR_AT_BOPT_NEIGHBOURS = 5  # grid batches nearest B_opt whose lr optima give the lr at B_opt
-PENALTY_REACH = 8.0  # batches up to this factor from B_opt measure the penalty's curvature
 LR_WINDOW = 4.0  # per-batch lr optima within this factor of their cell's B_opt feed lr*(B)
 BOOTSTRAP = 2000  # cell resamples of a law's bootstrap
 TERMS = ("N", "D")  # the optional terms of a law in ln N and ln D
@@ -365,7 +362,7 @@ def select_terms(name: str, y, params, tokens, batch=None, always: tuple[str, ..
 
 
 # ---------------------------------------------------------------------------------------------
-# The loss: at B_opt, and away from it
+# The loss at B_opt
 
 
 @dataclass
@@ -427,45 +424,6 @@ def fit_loss_law(params, tokens, loss, start: LossLaw | None = None) -> LossLaw 
     return LossLaw(float(e), math.exp(la), float(alpha), math.exp(lb), float(beta), sd)
 
 
-@dataclass
-class Penalty:
-    """L(B) - L* = kappa u^2, u = ln(B / B_opt): `above` for B > B_opt, `below` under it."""
-
-    above: float  # nats/token per (e-fold)^2
-    below: float
-    points: int
-    residual_sd: float
-
-    def loss_over_best(self, batch: float, b_opt: float) -> float:
-        u = math.log(batch / b_opt)
-        kappa = self.above if u > 0 else self.below
-        return kappa * u * u if math.isfinite(kappa) else 0.0
-
-
-def fit_penalty(cells: list[CellOptimum]) -> Penalty:
-    """kappa above and below B_opt by least squares through the origin, over the per-batch
-    best losses of batches within PENALTY_REACH of their cell's B_opt (cells whose B_opt is on
-    the grid's edge left out)."""
-    u, dl = [], []
-    for c in cells:
-        if c.b_opt_edge is not None:
-            continue
-        for p in c.batches:
-            x = math.log(p.batch / c.b_opt)
-            if abs(x) <= math.log(PENALTY_REACH):
-                u.append(x)
-                dl.append(p.loss - c.loss_opt)
-    u, dl = np.array(u), np.array(dl)
-    kappa = {}
-    fitted = np.zeros_like(u)
-    for side, mask in (("above", u > 0), ("below", u <= 0)):
-        q = u[mask] ** 2
-        kappa[side] = float(q @ dl[mask] / (q @ q)) if q @ q > 0 else math.nan
-        fitted[mask] = kappa[side] * q
-    sd = float(np.sqrt(np.mean((dl - fitted) ** 2))) if len(u) else math.nan
-    return Penalty(kappa["above"], kappa["below"], len(u), sd)
-
-
 # ---------------------------------------------------------------------------------------------
 # Everything together
 
@@ -490,37 +448,6 @@ class GridModel:
     lr_at_b_opt: Law  # ln lr(B_opt) in ln N, ln D: Step Law's definition
     lr: Law  # ln lr*(B) in ln B and ln N, ln D: the lr at any batch
     loss: LossLaw | None
-    penalty: Penalty
-
-    def stretch(self, tolerance: float) -> float:
-        """B / B_opt of the largest batch within `tolerance` of the best: exp(sqrt(T / kappa));
-        1 where the grid measured no curvature above B_opt."""
-        kappa = self.penalty.above
-        return math.exp(math.sqrt(tolerance / kappa)) if kappa > 0 else 1.0
-
-    def best_loss(self, params: float, tokens: float) -> float | None:
-        return float(self.loss.predict(params, tokens)) if self.loss else None
-
-    def answer(self, params: float, tokens: float, tolerance: float) -> dict:
-        """The largest batch within `tolerance` of the predicted best, its lr and loss, with
-        95% prediction intervals on the batch and lr (`Law.predict_interval`)."""
-        b_opt = self.b_opt.predict(params, tokens)
-        stretch = self.stretch(tolerance)
-        batch = b_opt * stretch
-        best = self.best_loss(params, tokens)
-        lo, hi = self.b_opt.predict_interval(params, tokens)
-        lr_lo, lr_hi = self.lr.predict_interval(params, tokens, batch)
-        return {"batch_size": batch, "batch_size_low": lo and lo * stretch,
-                "batch_size_high": hi and hi * stretch, "b_opt": b_opt,
-                "lr": self.lr.predict(params, tokens, batch), "lr_low": lr_lo, "lr_high": lr_hi,
-                "predicted_best_loss": best,
-                "predicted_loss": None if best is None else best + tolerance}
-
-    def loss_at(self, params: float, tokens: float, batch: float) -> float | None:
-        """The predicted loss at `batch`: L* plus the penalty of its distance from B_opt."""
-        best = self.best_loss(params, tokens)
-        return None if best is None else best + self.penalty.loss_over_best(
-            batch, self.b_opt.predict(params, tokens))
 
 
 def fit_grid(cells: list[CellOptimum], resamples: int = BOOTSTRAP, seed: int = 0) -> GridModel:
@@ -539,4 +466,4 @@ def fit_grid(cells: list[CellOptimum], resamples: int = BOOTSTRAP, seed: int = 0
     lr = select_terms("lr*(B)", pts["lr"], pts["params"], pts["tokens"], pts["batch"],
                       always=("B",), resamples=resamples, seed=seed)
     loss = fit_loss_law(n, d, [c.loss_opt for c in inner])
-    return GridModel(b_opt, lr_at, lr, loss, fit_penalty(inner))
+    return GridModel(b_opt, lr_at, lr, loss)
