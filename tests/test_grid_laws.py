@@ -88,13 +88,8 @@ def test_planted_laws_are_recovered_and_their_terms_kept():
     # the lr at B_opt in (N, D) is lr*(B_opt): N^(-0.7 + 0.35 (-0.3)), D^(0.35 x 0.6)
     assert model.lr_at_b_opt.exponent("N") == pytest.approx(-0.805, abs=0.03)
     assert model.lr_at_b_opt.exponent("D") == pytest.approx(0.21, abs=0.03)
-    assert model.penalty.above == pytest.approx(0.015, rel=0.05)
     assert model.loss.predict(4e8, 2e10) == pytest.approx(planted(4e8, 2e10, 300, 2e-3),
                                                           abs=2e-3)
-    answer = model.answer(4e8, 2e10, tolerance=0.01)
-    assert answer["b_opt"] == pytest.approx(300, rel=0.05)
-    assert answer["batch_size"] == pytest.approx(300 * math.exp(math.sqrt(0.01 / 0.015)),
-                                                 rel=0.08)
 
 
 def test_a_planted_budget_term_in_the_lr_is_kept():
@@ -149,21 +144,3 @@ def test_select_terms_never_fails_on_any_scatter(scale):
     law = select_terms("y", np.array(scale) * 100, n, d, resamples=20)
     assert law.held_out["chosen"] in ("constant", "N", "D", "N+D")
     assert np.isfinite(law.coef).all()
-
-
-def test_an_answers_prediction_intervals_cover_a_held_out_cell():
-    """60 planted grids (3e-3 nats/token of noise), one cell held out each: the 95%
-    prediction intervals an answer prints hold the held-out cell's measured B_opt and its
-    measured best lr at the answer's batch about as often as stated (measured over 120
-    grids: 114 and 119; with normal rather than t residual draws the B_opt interval held
-    110). 51 of 60 is three binomial sds below 57."""
-    batch_hits = lr_hits = 0
-    for seed in range(60):
-        cells = [c for c in planted_cells(noise=3e-3, seed=seed) if c.b_opt_edge is None]
-        held = cells[seed % len(cells)]
-        model = fit_grid([c for c in cells if c is not held], resamples=200)
-        answer = model.answer(held.params, held.tokens, tolerance=0.01)
-        low, high = model.b_opt.predict_interval(held.params, held.tokens)
-        batch_hits += low <= held.b_opt <= high
-        lr_hits += answer["lr_low"] <= held.lr_at(answer["batch_size"]) <= answer["lr_high"]
-    assert batch_hits >= 51 and lr_hits >= 51, (batch_hits, lr_hits)

@@ -31,7 +31,9 @@ chosen again, the choice redone at the target, and a new cell's scatter about ea
 (a prediction interval: a user's run is one new cell). The promise is one-sided (a batch above
 the true top costs more than one as far below saves), so the answer is the batch whose
 overhead, averaged over those draws, is the promise (`keep_promise`), a little below the
-draws' median. `score` reads what an answer costs on
+draws' median; and the promise covers the whole answer, the lr's expected miss included: the
+valleys' curvature times the variance of ln lr* over the draws is taken from the batch's share
+(`room_for_lr`). `score` reads what an answer costs on
 a cell it never saw: the loss at its (batch, lr) off the cell's own grid, above the cell's
 best. numpy/scipy only.
 """
@@ -122,14 +124,18 @@ class Valley:
     lr: float
     var_log: float
     edge: str | None
+    curvature: float = math.nan  # nats/token per (ln lr - ln lr*)^2 at the floor; NaN: unknown
 
 
 def lr_valley(lrs, losses, diverged=(), noise: float = VALLEY_NOISE) -> Valley:
-    """The vertex of a weighted quadratic in x = ln lr through every finite (lr, loss), each
-    weighted by 1 / (noise^2 + (VALLEY_FALLOFF dL)^2), dL its loss above the grid's minimum;
-    the vertex's variance by the delta method from the fit's covariance (scaled up by the
-    weighted residuals where they exceed the weights' noise). The vertex is kept inside the
-    finite lrs, and below the smallest `diverged` lr above them: a diverged run bounds the
+    """The vertex of a weighted quadratic in x = ln lr through every finite (lr, loss).
+
+    The weights are a kernel, 1 / (noise^2 + (VALLEY_FALLOFF dL)^2) with dL a loss's height
+    above the grid's minimum: the quadratic is asked to describe the valley's floor, not its
+    walls. The vertex's variance is the delta method's through the estimator's sandwich
+    covariance, each loss's own variance s^2 the larger of `noise`^2 and the kernel-weighted
+    residuals' (so a valley the quadratic misfits gets a wider vertex). The vertex is kept
+    inside the finite lrs, and below the smallest `diverged` lr: a diverged run bounds the
     optimum from above, it is no point of the valley."""
     lrs, losses = np.asarray(lrs, float), np.asarray(losses, float)
     ok = np.isfinite(losses)
@@ -142,27 +148,28 @@ def lr_valley(lrs, losses, diverged=(), noise: float = VALLEY_NOISE) -> Valley:
         return Valley(float(math.exp(x[i])), math.inf, "single" if len(x) == 1 else
                       ("low" if i == 0 else "high"))
     w = 1.0 / (noise**2 + (VALLEY_FALLOFF * (y - y[i])) ** 2)
-    design = np.column_stack([np.ones_like(x), x, x * x])
+    design = np.column_stack([np.ones_like(x), x - x[i], (x - x[i]) ** 2])
     normal = design.T @ (design * w[:, None])
     try:
         inverse = np.linalg.inv(normal)
     except np.linalg.LinAlgError:
         return Valley(float(math.exp(x[i])), math.inf, None)
-    a, b, c = inverse @ (design.T @ (w * y))
+    coef = inverse @ (design.T @ (w * y))
+    _, b, c = coef
     if c <= 0:  # no curvature: the grid's minimum, its spacing as the uncertainty
         step = float(np.median(np.diff(x)))
         return Valley(float(math.exp(x[i])), step * step, None)
+    resid = y - design @ coef
     dof = len(x) - 3
-    resid = y - design @ np.array([a, b, c])
-    scale = max(1.0, float(w @ resid**2) / dof) if dof > 0 else 1.0
-    vertex = -b / (2 * c)
+    s2 = noise**2
+    if dof > 0:
+        s2 = max(s2, float(w @ resid**2) / float(w.sum()) * len(x) / dof)
+    sandwich = inverse @ (design.T @ (design * (w * w)[:, None])) @ inverse * s2
+    vertex = x[i] - b / (2 * c)
     grad = np.array([0.0, -1 / (2 * c), b / (2 * c * c)])
-    var = float(grad @ inverse @ grad) * scale
-    top = x[-1]
-    above = [math.log(d) for d in diverged if math.isfinite(d) and d > math.exp(top)]
-    if above:
-        top = min(top, min(above))
-    return Valley(float(math.exp(min(max(vertex, x[0]), top))), var, None)
+    var = float(grad @ sandwich @ grad)
+    top = min([x[-1], *(math.log(d) for d in diverged if d > 0)])
+    return Valley(float(math.exp(min(max(vertex, x[0]), top))), var, None, float(c))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,6 +460,35 @@ def steepness(cells: list[GridCell], promise: Promise, loss: LossLaw | None) -> 
     return float(np.median(ratios)) if len(ratios) >= 3 else STEEPNESS
 
 
+def valley_curvature(cells: list[GridCell]) -> float:
+    """The median curvature of the cells' interior lr valleys (nats/token per e-fold of lr,
+    squared); NaN with none."""
+    values = [v.curvature for c in cells for r in c.batches
+              if (v := r.valley()).edge is None and math.isfinite(v.curvature)]
+    return float(np.median(values)) if values else math.nan
+
+
+def lr_miss_cost(cells: list[GridCell], log_lrs) -> float:
+    """The loss a run at the answer's lr gives up on average against its own best lr: the
+    valleys' curvature times the variance of ln lr* over the answer's draws (the lr law's
+    uncertainty and a new cell's scatter), nats/token; 0 where either is unknown."""
+    values = np.asarray(log_lrs, float)
+    values = values[np.isfinite(values)]
+    curvature = valley_curvature(cells)
+    if len(values) < 20 or not math.isfinite(curvature):
+        return 0.0
+    return float(curvature * np.var(values))
+
+
+def room_for_lr(nats: float, lr_cost: float, steepness: float) -> float:
+    """The factor on the batch that leaves the promise room for the lr's expected miss: near
+    the window's top the batch's cost grows as (B / B_top)^g, so the batch that costs
+    `nats` - `lr_cost` is (1 - lr_cost / nats)^(1/g) times the one that costs `nats` (at
+    least a quarter of the promise is left to the batch)."""
+    share = max(1.0 - lr_cost / nats, 0.25) if nats > 0 else 1.0
+    return share ** (1.0 / steepness)
+
+
 @dataclass
 class Replicates:
     """Bootstrap refits of a GridFit on resampled cells, each with a new cell's scatter drawn
@@ -518,6 +554,8 @@ def grid_answer(fit: GridFit, replicates: Replicates, params: float, tokens: flo
     optima = replicates.log_optima(params, tokens)
     g = steepness(cells, fit.promise, fit.loss)
     batch = keep_promise(tops, g) if len(tops) >= 20 else point["batch_size"]
+    lr_cost = lr_miss_cost(cells, replicates.log_lrs(params, tokens, batch))
+    batch *= room_for_lr(point["loss_given_up"], lr_cost, g)
     b_opt = point["loss_optimal_batch"]
     lr = fit.lr.predict(params, tokens, batch)
     lr_opt = fit.lr.predict(params, tokens, b_opt)
@@ -526,7 +564,7 @@ def grid_answer(fit: GridFit, replicates: Replicates, params: float, tokens: flo
     lr_low, lr_high = percentile_interval(replicates.log_lrs(params, tokens, batch))
     opt_lr_low, opt_lr_high = percentile_interval(replicates.log_lrs(params, tokens, b_opt))
     return {**point, "batch_size": batch, "batch_low": low, "batch_high": high,
-            "batch_top": point["batch_size"], "steepness": g,
+            "batch_top": point["batch_size"], "steepness": g, "lr_miss_cost": lr_cost,
             "lr": lr, "lr_low": lr_low, "lr_high": lr_high,
             "loss_optimal_batch_low": opt_low, "loss_optimal_batch_high": opt_high,
             "loss_optimal_lr": lr_opt, "loss_optimal_lr_low": opt_lr_low,

@@ -565,23 +565,26 @@ def fastest_within(fit: ScalingFit, params: float, tokens: float, smallest: floa
     i_ref = int(np.argmin(losses))
     ref, best = float(batches[i_ref]), float(losses[i_ref])
 
-    def cost(batch: float) -> float:
-        loss = float(fit.predict_loss(params, batch, tokens)[0])
+    def cost(batch: np.ndarray) -> np.ndarray:  # the promise's share used: 1 at the answer
+        loss = fit.predict_loss(params, batch, np.full(len(batch), tokens))
         if tolerance is not None:
             return (loss - best) / tolerance
-        return (tokens / float(fit.tokens_to(loss, params, ref)) - 1) / overhead
+        with np.errstate(invalid="ignore"):
+            return (tokens / fit.tokens_to(loss, params, ref) - 1) / overhead
 
-    costs = np.array([cost(b) for b in batches[i_ref:]])
-    over = np.flatnonzero(~(costs <= 1.0))
+    over = np.flatnonzero(~(cost(batches[i_ref:]) <= 1.0))
     if len(over) == 0:
         batch = float(batches[-1])
-    else:
+    else:  # between the two grid points: a finer grid, then linear in ln B
         k = i_ref + int(over[0])
-        lo, hi = math.log(batches[k - 1]), math.log(batches[k])
-        for _ in range(40):
-            mid = 0.5 * (lo + hi)
-            lo, hi = (mid, hi) if cost(math.exp(mid)) <= 1.0 else (lo, mid)
-        batch = math.exp(lo)
+        fine = np.geomspace(batches[k - 1], batches[k], 33)
+        c = cost(fine)
+        j = int(np.flatnonzero(~(c <= 1.0))[0])
+        if j == 0 or not np.isfinite(c[j]):
+            batch = float(fine[max(j - 1, 0)])
+        else:
+            t = (1.0 - c[j - 1]) / (c[j] - c[j - 1])
+            batch = float(math.exp(math.log(fine[j - 1]) + t * math.log(fine[j] / fine[j - 1])))
     loss = float(fit.predict_loss(params, batch, tokens)[0])
     factor = float(fit.overhead_factor(loss, batch))
     b_crit = float(fit.b_crit(loss))

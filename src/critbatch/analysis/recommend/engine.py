@@ -49,7 +49,9 @@ from critbatch.science.answer import (
     grid_answer,
     has_interior_optimum,
     keep_promise,
+    lr_miss_cost,
     percentile_interval,
+    room_for_lr,
 )
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
@@ -69,7 +71,6 @@ ROUTE_WORDS = {
 }
 RESOLVED, UNRESOLVED, PIPELINE = "resolved", "unresolved", "pipeline test"
 RESOLVED_WIDTH = 1.0  # B_crit route: 1/alpha_B known to +-0.5 (the joint model's verdict)
-MISFIT = 2.0  # chi2/dof above which the law does not describe the losses
 # optimum route: the batch law must predict held-out budgets and sizes within this many
 # e-folds (root-mean-square; 0.3 is within about 35%)
 HELD_OUT_OK = 0.3
@@ -166,8 +167,9 @@ def fit(cells: list[GridCell], promise: Promise, seq_len: int, sweep: SizedSweep
 def verdict_of(fitted: Fitted, report_verdict: dict | None = None) -> dict:
     """{"verdict": RESOLVED / UNRESOLVED / PIPELINE, "reasons": [...]}: whether the law the
     batch rests on is pinned (B_crit route: 1/alpha_B's 95% interval at most RESOLVED_WIDTH
-    wide, the law fitting the losses, and the sweep report's verdict where given; optimum
-    route: the batch law predicting held-out budgets and sizes within HELD_OUT_OK e-folds)."""
+    wide, and the sweep report's verdict where given (a misfit widens the intervals and is
+    warned of, `size_warnings`); optimum route: the batch law predicting held-out budgets and
+    sizes within HELD_OUT_OK e-folds)."""
     reasons = []
     if fitted.route == ROUTE_B_CRIT:
         model = fitted.model
@@ -178,8 +180,6 @@ def verdict_of(fitted: Fitted, report_verdict: dict | None = None) -> dict:
         elif high - low > RESOLVED_WIDTH:
             reasons.append(f"1/alpha_B's 95% interval [{low:.2f}, {high:.2f}] is wider than "
                            f"{RESOLVED_WIDTH:g}")
-        if model.fit.chi2_per_dof > MISFIT:
-            reasons.append(f"the law misfits the losses (chi2/dof {model.fit.chi2_per_dof:.1f})")
         if report_verdict and report_verdict.get("verdict") == UNRESOLVED:
             reasons += [f"the sweep report: {r}" for r in report_verdict.get("reasons", [])]
     else:
@@ -212,8 +212,8 @@ def frozen(fit: ScalingFit, loss: float) -> ScalingFit:
 
 def b_crit_answer(fitted: Fitted, params: float, tokens: float) -> dict:
     """The B_crit route's answer: `science.recommend.fastest_within` on the fit and on each
-    bootstrap refit, the promise kept in expectation over them (`keep_promise`), intervals
-    their percentiles; an unresolved law's interval also spans the answer with B_crit held
+    bootstrap refit, the promise kept in expectation over them (`keep_promise`) with room for
+    the lr's expected miss (`room_for_lr`), intervals their percentiles; an unresolved law's interval also spans the answer with B_crit held
     at the sweep's lowest loss (the law not extrapolated)."""
     model, promise = fitted.model, fitted.promise
     args = (params, tokens, model.smallest_batch, fitted.seq_len, promise.overhead,
@@ -226,8 +226,12 @@ def b_crit_answer(fitted: Fitted, params: float, tokens: float) -> dict:
     tops = np.log([d["batch_size"] for d in draws])
     g = cost_steepness(model.fit, params, tokens, point["batch_size"],
                        point["loss_optimal_batch"], promise.overhead)
-    batch = (keep_promise(tops, g) if len(draws) >= 20 and math.isfinite(g) and g > 0
-             else point["batch_size"])
+    steep = math.isfinite(g) and g > 0
+    batch = keep_promise(tops, g) if len(draws) >= 20 and steep else point["batch_size"]
+    lr_cost = lr_miss_cost(fitted.cells, [math.log(law.predict(params, tokens, batch)) + dev
+                                          for law, dev in fitted.lr_replicates])
+    if steep:
+        batch *= room_for_lr(point["loss_given_up"], lr_cost, g)
     low, high = percentile_interval(tops)
     lost = (fastest_within(frozen(model.fit, model.min_loss), *args)
             if point["predicted_loss"] < model.min_loss else None)
@@ -238,7 +242,7 @@ def b_crit_answer(fitted: Fitted, params: float, tokens: float) -> dict:
     losses = [d["predicted_loss"] for d in draws]
     crit = [d["b_crit"] for d in draws]
     return {**point, "batch_size": batch, "batch_low": low, "batch_high": high,
-            "batch_top": point["batch_size"], "steepness": g,
+            "batch_top": point["batch_size"], "steepness": g, "lr_miss_cost": lr_cost,
             "batch_without_extrapolation": widened,
             "loss_optimal_batch_low": None, "loss_optimal_batch_high": None,
             "predicted_loss_low": percentile(losses, 2.5),
