@@ -213,8 +213,9 @@ def frozen(fit: ScalingFit, loss: float) -> ScalingFit:
 def b_crit_answer(fitted: Fitted, params: float, tokens: float) -> dict:
     """The B_crit route's answer: `science.recommend.fastest_within` on the fit and on each
     bootstrap refit, the promise kept in expectation over them (`keep_promise`) with room for
-    the lr's expected miss (`room_for_lr`), intervals their percentiles; an unresolved law's interval also spans the answer with B_crit held
-    at the sweep's lowest loss (the law not extrapolated)."""
+    the lr's expected miss (`room_for_lr`), intervals their percentiles; an unresolved law's
+    interval also spans the answer with B_crit held at the sweep's lowest loss (the law not
+    extrapolated)."""
     model, promise = fitted.model, fitted.promise
     args = (params, tokens, model.smallest_batch, fitted.seq_len, promise.overhead,
             promise.tolerance)
