@@ -318,6 +318,26 @@ def bootstrap_scaling(data: JointData, sizes, fit: ScalingFit, resamples: int = 
     return refits
 
 
+def resample_units(data: JointData, sizes, fit: ScalingFit, resamples: int = 100,
+                   seed: int = 0) -> list[ScalingFit]:
+    """Refits of the law on the cells' units drawn with replacement (a trunk and its cooldown
+    branches are one unit: they share their noise), each started from `fit`; the converged
+    ones. Unlike `bootstrap_scaling` it asks nothing of the noise model or of the law's form:
+    a misfit the law cannot see, or seed noise measured from a few runs, widens it."""
+    sizes = np.asarray(sizes, float)
+    rng = np.random.default_rng(seed)
+    units = np.unique(data.unit)
+    members = [np.flatnonzero(data.unit == u) for u in units]
+    start = fit.as_vector()
+    refits = []
+    for _ in range(resamples):
+        pick = np.concatenate([members[i] for i in rng.integers(0, len(units), len(units))])
+        again = fit_scaling(data.subset(pick), sizes, start, form=fit.form, ftol=REFIT_FTOL)
+        if again.success and np.isfinite(again.chi2):
+            refits.append(again)
+    return refits
+
+
 # ---------------------------------------------------------------------------------------------
 # The best learning rate
 

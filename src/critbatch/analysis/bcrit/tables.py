@@ -42,6 +42,8 @@ gives the same fits and intervals:
 - `beta2` (AdamW's beta2 as trained at the row's batch) and `beta2_scaling` (`tokens`: the
   runs kept its half-life in tokens; `none`: one beta2 at every batch): `recommend` gives the
   beta2 of its batch by the same rule.
+- `scale`: the preset the run was trained at (`smoke`, `cpu`, `gpu`): a smoke sweep measures
+  nothing, and its report and every `recommend` answer say so (`summary.scale_of`).
 
 Other columns are ignored. A bad table stops with one line naming the file, the row (the
 file's line: a CSV header is row 1), the column and how to fix it.
@@ -49,10 +51,7 @@ file's line: a CSV header is row 1), the column and how to fix it.
 `export_rows` and `write_table` turn loaded runs (a sweep's folders or W&B) into run rows
 with every column above (`curve` only where its eval points carry a B_noise), so a sweep
 round-trips through a table: the same fits.json, intervals included (`run` keeps the run
-folder's path, on which the bootstraps' units are named). One thing a table does not hold:
-fits.json's summary knows a smoke sweep by its run folders' config.json
-(`summary.scale_of`), so a smoke sweep's table read where its folders are gone is summarised
-as if at another scale. Older tables without the later columns still load: their runs are
+folder's path, on which the bootstraps' units are named). Older tables without the later columns still load: their runs are
 their own trunks, never flagged for warmup and carry no B_noise.
 """
 
@@ -84,7 +83,7 @@ MODEL_COLUMNS = ("data_name", "vocab_size", "width", "depth")
 EXPORT_COLUMNS = ("run", "group", "optimizer", "lr", "seed", "status", "batch_size", "seq_len",
                   "tokens", "loss", "bytes_per_token", "params", *MODEL_COLUMNS,
                   "data_fingerprint", "warmup_steps", "branch_of", "b_noise", "b_noise_loss",
-                  "noise", "curve", "beta2", "beta2_scaling")
+                  "noise", "curve", "beta2", "beta2_scaling", "scale")
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 DEFAULT_GROUP = "table"
 STATUSES = ("completed", "diverged")
@@ -126,7 +125,7 @@ NUMBERS = {
 }
 OPTIONAL_NUMBERS = ("lr", "seed", "bytes_per_token", "params", *MODEL_COLUMNS[1:],
                     "warmup_steps", "b_noise", "b_noise_loss", "beta2")
-OPTIONAL_TEXTS = ("data_name", "data_fingerprint", "branch_of", "beta2_scaling")
+OPTIONAL_TEXTS = ("data_name", "data_fingerprint", "branch_of", "beta2_scaling", "scale")
 BETA2_SCALINGS = ("none", "tokens")
 WHOLE = ("batch_size", "seq_len", "tokens", "seed", "params", "vocab_size", "width", "depth",
          "warmup_steps")
@@ -356,6 +355,7 @@ def run_from_row(row: dict, source: str) -> dict:
         "b_noise": b_noise, "b_noise_tokens": None if b_noise is None else b_noise * seq_len,
         "b_noise_loss": row.get("b_noise_loss"), "status_reason": None, "diverged_step": None,
         "beta2": row.get("beta2"), "beta2_scaling": row.get("beta2_scaling"),
+        "scale": row.get("scale"),
         "curve": [] if row["status"] == "diverged" else row.get("curve") or [
             {"step": steps, "tokens": tokens, "val_loss": loss, "val_loss_per_byte": per_byte}]}
 
@@ -431,6 +431,7 @@ def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
                      "b_noise_loss": run["b_noise_loss"] if online else None,
                      "noise": run.get("noise"),
                      "beta2": run.get("beta2"), "beta2_scaling": run.get("beta2_scaling"),
+                     "scale": run.get("scale"),
                      "curve": run["curve"] if any(p.get("b_noise") is not None
                                                   for p in run["curve"]) else None})
     return rows, skipped

@@ -38,8 +38,8 @@ from critbatch.science.joint_inference import select_form
 from critbatch.science.model_size import param_count
 from critbatch.science.recommend import (
     ScalingFit,
-    bootstrap_scaling,
     fit_scaling,
+    resample_units,
     starts_from,
 )
 from critbatch.science.rules import beta2_for_half_life, decay_half_life_tokens
@@ -219,6 +219,6 @@ def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int 
     if not math.isfinite(fit.chi2):
         raise ResultsError(f"{sweep.optimizer}: the loss law across sizes could not be fitted "
                            f"to its {len(data)} cells; check the table's losses")
-    refits = bootstrap_scaling(data, sizes, fit, resamples, seed=seed)
+    refits = resample_units(data, sizes, fit, resamples, seed=seed)
     return Model(fit, refits, terms, sizes, int(data.batch.min()),
                  float(data.tokens.max()), float(data.loss.min()), sweep.beta2_rule, resamples)
