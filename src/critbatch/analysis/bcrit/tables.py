@@ -51,8 +51,9 @@ file's line: a CSV header is row 1), the column and how to fix it.
 `export_rows` and `write_table` turn loaded runs (a sweep's folders or W&B) into run rows
 with every column above (`curve` only where its eval points carry a B_noise), so a sweep
 round-trips through a table: the same fits.json, intervals included (`run` keeps the run
-folder's path, on which the bootstraps' units are named). Older tables without the later columns still load: their runs are
-their own trunks, never flagged for warmup and carry no B_noise.
+folder's path, on which the bootstraps' units are named). Older tables without the later
+columns still load: their runs are their own trunks, never flagged for warmup and carry no
+B_noise.
 """
 
 from __future__ import annotations
