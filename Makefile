@@ -22,7 +22,7 @@ $(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
-        sweep-schedules sweep-local-cbs report recommend peers wandb-sync clean data
+        sweep-schedules sweep-local-cbs report recommend recommend-coverage peers wandb-sync clean data
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -108,13 +108,17 @@ report: install ## re-run the analyses of every sweep under runs/ (no training)
 	$(PY) -m critbatch.sweep report
 
 comma := ,
-recommend: install ## batch and lr for a bigger run from your sweep, or PEERS=steplaw from a public grid [RUNS= WIDTH=|PARAMS= TOKENS= OPT= TOLERANCE= TARGET_LOSS= JSON= OUT= VALIDATE=1 PEERS= PEERS_DIR=]
+recommend: install ## batch and lr for a bigger run from your sweep, or PEERS=steplaw from a public grid [RUNS= WIDTH=|PARAMS= TOKENS= OPT= OVERHEAD=|TOLERANCE= TARGET_LOSS= JSON= OUT= VALIDATE=1 PEERS= PEERS_DIR=]
 	$(PY) analysis/recommend.py $(RUNS) $(if $(WIDTH),--width $(WIDTH)) \
 	  $(if $(PARAMS),--params $(PARAMS)) $(if $(TOKENS),--tokens $(TOKENS)) \
-	  $(if $(findstring $(comma),$(OPT)),,--optimizer $(OPT)) \
+	  $(if $(findstring $(comma),$(OPT)),,--optimizer $(OPT)) $(if $(OVERHEAD),--overhead $(OVERHEAD)) \
 	  $(if $(TOLERANCE),--tolerance $(TOLERANCE)) $(if $(TARGET_LOSS),--target-loss $(TARGET_LOSS)) \
 	  $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT)) $(if $(VALIDATE),--validate) \
 	  $(if $(PEERS),--peers $(PEERS)) $(if $(PEERS_DIR),--peers-dir $(PEERS_DIR)) $(ARGS)
+
+WORLDS ?= 50
+recommend-coverage: install ## how often the answer's 95% intervals hold the planted answer, over WORLDS= planted sweeps (50: about 6 min on 2 cores) [OUT= ARGS=]
+	$(PY) -m critbatch.analysis.recommend.coverage --worlds $(WORLDS) $(if $(OUT),--out $(OUT)) $(ARGS)
 
 peers: install ## public sweeps (Step Law, Zhang et al.) from their own files: report, JSON, docs/results/peers.md [PEERS_DIR= OUT= ARGS=]
 	$(PY) -m critbatch.peers.cli $(if $(PEERS_DIR),--peers-dir $(PEERS_DIR)) $(if $(OUT),--out $(OUT)) $(ARGS)
