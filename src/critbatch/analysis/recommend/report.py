@@ -47,6 +47,19 @@ def fmt_range(low, high, spec: str = ".4g") -> str:
     return "" if low is None or high is None else f" [{low:{spec}}, {high:{spec}}]"
 
 
+def count_words(x: float) -> str:
+    """A large count as 3 significant digits, 1e9 rather than 1e+09."""
+    return f"{x:.3g}".replace("e+0", "e").replace("e+", "e")
+
+
+def lr_range(value: float | None, low: float | None, high: float | None) -> str:
+    """An lr and its interval as 1.09e-03 [8.12e-04, 1.54e-03]."""
+    if value is None:
+        return "-"
+    bounds = "" if low is None or high is None else f" [{low:.2e}, {high:.2e}]"
+    return f"{value:.2e}{bounds}"
+
+
 def batch_words(batch: float, seq_len: int) -> str:
     return f"{batch:,.0f} sequences of {seq_len:,} tokens"
 
@@ -58,14 +71,14 @@ def answer_lines(doc: dict) -> list[str]:
     prefix = f"{name}: " if name else ""
     lines = [prefix + w for w in doc["headline"]]
     size = (f"width {doc['width']} ({doc['params']:,.0f} params)" if doc.get("width")
-            else f"{doc['params']:.3g} params")
-    lr = f"lr {doc['lr']:.3g}{fmt_range(doc['lr_low'], doc['lr_high'], '.3g')}"
+            else f"{count_words(doc['params'])} params")
+    lr = f"lr {lr_range(doc['lr'], doc['lr_low'], doc['lr_high'])}"
     if doc.get("beta2") is not None:
         lr += f", AdamW beta2 {doc['beta2']:.4g}"
     lines.append(
         f"{prefix}batch {batch_words(doc['batch_size'], doc['seq_len'])}"
         f"{fmt_range(doc['batch_low'], doc['batch_high'], ',.0f')} at {lr}, for {size} on "
-        f"{doc['tokens']:.3g} tokens ({doc['steps']:,} steps)")
+        f"{count_words(doc['tokens'])} tokens ({doc['steps']:,} steps)")
     loss = ("" if doc.get("predicted_loss") is None else
             f"; predicted loss {doc['predicted_loss']:.4f}"
             f"{fmt_range(doc.get('predicted_loss_low'), doc.get('predicted_loss_high'))}")
@@ -77,14 +90,16 @@ def answer_lines(doc: dict) -> list[str]:
     interval = fmt_range(doc.get("loss_optimal_batch_low"), doc.get("loss_optimal_batch_high"),
                          ",.0f")
     lines.append(
-        f"  loss-optimal: batch {opt:,.0f}{interval}{where} at lr {doc['loss_optimal_lr']:.3g}"
-        f"{fmt_range(doc['loss_optimal_lr_low'], doc['loss_optimal_lr_high'], '.3g')}")
+        f"  loss-optimal: batch {opt:,.0f}{interval}{where} at lr "
+        + lr_range(doc["loss_optimal_lr"], doc["loss_optimal_lr_low"],
+                   doc["loss_optimal_lr_high"]))
     if doc.get("b_crit") is not None:
         lines.append(f"  B_crit {doc['b_crit']:,.0f}"
                      f"{fmt_range(doc['b_crit_low'], doc['b_crit_high'], ',.0f')} sequences at "
                      f"that loss: E/E_min {doc['tokens_over_min']:.2f}, S/S_min "
                      f"{doc['steps_over_min']:.2f}")
-    lines += [f"  how: {doc['route_words']}; intervals 95%, {doc['model']['intervals']}",
+    lines += [f"  how: {doc['route_words']}",
+              f"  intervals: {doc['model']['intervals']}",
               f"  verdict: {doc['verdict']}; check: {doc['check']}"]
     return lines
 
