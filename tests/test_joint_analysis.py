@@ -225,7 +225,7 @@ def test_several_widths_are_one_model_with_the_loss_alone_test(tmp_path):
 def test_summary_says_when_the_numbers_are_not_a_measurement():
     from critbatch.analysis.recommend.summary import reliability
 
-    row = {"b_crit_low": 50.0, "b_crit_high": 90.0, "held_out_ok": True}
+    row = {"b_crit": 70.0, "b_crit_low": 50.0, "b_crit_high": 90.0, "held_out_ok": True}
     good = {"exponent": 4.8, "exponent_low": 4.5, "exponent_high": 5.3, "chi2_per_dof": 1.2}
     assert reliability(row, good, "cpu") == []
     assert "smoke scale" in reliability(row, good, "smoke")[0]

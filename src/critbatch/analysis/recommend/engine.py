@@ -120,6 +120,7 @@ class Fitted:
     lr_replicates: list[tuple[Law, float]] = field(default_factory=list)
     verdict: dict = field(default_factory=dict)
     pipeline_test: bool = False
+    noise_unknown: bool = False  # the sweep's: no run repeated at another seed
 
     @property
     def sizes(self) -> list[float]:
@@ -144,7 +145,8 @@ def fit(cells: list[GridCell], promise: Promise, seq_len: int, sweep: SizedSweep
     if not cells:
         raise ResultsError("no cells to answer from")
     route = route_of(cells)
-    out = Fitted(route, cells, promise, seq_len, pipeline_test=pipeline_test)
+    out = Fitted(route, cells, promise, seq_len, pipeline_test=pipeline_test,
+                 noise_unknown=bool(sweep and sweep.noise_unknown))
     try:
         if route == ROUTE_OPTIMUM:
             out.grid = fit_answer(cells, promise)
@@ -418,6 +420,9 @@ def size_warnings(fitted: Fitted, params: float) -> list[str]:
     """What the data cannot say about a size it did not train."""
     out = []
     if fitted.route == ROUTE_B_CRIT:
+        if fitted.noise_unknown:
+            out.append("no run was repeated at another seed, so the loss noise is unknown: "
+                       "every cell weighs the same in the joint model")
         f = fitted.model.fit
         if f.one_size and params not in fitted.sizes:
             out.append("the sweep has one model size, so how the loss moves with size is not "

@@ -62,6 +62,7 @@ class SizedSweep:
     # the share of a cell's noise its trunk shares, measured from the seeds where they can
     # (`analysis.joint.joint.sharing_of`), else science.joint.SHARED_FRACTION
     shared: float = SHARED_FRACTION
+    noise_unknown: bool = False  # no run repeated at another seed: every cell weighs the same
 
     @property
     def sizes(self) -> list[float]:
@@ -176,10 +177,7 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
             continue
         sweep.beta2_rule = beta2_rule([r for m in corpora[corpus] for r in m])
         sweep.shared = sharing_of([{"seed_blocks": blocks}])[1]
-        if not any(math.isfinite(s) for s in sweep.sigma):
-            warnings.append(f"{optimizer}: no run was repeated at another seed, so the loss "
-                            "noise is unknown: every cell weighs the same and the intervals "
-                            "come from the scatter about the fit")
+        sweep.noise_unknown = not any(math.isfinite(s) for s in sweep.sigma)
         sweep.sigma = [s if math.isfinite(s) else NOMINAL_SIGMA for s in sweep.sigma]
         sweep.depth = depths.pop() if len(depths) == 1 else None
         out[optimizer] = sweep

@@ -54,7 +54,8 @@ def reliability(row: dict, doc: dict | None, scale: str | None) -> list[str]:
     if scale == "smoke":
         why.append("smoke scale: runs of a few dozen steps test the pipeline and measure "
                    "nothing; run SCALE=cpu or gpu")
-    if row.get("b_crit_low") is None or row.get("b_crit_high") is None:
+    if row.get("b_crit") is not None and (row.get("b_crit_low") is None
+                                          or row.get("b_crit_high") is None):
         why.append("B_crit's interval is unbounded (too few bootstrap refits converged)")
     if doc:
         low, high = doc.get("exponent_low"), doc.get("exponent_high")
