@@ -150,16 +150,17 @@ def fit(cells: list[GridCell], promise: Promise, seq_len: int, sweep: SizedSweep
     try:
         if route == ROUTE_OPTIMUM:
             out.grid = fit_answer(cells, promise)
-            out.replicates = bootstrap_answer(cells, out.grid, resamples or GRID_RESAMPLES,
-                                              seed)
+            out.replicates = bootstrap_answer(
+                cells, out.grid, GRID_RESAMPLES if resamples is None else resamples, seed)
         else:
             if sweep is None:
                 raise ResultsError("this grid's loss keeps falling towards its smallest batch, "
                                    "so its batch needs the joint model of a sweep's runs; pass "
                                    "the runs with --table")
-            out.model = fit_model(sweep, keep, resamples or RESAMPLES, seed)
+            count = RESAMPLES if resamples is None else resamples
+            out.model = fit_model(sweep, keep, count, seed)
             out.lr, _ = fit_lr(cells, {})
-            out.lr_replicates = bootstrap_lr(cells, {}, resamples or RESAMPLES, seed)
+            out.lr_replicates = bootstrap_lr(cells, {}, count, seed)
     except GridTooSmall as err:
         raise ResultsError(f"the runs cannot give an answer: {err}") from None
     out.verdict = verdict_of(out, report_verdict)
