@@ -83,13 +83,15 @@ FAR = 10.0  # beyond this factor of the data's largest size or budget: a loud wa
 
 def grid_cells(sweep: SizedSweep, keep: np.ndarray | None = None) -> list[GridCell]:
     """The sweep's cells as (N, budget) grid cells: each best-lr cell's lrs and mean losses
-    (branches included: a cooldown branch is a run of its own budget at its trunk's lr)."""
+    (branches included: a cooldown branch is a run of its own budget at its trunk's lr), and
+    the lrs at which a run of that size and batch diverged."""
     keep = np.ones(len(sweep.cells), bool) if keep is None else keep
     groups: dict[tuple[float, float], list[BatchRuns]] = {}
     for i in np.flatnonzero(keep):
         c = sweep.cells[i]
+        diverged = tuple(sorted(sweep.diverged.get((sweep.params[i], c.batch_size), ())))
         groups.setdefault((sweep.params[i], float(c.budget)), []).append(
-            BatchRuns(float(c.batch_size), c.lrs, c.losses))
+            BatchRuns(float(c.batch_size), c.lrs, c.losses, diverged))
     return [GridCell(n, d, batches) for (n, d), batches in sorted(groups.items())]
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from critbatch.analysis.bcrit.best_lr import (
     BUDGET_TOLERANCE,
     best_lr_cells,
+    group_key,
     seed_blocks,
     seed_scatter,
     split_runs,
@@ -63,6 +64,8 @@ class SizedSweep:
     # (`analysis.joint.joint.sharing_of`), else science.joint.SHARED_FRACTION
     shared: float = SHARED_FRACTION
     noise_unknown: bool = False  # no run repeated at another seed: every cell weighs the same
+    # (params, batch size) -> the lrs at which a run diverged (they bound the best lr from above)
+    diverged: dict = field(default_factory=dict)
 
     @property
     def sizes(self) -> list[float]:
@@ -156,6 +159,11 @@ def sized_sweeps(runs: list[dict], warnings: list[str]) -> dict[str, SizedSweep]
                                 "parameters)")
                 continue
             depths.add(members[0].get("depth"))
+            key = group_key(members[0])
+            for r in runs:  # a run that diverged bounds its batch's lr from above
+                if r["status"] == "diverged" and group_key(r) == key and r.get("lr"):
+                    sweep.diverged.setdefault((size, r["batch_size"]), set()).add(
+                        float(r["lr"]))
             budgets = nominal_budgets([r["tokens"] for r in members], BUDGET_TOLERANCE)
             blocks += seed_blocks(members, budgets)
             scatter = seed_scatter(members, budgets)
