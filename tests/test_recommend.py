@@ -265,3 +265,23 @@ def test_two_sizes_fix_the_size_exponent_and_say_so(tmp_path):
     doc = engine.answer(fitted, LARGER, 2 * BUDGETS[-1])
     true_loss = float(truth().predict_loss(LARGER, doc["batch_size"], 2 * BUDGETS[-1])[0])
     assert doc["predicted_loss"] == pytest.approx(true_loss, abs=0.03)
+
+
+def test_a_diverged_run_bounds_its_batch_s_lr_from_above(tmp_path):
+    """A run at batch 32 that diverged at an lr below the planted optimum: the answer's lr
+    valley for that batch stays below it at every budget; other batches keep theirs."""
+    rows = planted_rows(truth(), SWEEP_SIZES[-1:], None)
+    best = float(planted_lr(32, SWEEP_SIZES[-1]))
+    rows.append({**rows[0], "batch_size": 32, "lr": 0.9 * best, "seed": 0, "loss": "",
+                 "status": "diverged"})
+    for r in rows:
+        r.setdefault("status", "completed")
+    sweep = sweep_of(rows, tmp_path)
+    cells = engine.grid_cells(sweep)
+    for cell in cells:
+        for b in cell.batches:
+            if b.batch == 32:
+                assert b.diverged == (0.9 * best,)
+                assert b.valley().lr <= 0.9 * best * (1 + 1e-9)
+            else:
+                assert b.diverged == ()
