@@ -1,4 +1,5 @@
-"""From a sweep to a decision: the batch size and lr of a larger run (docs/science.md, section 9).
+"""The loss law across sizes and its B_crit(L), for answers where loss keeps falling towards
+small batches (docs/science.md, section 9).
 
 The joint model (`science.joint`) gives every width its own example curve. To predict a
 model size the sweep did not train, the curves become one loss law across sizes:
@@ -12,18 +13,12 @@ exponent b, with the joint model's optional terms (B_s, p: `science.joint.Form`)
 size the N term cannot be measured: A is 0 and every size gets the sweep's curve (the
 caller warns); with two, the size exponent a is fixed at FIXED_SIZE_EXPONENT (two floors
 cannot pin three parameters) and A is fitted. The fit is
-`science.joint_fit.residuals`' weighted least squares on the losses; its intervals a parametric
-bootstrap (`bootstrap_scaling`) like the joint model's.
+`science.joint_fit.residuals`' weighted least squares on the losses; its intervals refits on
+the cells' trunks drawn with replacement (`resample_units`).
 
-The best lr follows a power law in batch and size, fitted to the cells' lr-parabola optima:
-ln lr* = c + p ln B + q ln(N / N_REF) [+ r ln(D / D_REF)] (`fit_lr_law`), its interval the
-fit's t interval of the mean. The budget term is kept only where some size has optima at two
-budgets or more and it predicts held-out budgets and sizes better (`choose_budget_term`).
-
-`candidates` turns both into the answer for (N, D): for each batch a power of two up from
-the sweep's smallest, the predicted loss at D tokens, its steps, token overhead and lr; the
-recommended batch is the largest whose predicted loss is within a tolerance T of the best.
-numpy/scipy only.
+`fastest_within` turns the law into the answer for (N, D): the largest batch whose loss at D
+tokens costs at most a given compute overhead (or loss) beyond the loss-optimal batch's;
+`to_target_loss` the steps and tokens of each batch to reach a loss. numpy/scipy only.
 """
 
 from __future__ import annotations
@@ -33,9 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.science.grid_laws import TERM_GAIN, design, held_out_rms
 from critbatch.science.joint import (
-    CONFIDENCE,
     E_REF,
     FIT_FTOL,
     L_N_FLOOR,
@@ -46,17 +39,14 @@ from critbatch.science.joint import (
     JointData,
     JointFit,
     check_terms,
-    draw_losses,
 )
 from critbatch.science.joint_fit import residual_jacobian, residuals
 
 N_REF = 1e6  # non-embedding parameters: the size term is measured in units of this
-D_REF = 1e9  # tokens: the lr law's budget term is measured in units of this
 # the size exponent a where two sizes cannot measure it (three parameters, two floors):
 # Hoffmann et al. 2022's fitted alpha for parameters (approach 3)
 FIXED_SIZE_EXPONENT = 0.34
-CANDIDATE_REACH = 10.0  # candidates run up to a predicted loss this many tolerances worse
-MAX_DOUBLINGS = 24  # candidates: at most this many doublings above the smallest batch
+MAX_DOUBLINGS = 24  # the batch profile: at most this many doublings above the smallest batch
 
 
 @dataclass
@@ -294,30 +284,6 @@ def noise_scale(fit: ScalingFit) -> float:
     return max(1.0, math.sqrt(fit.chi2_per_dof)) if fit.dof > 0 else 1.0
 
 
-def bootstrap_scaling(data: JointData, sizes, fit: ScalingFit, resamples: int = 100,
-                      seed: int = 0, shared: float | None = None) -> list[ScalingFit]:
-    """Refits of the law on losses redrawn around its predictions with the cells' noise
-    (x `noise_scale`; a trunk and its branches share `shared` of the variance, default
-    `data.shared`), each started
-    from `fit`; the converged ones."""
-    sizes = np.asarray(sizes, float)
-    rng = np.random.default_rng(seed)
-    center = np.empty(len(data))
-    for i, n in enumerate(sizes):
-        mine = data.width == i
-        center[mine] = fit.predict_loss(n, data.batch[mine], data.tokens[mine])
-    center = np.where(np.isfinite(center), center, data.loss)
-    scale = noise_scale(fit)
-    start = fit.as_vector()
-    refits = []
-    for _ in range(resamples):
-        again = fit_scaling(data.with_loss(draw_losses(rng, data, center, scale, shared)), sizes,
-                            start, form=fit.form, ftol=REFIT_FTOL)
-        if again.success and np.isfinite(again.chi2):
-            refits.append(again)
-    return refits
-
-
 def resample_units(data: JointData, sizes, fit: ScalingFit, resamples: int = 100,
                    seed: int = 0) -> list[ScalingFit]:
     """Refits of the law on the cells' units drawn with replacement (a trunk and its cooldown
@@ -336,187 +302,6 @@ def resample_units(data: JointData, sizes, fit: ScalingFit, resamples: int = 100
         if again.success and np.isfinite(again.chi2):
             refits.append(again)
     return refits
-
-
-# ---------------------------------------------------------------------------------------------
-# The best learning rate
-
-
-@dataclass
-class LrLaw:
-    """ln lr* = coef . [1, ln B, ln(N / N_REF), ln(D / D_REF)]: the size column only with
-    several sizes, the budget column only where `choose_budget_term` keeps it."""
-
-    coef: np.ndarray
-    cov: np.ndarray  # of coef
-    dof: int
-    n_points: int
-    one_size: bool
-    residual_sd: float  # of ln lr*
-    budget_term: bool = False
-    budget_test: dict | None = None  # `choose_budget_term`'s held-out scores
-
-    @property
-    def batch_exponent(self) -> float:
-        return float(self.coef[1])
-
-    @property
-    def size_exponent(self) -> float | None:
-        return None if self.one_size else float(self.coef[2])
-
-    @property
-    def budget_exponent(self) -> float | None:
-        return float(self.coef[-1]) if self.budget_term else None
-
-    def row(self, batch: float, params: float, tokens: float | None = None) -> np.ndarray:
-        x = [1.0, math.log(batch)]
-        if not self.one_size:
-            x.append(math.log(params / N_REF))
-        if self.budget_term:
-            if tokens is None:
-                raise ValueError("this lr law has a budget term: pass the tokens")
-            x.append(math.log(tokens / D_REF))
-        return np.array(x)
-
-    def lr(self, batch: float, params: float, tokens: float | None = None) -> float:
-        return float(math.exp(self.row(batch, params, tokens) @ self.coef))
-
-    def interval(self, batch: float, params: float, tokens: float | None = None,
-                 confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
-        """The t interval of the fitted mean ln lr* at (batch, params, tokens); None without
-        dof."""
-        from scipy.stats import t as t_dist
-
-        if self.dof <= 0:
-            return None, None
-        x = self.row(batch, params, tokens)
-        half = float(t_dist.ppf(0.5 + confidence / 2, self.dof)) * math.sqrt(
-            max(float(x @ self.cov @ x), 0.0))
-        centre = float(x @ self.coef)
-        return math.exp(centre - half), math.exp(centre + half)
-
-
-def lr_design(batch, params, tokens, one_size: bool, budget_term: bool) -> np.ndarray:
-    """The lr law's design: `grid_laws.design` on the columns it has, sizes in N_REF and
-    budgets in D_REF."""
-    columns = ("B",) + (() if one_size else ("N",)) + (("D",) if budget_term else ())
-    batch = np.asarray(batch, float)
-    return design(columns, batch, np.asarray(params, float) / N_REF,
-                  None if tokens is None else np.asarray(tokens, float) / D_REF)
-
-
-def choose_budget_term(batch, params, tokens, lr) -> dict | None:
-    """Whether the lr law keeps a budget term: where some size has lr optima at two budgets
-    or more, the law with and without ln D each predicts held-out folds (each size's largest
-    budget; the largest size, with three sizes or more) and the term is kept when it lowers
-    the root-mean-square error of ln lr* (`grid_laws.held_out_rms`' mean) by TERM_GAIN or
-    more. None where no size has two budgets."""
-    batch, params, tokens, lr = (np.asarray(x, float) for x in (batch, params, tokens, lr))
-    if not any(len(set(tokens[params == n].tolist())) >= 2 for n in set(params.tolist())):
-        return None
-    base = ("B",) if len(set(params.tolist())) < 2 else ("B", "N")
-    without = held_out_rms(base, lr, params, tokens, batch)
-    with_d = held_out_rms((*base, "D"), lr, params, tokens, batch)
-    keep = bool(np.isfinite(with_d["mean"])
-                and with_d["mean"] < (1 - TERM_GAIN) * without["mean"])
-    return {"kept": keep, "held_out_rms_log_without": without,
-            "held_out_rms_log_with": with_d,
-            "rule": f"kept when it lowers the held-out rms of ln lr* by {TERM_GAIN:.0%} or "
-                    "more (the mean over held-out budgets, each size's largest, and the "
-                    "held-out largest size)"}
-
-
-def fit_lr_law(batch, params, lr, tokens=None) -> LrLaw | None:
-    """Ordinary least squares of ln lr* on ln B (and ln N where sizes differ, and ln D where
-    `choose_budget_term` keeps it: give `tokens`); None with fewer points than coefficients,
-    or no spread in batch."""
-    batch, params, lr = (np.asarray(x, float) for x in (batch, params, lr))
-    one_size = len(set(params.tolist())) < 2
-    test = None if tokens is None else choose_budget_term(batch, params, tokens, lr)
-    budget_term = bool(test and test["kept"])
-    tokens = None if tokens is None else np.asarray(tokens, float)
-    design = lr_design(batch, params, tokens, one_size, budget_term)
-    if len(lr) < design.shape[1] or len(set(batch.tolist())) < 2:
-        return None
-    y = np.log(lr)
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    dof = len(y) - design.shape[1]
-    resid = y - design @ coef
-    var = float(resid @ resid / dof) if dof > 0 else math.nan
-    cov = var * np.linalg.pinv(design.T @ design) if dof > 0 else np.full((len(coef),) * 2,
-                                                                           math.nan)
-    return LrLaw(coef=coef, cov=cov, dof=dof, n_points=len(y), one_size=one_size,
-                 residual_sd=math.sqrt(var) if dof > 0 else math.nan, budget_term=budget_term,
-                 budget_test=test)
-
-
-# ---------------------------------------------------------------------------------------------
-# The answer
-
-
-def percentile_interval(values, confidence: float = CONFIDENCE) -> tuple[float | None,
-                                                                           float | None]:
-    values = np.asarray([v for v in values if np.isfinite(v)], float)
-    if len(values) < 10:
-        return None, None
-    tail = 100 * (1 - confidence) / 2
-    lo, hi = np.percentile(values, [tail, 100 - tail])
-    return float(lo), float(hi)
-
-
-def candidate_batches(fit: ScalingFit, params: float, tokens: float, smallest: int,
-                      tolerance: float, seq_len: int) -> list[int]:
-    """Powers of two from `smallest` up to where the predicted loss is CANDIDATE_REACH
-    tolerances worse than the best so far (or no step is left)."""
-    batches, best = [], math.inf
-    for k in range(MAX_DOUBLINGS + 1):
-        b = smallest * 2**k
-        if tokens < b * seq_len:  # not one step
-            break
-        loss = float(fit.predict_loss(params, b, tokens)[0])
-        if not math.isfinite(loss):
-            break
-        batches.append(b)
-        best = min(best, loss)
-        if loss > best + CANDIDATE_REACH * tolerance:
-            break
-    return batches
-
-
-def choose(losses: list[float], tolerance: float) -> int:
-    """Index of the largest candidate whose loss is within `tolerance` of the best."""
-    best = min(losses)
-    return max(i for i, x in enumerate(losses) if x <= best + tolerance)
-
-
-def recommend(fit: ScalingFit, refits: list[ScalingFit], lr_law: LrLaw | None, params: float,
-              tokens: float, smallest: int, seq_len: int, tolerance: float = 0.01) -> dict:
-    """The candidate table and the recommended batch for a model of `params` non-embedding
-    parameters trained on `tokens` tokens (see the module docstring). Intervals are the
-    bootstrap refits' central CONFIDENCE percentiles (predicted loss, B_crit at it) and the
-    lr law's t interval."""
-    batches = candidate_batches(fit, params, tokens, smallest, tolerance, seq_len)
-    if not batches:
-        return {"candidates": [], "pick": None}
-    losses = fit.predict_loss(params, batches, np.full(len(batches), tokens))
-    boot = np.array([r.predict_loss(params, batches, np.full(len(batches), tokens))
-                     for r in refits]).reshape(len(refits), len(batches))
-    rows = []
-    for i, (b, loss) in enumerate(zip(batches, losses.tolist(), strict=True)):
-        low, high = percentile_interval(boot[:, i])
-        b_crit = float(fit.b_crit(loss))
-        crit_draws = [float(r.b_crit(x)) for r, x in zip(refits, boot[:, i], strict=True)
-                      if np.isfinite(x)]
-        lr = lr_law.lr(b, params, tokens) if lr_law else None
-        lr_low, lr_high = lr_law.interval(b, params, tokens) if lr_law else (None, None)
-        rows.append({"batch_size": b, "predicted_loss": loss, "predicted_loss_low": low,
-                     "predicted_loss_high": high, "steps": int(tokens // (b * seq_len)),
-                     "token_overhead": float(fit.overhead_factor(loss, b)) - 1,
-                     "b_crit": b_crit, "b_crit_low": percentile_interval(crit_draws)[0],
-                     "b_crit_high": percentile_interval(crit_draws)[1],
-                     "lr": lr, "lr_low": lr_low, "lr_high": lr_high})
-    pick = choose([r["predicted_loss"] for r in rows], tolerance)
-    return {"candidates": rows, "pick": pick}
 
 
 def to_target_loss(fit: ScalingFit, params: float, target: float, batches: list[int],

@@ -232,6 +232,34 @@ def plot(docs: list[dict], fitted: dict[str, engine.Fitted], path: Path) -> None
     plotting.save_figure(fig, path)
 
 
+def validation_plot(cases: dict[str, list[dict]], cells: dict[str, list[GridCell]],
+                    path: Path) -> None:
+    """Per optimizer and held-out case: the case's own measured profile (loss above its best
+    against batch), the promised loss given up, the answer (fitted without the case) with its
+    interval, the measured largest batch within the promise."""
+    panels = [(name, row) for name, rows in cases.items() for row in rows]
+    fig, axes = plotting.panel_grid(max(1, len(panels)), "Held out in turn: each case's own "
+                                    "runs against the answer fitted without them")
+    for ax, (name, row) in zip(axes, panels, strict=False):
+        cell = next(c for c in cells[name] if c.key == (row["params"], row["tokens"]))
+        b, loss = cell.profile()
+        a, m = row["answer"], row["measured"]
+        ax.plot(b, loss - cell.best, "s-", color="k", ms=3, lw=0.8, label="measured profile")
+        ax.axhline(a["loss_given_up"], color="tab:red", lw=0.8, ls=":",
+                   label=f"promised: {a['loss_given_up']:.4f} nats/token")
+        if a["batch_low"] is not None:
+            ax.axvspan(a["batch_low"], a["batch_high"], color="tab:red", alpha=0.12,
+                       label="95% interval of the batch")
+        ax.axvline(a["batch_size"], color="tab:red",
+                   label=f"answer {a['batch_size']:,.0f}: gives up {m['loss_given_up']:.4f}")
+        ax.axvline(m["measured_largest_within"], color="tab:green", ls="--",
+                   label=f"measured largest within: {m['measured_largest_within']:,.0f}")
+        plotting.log_axes(ax, x=True)
+        plotting.label_axes(ax, "batch size (sequences)", "loss above the case's best "
+                            "(nats/token)", f"{name}: {row['case']}")
+    plotting.save_figure(fig, path)
+
+
 def fit_all(sweeps: dict[str, SizedSweep], optimizer: str | None, promise: Promise,
             pipeline_test: bool, report_verdicts: dict | None = None
             ) -> dict[str, engine.Fitted]:
@@ -308,17 +336,19 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
     lines: list[str] = []
     if do_validate:
         document = {"validation": {}, "warnings": warnings}
-        docs, fitted = [], {}
+        docs, grids, cases = [], {}, {}
         for name, sweep in sweeps.items():
             if optimizer and name != optimizer:
                 continue
-            cells = engine.grid_cells(sweep)
-            rows = engine.validate(cells, promise, sweep.seq_len, sweep,
-                                   SMOKE_RESAMPLES if smoke else None,
-                                   progress=lambda m, n=name: print(f"  {n}: {m}", flush=True))
-            document["validation"][name] = {"cases": rows,
-                                            "summary": engine.validation_summary(rows)}
-            lines += validation_lines(name, rows) + [""]
+            grids[name] = engine.grid_cells(sweep)
+            cases[name] = engine.validate(grids[name], promise, sweep.seq_len, sweep,
+                                          SMOKE_RESAMPLES if smoke else None,
+                                          progress=lambda m, n=name: print(f"  {n}: {m}",
+                                                                           flush=True))
+            document["validation"][name] = {"cases": cases[name],
+                                            "summary": engine.validation_summary(cases[name])}
+            lines += validation_lines(name, cases[name]) + [""]
+        validation_plot(cases, grids, out_dir / PLOT_FILE)
     else:
         size = target_params(sweeps, width, params)
         fitted = fit_all(sweeps, optimizer, promise, smoke)
@@ -342,8 +372,7 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
                                                 time.perf_counter() - t0))
     publish_report(out_dir, name="recommend", group=f"recommend-{out_dir.parent.name}",
                    mode=wandb_mode, project=project, config={"inputs": inputs},
-                   images={} if do_validate else {"recommend": PLOT_FILE},
-                   files=[REPORT_FILE, JSON_FILE] + ([] if do_validate else [PLOT_FILE]),
+                   images={"recommend": PLOT_FILE}, files=[REPORT_FILE, JSON_FILE, PLOT_FILE],
                    summary={k: document.get(k) for k in ("optimizer", "batch_size", "lr",
                                                           "predicted_loss", "verdict")})
     print(text)
@@ -355,8 +384,8 @@ def markdown(inputs: list[str], docs: list[dict], lines: list[str], warnings: li
              elapsed_s: float) -> str:
     out = ["# Recommendation", "", f"From {', '.join(inputs)} ({elapsed_s:.1f} s).", "",
            "```", *lines, "```", ""]
+    out += [f"![answer]({PLOT_FILE})", ""]
     if docs:
-        out += [f"![answer]({PLOT_FILE})", ""]
         m = docs[0]["model"]
         rows = [[k, fmt(v, ".4g") if isinstance(v, float) else str(v)]
                 for k, v in m.items() if not isinstance(v, dict | list)]
