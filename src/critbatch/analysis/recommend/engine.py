@@ -64,10 +64,10 @@ from critbatch.science.recommend import (
 ROUTE_OPTIMUM = "optimum"  # the grid's loss optimum lies inside its batches
 ROUTE_B_CRIT = "b_crit"  # loss keeps falling towards small batches: the joint model's B_crit
 ROUTE_WORDS = {
-    ROUTE_OPTIMUM: "the grid's loss optimum lies inside its batches: the batches are read off "
-                   "the measured profiles and their laws in size and tokens",
-    ROUTE_B_CRIT: "loss keeps falling towards the smallest batch: the batch comes from the "
-                  "joint model's B_crit(L), the loss-optimal batch is the smallest trained",
+    ROUTE_OPTIMUM: "the loss optimum lies inside the batches tried: read off the measured "
+                   "profiles and their laws in size and tokens",
+    ROUTE_B_CRIT: "loss keeps falling towards the smallest batch tried: read through the "
+                  "joint model's B_crit(L)",
 }
 RESOLVED, UNRESOLVED, PIPELINE = "resolved", "unresolved", "pipeline test"
 RESOLVED_WIDTH = 1.0  # B_crit route: 1/alpha_B known to +-0.5 (the joint model's verdict)
@@ -314,11 +314,10 @@ def far(extra: dict) -> bool:
 def cheap_check(doc: dict) -> str:
     """The two short runs that settle a doubtful batch."""
     b = doc["batch_size"]
-    return (f"two short runs with equal tokens, at {b:,.0f} and at {b / 2:,.0f} sequences of "
-            f"{doc['seq_len']:,} tokens, each at its lr from this answer: if the larger ends "
-            f"more than {doc['loss_given_up']:.3g} nats/token above the smaller, halve the "
-            "batch (with fewer tokens than the target's the test is the stricter: the "
-            "loss-optimal batch grows with the tokens)")
+    return (f"two short runs with equal tokens at {b:,.0f} and {b / 2:,.0f} sequences, each "
+            f"at its lr here: if the larger ends more than {doc['loss_given_up']:.3g} "
+            "nats/token above the smaller, halve the batch (fewer tokens than the target's "
+            "make the test stricter)")
 
 
 def answer(fitted: Fitted, params: float, tokens: float, width: int | None = None) -> dict:
@@ -391,9 +390,8 @@ def model_summary(fitted: Fitted) -> dict:
                 "residual_sd": loss.residual_sd},
             "resamples": len(fitted.replicates.fits),
             "failed_resamples": fitted.replicates.failed,
-            "intervals": "95% prediction intervals: the cells resampled "
-                         f"({len(fitted.replicates.fits)} replicates), every law refitted with "
-                         "its terms chosen again, and a new cell's scatter about each law"}
+            "intervals": f"95% prediction intervals: {len(fitted.replicates.fits)} refits on "
+                         "resampled cells, terms chosen again, a new cell's scatter drawn"}
     m = fitted.model
     f = m.fit
     return {
@@ -412,10 +410,9 @@ def model_summary(fitted: Fitted) -> dict:
                                          strict=True)),
                    "residual_sd_log": fitted.lr.residual_sd,
                    "held_out_rms_log": fitted.lr.held_out},
-        "intervals": "95%: the batch, loss and B_crit from the law's parametric bootstrap "
-                     f"({len(m.refits)} refits, seed noise x {noise_scale(f):.2f}), the whole "
-                     "choice redone in each; lr from the lr law refitted on resampled cells, "
-                     "with a new cell's scatter",
+        "intervals": f"95%: {len(m.refits)} refits of the law on resampled trunks, the "
+                     "choice redone in each; the lr's from its law refitted on resampled "
+                     "cells, a new cell's scatter drawn",
     }
 
 

@@ -4,8 +4,8 @@ Per optimizer, the sweep's best-lr cells of one corpus, vocabulary and seq_len, 
 size, become one `SizedSweep`: the cells with their loss noise and trunk, and the size
 (non-embedding parameters) of each. `fit_model` fits the joint model (one curve per size,
 with the small-batch term when the data demand it), then the loss law across sizes started
-from it and its parametric bootstrap: what the answer reads where loss keeps falling towards
-small batches. The answer itself is `engine.py`'s, for every door; the report (printing,
+from it and its refits on resampled trunks: what the answer reads where loss keeps falling
+towards small batches. The answer itself is `engine.py`'s, for every door; the report (printing,
 JSON, plot, W&B) is `report.py` beside it.
 """
 

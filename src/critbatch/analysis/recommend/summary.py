@@ -148,13 +148,12 @@ def markdown(rows: list[dict]) -> list[str]:
     return ["## Summary", "",
             f"Per optimizer, at the sweep's largest model ({rows[0]['params']:,.0f} "
             f"non-embedding params) and largest budget ({rows[0]['tokens']:,.0f} tokens): "
-            "B_crit at the loss the joint law predicts there (95% parametric bootstrap), the "
-            "batch `recommend` gives (the largest costing at most 10% more compute than the "
-            "loss-optimal batch, with its 95% interval from refits of the whole choice; lr "
-            "from the lr law, 95% prediction interval; AdamW's beta2 at that batch by the runs' "
-            "rule), the held-out check and whether the "
-            "numbers are a measurement. `python analysis/recommend.py` answers for a larger "
-            "run.", "",
+            "B_crit at the loss the joint law predicts there (95%, refits on resampled "
+            "trunks), the batch `recommend` gives (the largest costing at most 10% more "
+            "compute than the loss-optimal batch, with its 95% interval from refits of the "
+            "whole choice; lr from the lr law, 95% prediction interval; AdamW's beta2 at that "
+            "batch by the runs' rule), the held-out check and whether the numbers are a "
+            "measurement. `python analysis/recommend.py` answers for a larger run.", "",
             md_table(["optimizer", "B_crit at the final loss (sequences) [95%]", "recommended here",
                       "held out", "a measurement?"], table), ""]
 
