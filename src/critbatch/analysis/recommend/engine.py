@@ -316,8 +316,8 @@ def cheap_check(doc: dict) -> str:
     b = doc["batch_size"]
     return (f"two short runs with equal tokens at {b:,.0f} and {b / 2:,.0f} sequences, each "
             f"at its lr here: if the larger ends more than {doc['loss_given_up']:.3g} "
-            "nats/token above the smaller, halve the batch (fewer tokens than the target's "
-            "make the test stricter)")
+            "nats/token above the smaller, halve the batch (with fewer tokens than the "
+            "target's the test is stricter)")
 
 
 def answer(fitted: Fitted, params: float, tokens: float, width: int | None = None) -> dict:
