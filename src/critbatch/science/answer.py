@@ -71,7 +71,6 @@ RESAMPLES = 300  # cell resamples of an answer's bootstrap
 # d ln eps / d ln B at the window's top where the grid cannot measure it: McCandlish's overhead
 # at fixed tokens, eps ~ (x - 1)^2 / x for x = B / B_opt, has (x + 1) / (x - 1) = 3 at x = 2
 STEEPNESS = 3.0
-LAW_TERMS = ("N", "D")
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,8 @@ def answer_lines(doc: dict) -> list[str]:
 
 def candidate_rows(doc: dict, fitted: engine.Fitted) -> list[dict]:
     """Powers of two around the answer: steps and lr (and on the B_crit route the predicted
-    loss and the compute overhead against the loss-optimal batch)."""
+    loss with its 95% interval, the compute overhead against the loss-optimal batch, E/E_min
+    - 1 as `token_overhead`, B_crit at that loss and the lr's interval)."""
     low = 2 ** math.floor(math.log2(min(doc["loss_optimal_batch"], doc["batch_size"]) / 2))
     high = 2 ** math.ceil(math.log2(doc["batch_size"] * 4))
     rows = []
@@ -117,9 +118,16 @@ def candidate_rows(doc: dict, fitted: engine.Fitted) -> list[dict]:
         if fitted.route == engine.ROUTE_B_CRIT:
             fit, ref = fitted.model.fit, doc["loss_optimal_batch"]
             loss = float(fit.predict_loss(doc["params"], b, doc["tokens"])[0])
+            draws = [float(r.predict_loss(doc["params"], b, doc["tokens"])[0])
+                     for r in fitted.model.refits]
             row["predicted_loss"] = loss
+            row["predicted_loss_low"] = engine.percentile(draws, 2.5)
+            row["predicted_loss_high"] = engine.percentile(draws, 97.5)
             row["overhead"] = doc["tokens"] / float(fit.tokens_to(loss, doc["params"], ref)) - 1
-            row["lr"] = engine.lr_of(fitted, doc["params"], doc["tokens"], b)[0]
+            row["token_overhead"] = float(fit.overhead_factor(loss, b)) - 1  # E/E_min - 1
+            row["b_crit"] = float(fit.b_crit(loss))
+            row["lr"], row["lr_low"], row["lr_high"] = engine.lr_of(fitted, doc["params"],
+                                                                    doc["tokens"], b)
         else:
             row["lr"] = fitted.grid.lr.predict(doc["params"], doc["tokens"], b)
         rows.append(row)
