@@ -285,3 +285,18 @@ def test_a_diverged_run_bounds_its_batch_s_lr_from_above(tmp_path):
                 assert b.valley().lr <= 0.9 * best * (1 + 1e-9)
             else:
                 assert b.diverged == ()
+
+
+def test_too_few_cells_for_the_profile_s_laws_fall_back_to_the_joint_model(tmp_path):
+    """One size, four budgets, small batches losing too (B_s = 12): the loss has an optimum
+    inside the batches, but four cells cannot carry the loss law L*(N, D) a promise in compute
+    reads; the sweep still has its joint model, and the answer says it used it."""
+    rows = planted_rows(truth(b_small=12.0), SWEEP_SIZES[-1:], np.random.default_rng(1),
+                        batches=(4, 8, 16, 32, 64, 128), sigma=0.003)
+    sweep = sweep_of(rows, tmp_path)
+    cells = engine.grid_cells(sweep)
+    assert engine.route_of(cells) == engine.ROUTE_OPTIMUM and len(cells) == 4
+    doc = engine.answer(fitted_of(sweep, resamples=20), SWEEP_SIZES[-1], BUDGETS[-1])
+    assert doc["route"] == engine.ROUTE_B_CRIT
+    assert "read through the joint model instead" in doc["route_words"]
+    assert doc["batch_size"] > doc["loss_optimal_batch"] > 4

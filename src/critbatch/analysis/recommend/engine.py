@@ -123,6 +123,7 @@ class Fitted:
     verdict: dict = field(default_factory=dict)
     pipeline_test: bool = False
     noise_unknown: bool = False  # the sweep's: no run repeated at another seed
+    route_note: str | None = None  # why the route is not the one the grid's shape asked for
 
     @property
     def sizes(self) -> list[float]:
@@ -151,7 +152,16 @@ def fit(cells: list[GridCell], promise: Promise, seq_len: int, sweep: SizedSweep
                  noise_unknown=bool(sweep and sweep.noise_unknown))
     try:
         if route == ROUTE_OPTIMUM:
-            out.grid = fit_answer(cells, promise)
+            try:
+                out.grid = fit_answer(cells, promise)
+            except GridTooSmall as err:
+                if sweep is None:
+                    raise
+                # too few cells for the profile's laws: a sweep still has its joint model
+                out.route = route = ROUTE_B_CRIT
+                out.route_note = (f"the runs' loss optimum lies inside their batches, but {err}: "
+                                  "read through the joint model instead")
+        if route == ROUTE_OPTIMUM:
             out.replicates = bootstrap_answer(
                 cells, out.grid, GRID_RESAMPLES if resamples is None else resamples, seed)
         else:
@@ -338,7 +348,8 @@ def answer(fitted: Fitted, params: float, tokens: float, width: int | None = Non
          out["loss_optimal_lr_high"]) = lr_of(fitted, params, tokens, out["loss_optimal_batch"])
     batch = out["batch_size"]
     doc = {"params": params, "tokens": tokens, "width": width, "seq_len": fitted.seq_len,
-           "route": fitted.route, "route_words": ROUTE_WORDS[fitted.route],
+           "route": fitted.route,
+           "route_words": fitted.route_note or ROUTE_WORDS[fitted.route],
            "overhead": promise.overhead, "tolerance": promise.tolerance,
            "promise": promise.words(), **out,
            "steps": int(tokens // (batch * fitted.seq_len)),
