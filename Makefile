@@ -22,7 +22,7 @@ $(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
-        sweep-schedules sweep-local-cbs report recommend recommend-coverage peers wandb-sync clean data
+        sweep-schedules sweep-local-cbs report recommend recommend-coverage coverage peers wandb-sync clean data
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -116,9 +116,11 @@ recommend: install ## batch and lr for a bigger run from your sweep, or PEERS=st
 	  $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT)) $(if $(VALIDATE),--validate) \
 	  $(if $(PEERS),--peers $(PEERS)) $(if $(PEERS_DIR),--peers-dir $(PEERS_DIR)) $(ARGS)
 
-WORLDS ?= 50
+coverage: install ## do the joint model's 95% intervals and verdict keep their level? WORLDS= planted sweeps of each kind (KINDS=) fitted as fit_bcrit does (20 a kind: about 6 min on 2 cores) [OUT= ARGS=]
+	$(PY) -m critbatch.bench.coverage $(if $(WORLDS),--worlds $(WORLDS)) $(if $(KINDS),--kinds "$(KINDS)") $(if $(OUT),--out $(OUT)) $(ARGS)
+
 recommend-coverage: install ## how often the answer's 95% intervals hold the planted answer, over WORLDS= planted sweeps (50: about 6 min on 2 cores) [OUT= ARGS=]
-	$(PY) -m critbatch.analysis.recommend.coverage --worlds $(WORLDS) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(PY) -m critbatch.analysis.recommend.coverage --worlds $(or $(WORLDS),50) $(if $(OUT),--out $(OUT)) $(ARGS)
 
 peers: install ## public sweeps (Step Law, Zhang et al.) from their own files: report, JSON, docs/results/peers.md [PEERS_DIR= OUT= ARGS=]
 	$(PY) -m critbatch.peers.cli $(if $(PEERS_DIR),--peers-dir $(PEERS_DIR)) $(if $(OUT),--out $(OUT)) $(ARGS)
