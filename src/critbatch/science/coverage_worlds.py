@@ -154,6 +154,7 @@ def table_rows(world: World, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     rows = []
     top = max(world.budgets)
+    losses: dict[tuple, float] = {}  # every lr and seed of a (width, batch, tokens) shares it
     for w in range(len(world.l_inf)):
         for batch in world.batches:
             best_lr = 1e-3 * (batch / 8) ** 0.5
@@ -167,7 +168,9 @@ def table_rows(world: World, seed: int) -> list[dict]:
                         tokens = int(nominal // (batch * SEQ_LEN) * batch * SEQ_LEN)
                         if tokens < batch * SEQ_LEN:
                             continue
-                        loss = world.loss_at(w, batch, tokens)
+                        if (w, batch, tokens) not in losses:
+                            losses[(w, batch, tokens)] = world.loss_at(w, batch, tokens)
+                        loss = losses[(w, batch, tokens)]
                         if not math.isfinite(loss):
                             continue
                         own = math.sqrt(1 - world.shared) * float(noise(world, rng, 1)[0])
