@@ -83,23 +83,6 @@ class CellOptimum:
     lr_opt: float  # the lr at B_opt
     lr_opt_points: int  # interior per-batch optima the lr at B_opt was read from
 
-    def nearest(self, batch: float) -> BatchOptimum:
-        return min(self.batches, key=lambda b: abs(math.log(b.batch / batch)))
-
-    def lr_at(self, batch: float) -> float:
-        """The best lr at `batch`, read from the grid (`lr_at`)."""
-        return lr_at(self.batches, batch)[0]
-
-    def measured_loss_at(self, batch: float) -> float:
-        """The grid's best loss at `batch`: linear in ln B between the per-batch best losses
-        (the end batch's beyond the grid)."""
-        x = np.log([p.batch for p in self.batches])
-        return float(np.interp(math.log(batch), x, [p.loss for p in self.batches]))
-
-    def edge_batches(self) -> int:
-        """Batches whose best lr lies on the lr grid's edge (their loss only bounds it)."""
-        return sum(p.edge is not None for p in self.batches)
-
     def largest_within(self, tolerance: float) -> float:
         """The largest grid batch whose best loss is within `tolerance` of the cell's best."""
         best = min(b.loss for b in self.batches)

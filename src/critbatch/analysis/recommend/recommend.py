@@ -201,9 +201,7 @@ class Model:
     term_tests: dict  # per optional term (`joint_inference.TERMS`) its tests (`select_form`)
     sizes: np.ndarray
     smallest_batch: int
-    max_tokens: float
     min_loss: float
-    beta2_rule: dict | None = None  # the sweep's (`beta2_rule`), carried to the answer
     resamples: int = RESAMPLES  # bootstrap refits tried (`refits` holds those that converged)
 
 
@@ -226,5 +224,5 @@ def fit_model(sweep: SizedSweep, keep: np.ndarray | None = None, resamples: int 
         raise ResultsError(f"{sweep.optimizer}: the loss law across sizes could not be fitted "
                            f"to its {len(data)} cells; check the table's losses")
     refits = resample_units(data, sizes, fit, resamples, seed=seed)
-    return Model(fit, refits, terms, sizes, int(data.batch.min()),
-                 float(data.tokens.max()), float(data.loss.min()), sweep.beta2_rule, resamples)
+    return Model(fit, refits, terms, sizes, int(data.batch.min()), float(data.loss.min()),
+                 resamples)
