@@ -10,6 +10,7 @@ import pytest
 
 from critbatch.bench import coverage
 from critbatch.science.coverage_worlds import KINDS, World, table_rows, truth, world_of
+from critbatch.science.fits import binomial_interval
 
 
 def test_a_planted_run_ends_where_its_tokens_reach():
@@ -76,7 +77,7 @@ def test_the_summary_counts_coverage_and_the_verdict_s_errors():
     v = s["verdict"]
     assert (v["resolved"], v["false_resolved"], v["covered_and_narrow"],
             v["false_unresolved"]) == (2, 1, 2, 1)
-    low, high = coverage.binomial_interval(19, 20)
+    low, high = binomial_interval(19, 20)
     assert low < 0.95 < high and high < 1
 
 

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import datetime
 import io
 import math
 import os
-import subprocess
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -39,10 +37,10 @@ from pathlib import Path
 from critbatch.analysis.render import json_clean, md_table
 from critbatch.results.errors import user_errors
 from critbatch.results.files import write_json_atomic, write_text_atomic
+from critbatch.results.runs import short_revision
 from critbatch.science.coverage_worlds import KINDS, table_rows, truth, world_of
+from critbatch.science.fits import binomial_interval
 
-COLUMNS = ("run", "group", "optimizer", "lr", "seed", "batch_size", "seq_len", "tokens",
-           "params", "loss", "branch_of")
 RESOLVED_WIDTH = 1.0  # the verdict's width: an interval narrower than this should say resolved
 
 
@@ -50,7 +48,7 @@ def fit_world(kind: str, seed: int) -> dict:
     """One world of `kind`: its table through `bcrit.analyse`, the joint model's document
     beside the truth."""
     from critbatch.analysis.bcrit import bcrit
-    from critbatch.analysis.bcrit.tables import load_tables
+    from critbatch.analysis.bcrit.tables import load_tables, write_table
     from critbatch.analysis.render import one_blas_thread
 
     world = world_of(kind, seed)
@@ -58,11 +56,7 @@ def fit_world(kind: str, seed: int) -> dict:
     true = truth(world, rows)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "world.csv"
-        with open(path, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=COLUMNS, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows({k: "" if r.get(k) is None else r[k] for k in COLUMNS}
-                             for r in rows)
+        write_table(rows, path)
         loaded = load_tables([path])
     with one_blas_thread(), contextlib.redirect_stdout(io.StringIO()):
         result = bcrit.analyse(loaded["runs"], **loaded["analyse_kwargs"])
@@ -83,18 +77,6 @@ def holds(value: float, low: float | None, high: float | None) -> bool | None:
     if low is None or high is None:
         return None
     return bool(low <= value <= high)
-
-
-def binomial_interval(hits: int, n: int, confidence: float = 0.95) -> list[float] | None:
-    """The Clopper-Pearson interval of a rate of `hits` in `n` (None without trials)."""
-    from scipy.stats import beta
-
-    if n == 0:
-        return None
-    tail = (1 - confidence) / 2
-    low = 0.0 if hits == 0 else float(beta.ppf(tail, hits, n - hits + 1))
-    high = 1.0 if hits == n else float(beta.ppf(1 - tail, hits + 1, n - hits))
-    return [low, high]
 
 
 def summarise(worlds: list[dict]) -> dict:
@@ -159,14 +141,6 @@ def markdown(doc: dict) -> str:
                   "false unresolved (of those covered and narrower than 1)"], rows), ""])
 
 
-def git_revision() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=False).stdout.strip() or None
-    except OSError:
-        return None
-
-
 def run(worlds: int, kinds: tuple[str, ...], jobs: int, seed: int, out: Path,
         docs: Path | None) -> dict:
     t0 = time.perf_counter()
@@ -188,7 +162,7 @@ def run(worlds: int, kinds: tuple[str, ...], jobs: int, seed: int, out: Path,
     doc = json_clean({
         "worlds": worlds, "kinds": list(kinds), "seed": seed, "summary": summarise(results),
         "results": results,
-        "provenance": {"date": datetime.date.today().isoformat(), "git_revision": git_revision(),
+        "provenance": {"date": datetime.date.today().isoformat(), "git_revision": short_revision(),
                        "elapsed_s": elapsed, "jobs": jobs, "load_average": os.getloadavg()[0],
                        "command": f"make coverage WORLDS={worlds}"
                                   + ("" if kinds == KINDS else f' KINDS="{",".join(kinds)}"')}})

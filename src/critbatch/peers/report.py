@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from critbatch.peers import recommend as peers_recommend
 from critbatch.peers.sources import SOURCES, locate
 from critbatch.peers.sources import cache_dir as default_cache
 from critbatch.results.files import write_json_atomic, write_text_atomic
+from critbatch.results.runs import short_revision
 from critbatch.science.answer import Promise
 
 JSON_FILE = "peers.json"
@@ -129,11 +129,7 @@ def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
 
 
 def provenance(grid: Path, boot: Path, peers_dir, elapsed: float) -> dict:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=False).stdout.strip() or None
-    except OSError:
-        rev = None
+    rev = short_revision()
     return {"date": datetime.date.today().isoformat(), "git_revision": rev,
             "elapsed_s": elapsed, "load_average": os.getloadavg()[0],
             "command": "make peers" + (" PEERS_DIR=<a folder holding the pinned files>"

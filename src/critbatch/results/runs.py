@@ -210,6 +210,12 @@ def git_revision() -> str:
         return "unknown"
 
 
+def short_revision() -> str:
+    """`git_revision` in 7 characters (with its `-dirty`), for a page's provenance line."""
+    rev = git_revision()
+    return rev if rev == "unknown" else rev[:7] + ("-dirty" if rev.endswith("-dirty") else "")
+
+
 def package_versions() -> dict[str, str]:
     """Versions of Python and the packages that decide a run's numbers."""
     from importlib.metadata import PackageNotFoundError, version

@@ -461,3 +461,16 @@ def trunk_sharing(blocks: list[tuple[tuple, np.ndarray]]) -> Sharing | None:
         return None
     return Sharing(fraction=float(np.clip(np.mean(r), 0.0, MAX_SHARING)), dof=dof,
                    trunks=trunks, pairs=len(r))
+
+
+def binomial_interval(hits: int, n: int, confidence: float = CONFIDENCE) -> list[float] | None:
+    """The Clopper-Pearson interval of a rate of `hits` in `n` trials (None without trials):
+    the coverage studies' error bar on an empirical coverage."""
+    from scipy.stats import beta
+
+    if n == 0:
+        return None
+    tail = (1 - confidence) / 2
+    low = 0.0 if hits == 0 else float(beta.ppf(tail, hits, n - hits + 1))
+    high = 1.0 if hits == n else float(beta.ppf(1 - tail, hits + 1, n - hits))
+    return [low, high]

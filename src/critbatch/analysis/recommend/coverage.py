@@ -19,7 +19,6 @@ Writes coverage.json and coverage.md to --out and, with --docs, the page to the 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import math
 import os
@@ -35,7 +34,9 @@ from critbatch.analysis.recommend.recommend import sized_sweeps
 from critbatch.analysis.render import json_clean, md_table, on_one_blas_thread
 from critbatch.results.errors import user_errors
 from critbatch.results.files import write_json_atomic, write_text_atomic
+from critbatch.results.runs import short_revision
 from critbatch.science.answer import Promise
+from critbatch.science.fits import binomial_interval
 from critbatch.science.recommend import fastest_within
 from critbatch.science.recommend_planted import (
     BATCHES,
@@ -60,10 +61,7 @@ def world_answers(seed: int, promise: Promise, resamples: int | None = None) -> 
     rows = planted_rows(world, SWEEP_SIZES, np.random.default_rng(seed))
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "sweep.csv"
-        with open(path, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        tables.write_table(rows, path)
         runs, _ = tables.read_table(path)
     sweep = sized_sweeps(runs, [])["adamw"]
     fitted = engine.fit(engine.grid_cells(sweep), promise, sweep.seq_len, sweep,
@@ -90,16 +88,6 @@ def holds(row: dict, key: str) -> bool | None:
     if low is None or high is None:
         return None
     return bool(low <= row[f"planted_{key}"] <= high)
-
-
-def binomial_interval(hits: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """The Clopper-Pearson interval of a rate of `hits` in `n`."""
-    from scipy.stats import beta
-
-    tail = (1 - confidence) / 2
-    low = 0.0 if hits == 0 else float(beta.ppf(tail, hits, n - hits + 1))
-    high = 1.0 if hits == n else float(beta.ppf(1 - tail, hits + 1, n - hits))
-    return low, high
 
 
 def summarise(worlds: list[dict]) -> dict:
@@ -174,7 +162,7 @@ def run(worlds: int, seed: int, out: Path, docs: Path | None,
     doc = json_clean({
         "worlds": worlds, "seed": seed, "answers": answers, "summary": summarise(answers),
         "provenance": {"date": datetime.date.today().isoformat(),
-                       "git_revision": git_revision(), "elapsed_s": elapsed,
+                       "git_revision": short_revision(), "elapsed_s": elapsed,
                        "load_average": os.getloadavg()[0],
                        "command": f"make recommend-coverage WORLDS={worlds}"}})
     out.mkdir(parents=True, exist_ok=True)
@@ -192,16 +180,6 @@ def run(worlds: int, seed: int, out: Path, docs: Path | None,
     print(f"report: {out / 'coverage.md'}" + (f", {docs}" if docs else "")
           + f" ({elapsed:.0f} s)", flush=True)
     return doc
-
-
-def git_revision() -> str | None:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=False).stdout.strip() or None
-    except OSError:
-        return None
 
 
 def main(argv: list[str] | None = None) -> None:
