@@ -415,17 +415,17 @@ def chosen_terms(fit: GridFit) -> dict[str, str]:
 # Intervals: the whole choice redone on resampled cells, and a promise kept in expectation
 
 
-def percentile_interval(log_values, confidence: float = CONFIDENCE
+def percentile_interval(values, confidence: float = CONFIDENCE, log: bool = True
                         ) -> tuple[float | None, float | None]:
-    """The central `confidence` interval of draws of a logged quantity, exponentiated (None
-    with fewer than 20 finite draws)."""
-    values = np.asarray(log_values, float)
+    """The central `confidence` interval of draws (None with fewer than 20 finite ones); with
+    `log` the draws are of a logged quantity and the interval is exponentiated."""
+    values = np.asarray(values, float)
     values = values[np.isfinite(values)]
     if len(values) < 20:
         return None, None
     tail = 100 * (1 - confidence) / 2
-    lo, hi = np.percentile(values, [tail, 100 - tail])
-    return float(math.exp(lo)), float(math.exp(hi))
+    lo, hi = (float(x) for x in np.percentile(values, [tail, 100 - tail]))
+    return (math.exp(lo), math.exp(hi)) if log else (lo, hi)
 
 
 def keep_promise(log_tops, steepness: float) -> float:

@@ -189,7 +189,7 @@ def verdict_of(fitted: Fitted, report_verdict: dict | None = None) -> dict:
     if fitted.route == ROUTE_B_CRIT:
         model = fitted.model
         gammas = [r.gamma for r in model.refits]
-        low, high = percentile(gammas, 2.5), percentile(gammas, 97.5)
+        low, high = percentile_interval(gammas, log=False)
         if low is None:
             reasons.append("1/alpha_B has no interval (too few bootstrap refits converged)")
         elif high - low > RESOLVED_WIDTH:
@@ -255,21 +255,15 @@ def b_crit_answer(fitted: Fitted, params: float, tokens: float) -> dict:
     if fitted.verdict["verdict"] != RESOLVED and lost is not None and low is not None:
         widened = lost["batch_size"]
         low, high = min(low, widened), max(high, widened)
-    losses = [d["predicted_loss"] for d in draws]
-    crit = [d["b_crit"] for d in draws]
+    loss_low, loss_high = percentile_interval([d["predicted_loss"] for d in draws], log=False)
+    crit_low, crit_high = percentile_interval([d["b_crit"] for d in draws], log=False)
     return {**point, "batch_size": batch, "batch_low": low, "batch_high": high,
             "batch_top": point["batch_size"], "steepness": g, "lr_miss_cost": lr_cost,
             "batch_without_extrapolation": widened,
             "loss_optimal_batch_low": None, "loss_optimal_batch_high": None,
-            "predicted_loss_low": percentile(losses, 2.5),
-            "predicted_loss_high": percentile(losses, 97.5),
-            "b_crit_low": percentile(crit, 2.5), "b_crit_high": percentile(crit, 97.5),
+            "predicted_loss_low": loss_low, "predicted_loss_high": loss_high,
+            "b_crit_low": crit_low, "b_crit_high": crit_high,
             "resamples": len(draws), "failed_resamples": model.resamples - len(draws)}
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    values = [v for v in values if math.isfinite(v)]
-    return float(np.percentile(values, q)) if len(values) >= 20 else None
 
 
 def lr_of(fitted: Fitted, params: float, tokens: float, batch: float

@@ -34,7 +34,7 @@ from critbatch.analysis.render import (
 )
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_json_atomic
-from critbatch.science.answer import GridCell, Promise
+from critbatch.science.answer import GridCell, Promise, percentile_interval
 from critbatch.science.recommend import to_target_loss
 
 PLOT_FILE = "recommend.png"
@@ -121,8 +121,8 @@ def candidate_rows(doc: dict, fitted: engine.Fitted) -> list[dict]:
             draws = [float(r.predict_loss(doc["params"], b, doc["tokens"])[0])
                      for r in fitted.model.refits]
             row["predicted_loss"] = loss
-            row["predicted_loss_low"] = engine.percentile(draws, 2.5)
-            row["predicted_loss_high"] = engine.percentile(draws, 97.5)
+            row["predicted_loss_low"], row["predicted_loss_high"] = percentile_interval(
+                draws, log=False)
             row["overhead"] = doc["tokens"] / float(fit.tokens_to(loss, doc["params"], ref)) - 1
             row["token_overhead"] = float(fit.overhead_factor(loss, b)) - 1  # E/E_min - 1
             row["b_crit"] = float(fit.b_crit(loss))
