@@ -233,3 +233,38 @@ def test_an_answer_held_out_keeps_its_promise_and_its_interval_holds_the_planted
             lrs[key] += answer[f"{key}_low"] <= lr_star <= answer[f"{key}_high"]
     assert holds >= 35 and kept >= 32, (holds, kept)
     assert optimum >= 35 and min(lrs.values()) >= 35, (optimum, lrs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(0.5, 10.0), st.just(math.nan)), min_size=1, max_size=12),
+       st.floats(1e-5, 1e-1), st.floats(1.1, 4.0), st.lists(st.floats(1e-6, 1.0), max_size=3))
+def test_any_lr_grid_gives_a_valley_inside_it(losses, start, step, diverged):
+    """Any losses (some NaN, flat, noisy, one point), any spacing, any diverged lrs: a valley
+    whose lr lies within the finite lrs, or one clear error when none is finite."""
+    lrs = start * step ** np.arange(len(losses))
+    finite = np.isfinite(losses)
+    if not finite.any():
+        with pytest.raises(ValueError, match="no finite loss"):
+            lr_valley(lrs, losses)
+        return
+    v = lr_valley(lrs, losses, tuple(diverged))
+    assert lrs[finite].min() * (1 - 1e-9) <= v.lr <= lrs[finite].max() * (1 + 1e-9)
+    assert v.var_log >= 0
+    caps = [d for d in diverged if d > lrs[finite].min()]
+    if v.edge is None and caps:  # a diverged lr above the first finite one caps the optimum
+        assert v.lr <= min(caps) * (1 + 1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(2.0, 3.0), min_size=2, max_size=10), st.floats(0.0, 0.2),
+       st.floats(8.0, 4096.0), st.floats(1e-4, 1e-2))
+def test_any_profile_gives_a_window_around_its_best_and_a_reading(profile, nats, batch, lr):
+    """Any measured profile and promise: the window holds the best batch, lies inside the
+    batches tried, and a run's loss read off the grid lies between the grid's extremes."""
+    batches = 16 * 2.0 ** np.arange(len(profile))
+    cell = GridCell(1e9, 1e10, [BatchRuns(b, [1e-3, 2e-3], [y, y + 0.01])
+                                for b, y in zip(batches, profile, strict=True)])
+    low, high, _, _ = cell.window(nats)
+    best = batches[int(np.argmin(profile))]
+    assert batches[0] * (1 - 1e-9) <= low <= best <= high <= batches[-1] * (1 + 1e-9)
+    assert min(profile) - 1e-12 <= cell.loss_at(batch, lr) <= max(profile) + 0.01 + 1e-12

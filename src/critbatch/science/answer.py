@@ -134,8 +134,8 @@ def lr_valley(lrs, losses, diverged=(), noise: float = VALLEY_NOISE) -> Valley:
     walls. The vertex's variance is the delta method's through the estimator's sandwich
     covariance, each loss's own variance s^2 the larger of `noise`^2 and the kernel-weighted
     residuals' (so a valley the quadratic misfits gets a wider vertex). The vertex is kept
-    inside the finite lrs, and below the smallest `diverged` lr: a diverged run bounds the
-    optimum from above, it is no point of the valley."""
+    inside the finite lrs, and below the smallest `diverged` lr above the first finite one: a
+    diverged run bounds the optimum from above, it is no point of the valley."""
     lrs, losses = np.asarray(lrs, float), np.asarray(losses, float)
     ok = np.isfinite(losses)
     order = np.argsort(lrs[ok])
@@ -146,29 +146,33 @@ def lr_valley(lrs, losses, diverged=(), noise: float = VALLEY_NOISE) -> Valley:
     if len(x) < 3 or i in (0, len(x) - 1):
         return Valley(float(math.exp(x[i])), math.inf, "single" if len(x) == 1 else
                       ("low" if i == 0 else "high"))
+    # a diverged lr above the smallest finite one caps the optimum (one below every finite lr
+    # contradicts the runs that did not diverge, and caps nothing)
+    top = min([x[-1], *(math.log(d) for d in diverged if d > math.exp(x[0]))])
+
+    def capped(x_star: float, var: float, curvature: float = math.nan) -> Valley:
+        return Valley(float(math.exp(min(max(x_star, x[0]), top))), var, None, curvature)
+
     w = 1.0 / (noise**2 + (VALLEY_FALLOFF * (y - y[i])) ** 2)
     design = np.column_stack([np.ones_like(x), x - x[i], (x - x[i]) ** 2])
     normal = design.T @ (design * w[:, None])
     try:
         inverse = np.linalg.inv(normal)
     except np.linalg.LinAlgError:
-        return Valley(float(math.exp(x[i])), math.inf, None)
+        return capped(x[i], math.inf)
     coef = inverse @ (design.T @ (w * y))
     _, b, c = coef
     if c <= 0:  # no curvature: the grid's minimum, its spacing as the uncertainty
         step = float(np.median(np.diff(x)))
-        return Valley(float(math.exp(x[i])), step * step, None)
+        return capped(x[i], step * step)
     resid = y - design @ coef
     dof = len(x) - 3
     s2 = noise**2
     if dof > 0:
         s2 = max(s2, float(w @ resid**2) / float(w.sum()) * len(x) / dof)
     sandwich = inverse @ (design.T @ (design * (w * w)[:, None])) @ inverse * s2
-    vertex = x[i] - b / (2 * c)
     grad = np.array([0.0, -1 / (2 * c), b / (2 * c * c)])
-    var = float(grad @ sandwich @ grad)
-    top = min([x[-1], *(math.log(d) for d in diverged if d > 0)])
-    return Valley(float(math.exp(min(max(vertex, x[0]), top))), var, None, float(c))
+    return capped(x[i] - b / (2 * c), float(grad @ sandwich @ grad), float(c))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,14 +252,17 @@ class GridCell:
         linear in ln B between grid batches, and whether each end is censored (the grid's
         own end batch is still within: the true end lies beyond it)."""
         batch, loss = self.profile()
-        x, level = np.log(batch), self.best + nats
+        level = self.best + nats
         inside = np.flatnonzero(loss <= level)
         lo, hi = int(inside[0]), int(inside[-1])
-        low = x[0] if lo == 0 else x[lo] + (level - loss[lo]) / (loss[lo - 1] - loss[lo]) * (
-            x[lo - 1] - x[lo])
-        high = x[-1] if hi == len(x) - 1 else x[hi] + (level - loss[hi]) / (
-            loss[hi + 1] - loss[hi]) * (x[hi + 1] - x[hi])
-        return float(math.exp(low)), float(math.exp(high)), lo == 0, hi == len(x) - 1
+
+        def crossing(i: int, j: int) -> float:  # from batch i (within) towards j (beyond)
+            share = (level - loss[i]) / (loss[j] - loss[i])
+            return float(batch[i] * (batch[j] / batch[i]) ** share)
+
+        low = float(batch[0]) if lo == 0 else crossing(lo, lo - 1)
+        high = float(batch[-1]) if hi == len(batch) - 1 else crossing(hi, hi + 1)
+        return low, high, lo == 0, hi == len(batch) - 1
 
     def largest_within(self, nats: float) -> float:
         """The largest batch within `nats` of the best (the window's top)."""
