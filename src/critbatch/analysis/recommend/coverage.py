@@ -9,10 +9,11 @@ small batches, so the answer is read through B_crit) and written as a table, rea
 user's, and answered by `analysis.recommend.engine` exactly as `critbatch-recommend --table`
 answers, at two targets: the sweep's largest model at its largest budget (inside the data) and
 a model 4x larger on 4x the tokens (beyond it). The planted answer is the planted world's
-fastest batch within the promise (`science.recommend.fastest_within` on the truth), and the
-planted lr the world's optimum at the answer's batch. Per target it reports how many worlds'
-95% intervals hold the planted batch, lr and B_crit, with a binomial (Clopper-Pearson) 95%
-interval on each rate, the answer's median ratio to the planted batch, and the verdicts.
+fastest batch within the promise (`science.recommend.fastest_within` on the truth); the
+planted lr, loss and B_crit are the world's at the answer's own batch (and the planted lr at
+its loss-optimal batch). Per target it reports how many worlds' 95% intervals hold each
+planted value (`QUANTITIES`), with a binomial (Clopper-Pearson) 95% interval on each rate,
+the answer's median ratio to the planted batch, and the verdicts.
 Writes coverage.json and coverage.md to --out and, with --docs, the page to the docs.
 """
 
@@ -51,6 +52,9 @@ from critbatch.science.recommend_planted import (
 )
 
 TARGETS = {"inside": (SWEEP_SIZES[-1], BUDGETS[-1]), "beyond": (LARGER, 4 * BUDGETS[-1])}
+QUANTITIES = {"batch": "batch (fastest within 10% compute)", "lr": "lr at that batch",
+              "loss_optimal_lr": "lr at the loss-optimal batch",
+              "predicted_loss": "predicted loss at that batch", "b_crit": "B_crit at its loss"}
 TARGET_WORDS = {"inside": "the sweep's largest model at its largest budget",
                 "beyond": "4x the largest model's params on 4x its largest budget"}
 
@@ -71,13 +75,20 @@ def world_answers(seed: int, promise: Promise, resamples: int | None = None) -> 
         doc = engine.answer(fitted, params, tokens)
         planted = fastest_within(world, params, tokens, BATCHES[0], SEQ_LEN, promise.overhead,
                                  promise.tolerance)
-        lr = float(planted_lr(doc["batch_size"], params))
+        # the truth at the answer's own batch: its loss, B_crit there, the best lr there
+        loss = float(world.predict_loss(params, doc["batch_size"], tokens)[0])
         out[name] = {
             "batch_size": doc["batch_size"], "batch_low": doc["batch_low"],
             "batch_high": doc["batch_high"], "planted_batch": planted["batch_size"],
             "lr": doc["lr"], "lr_low": doc["lr_low"], "lr_high": doc["lr_high"],
-            "planted_lr": lr, "b_crit_low": doc["b_crit_low"], "b_crit_high": doc["b_crit_high"],
-            "planted_b_crit": planted["b_crit"], "loss_given_up": doc["loss_given_up"],
+            "planted_lr": float(planted_lr(doc["batch_size"], params)),
+            "loss_optimal_lr_low": doc["loss_optimal_lr_low"],
+            "loss_optimal_lr_high": doc["loss_optimal_lr_high"],
+            "planted_loss_optimal_lr": float(planted_lr(doc["loss_optimal_batch"], params)),
+            "predicted_loss_low": doc["predicted_loss_low"],
+            "predicted_loss_high": doc["predicted_loss_high"], "planted_predicted_loss": loss,
+            "b_crit_low": doc["b_crit_low"], "b_crit_high": doc["b_crit_high"],
+            "planted_b_crit": float(world.b_crit(loss)), "loss_given_up": doc["loss_given_up"],
             "planted_loss_given_up": planted["loss_given_up"],
             "headline": doc["headline"]}
     return out
@@ -95,7 +106,7 @@ def summarise(worlds: list[dict]) -> dict:
     for name in TARGETS:
         rows = [w[name] for w in worlds]
         entry = {}
-        for key in ("batch", "lr", "b_crit"):
+        for key in QUANTITIES:
             seen = [h for r in rows if (h := holds(r, key)) is not None]
             hits = sum(seen)
             entry[key] = {"held": hits, "of": len(seen), "missing": len(rows) - len(seen),
@@ -114,8 +125,7 @@ def markdown(doc: dict) -> str:
     rows = []
     for name in TARGETS:
         e = s[name]
-        for key, label in (("batch", "batch (fastest within 10% compute)"),
-                           ("lr", "lr at that batch"), ("b_crit", "B_crit at its loss")):
+        for key, label in QUANTITIES.items():
             c = e[key]
             low, high = c["rate_interval"] or (math.nan, math.nan)
             rows.append([TARGET_WORDS[name], label, f"{c['held']} of {c['of']}",
