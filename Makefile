@@ -119,7 +119,7 @@ recommend: install ## batch and lr for a bigger run from your sweep, or PEERS=st
 coverage: install ## do the joint model's 95% intervals and verdict keep their level? WORLDS= planted sweeps of each kind (KINDS=) fitted as fit_bcrit does (default 20 a kind; 50 a kind took 8.5 min on 2 cores) [OUT= ARGS=]
 	$(PY) -m critbatch.bench.coverage $(if $(WORLDS),--worlds $(WORLDS)) $(if $(KINDS),--kinds "$(KINDS)") $(if $(OUT),--out $(OUT)) $(ARGS)
 
-recommend-coverage: install ## how often the answer's 95% intervals hold the planted answer, over WORLDS= planted sweeps (default 50; 3.9 min on 2 cores) [OUT= ARGS=]
+recommend-coverage: install ## how often the answer's 95% intervals hold the planted answer, over WORLDS= planted sweeps (default 50; 3.5 min on 2 cores) [OUT= ARGS=]
 	$(PY) -m critbatch.analysis.recommend.coverage --worlds $(or $(WORLDS),50) $(if $(OUT),--out $(OUT)) $(ARGS)
 
 peers: install ## public sweeps (Step Law, Zhang et al.) from their own files: report, JSON, docs/results/peers.md [PEERS_DIR= OUT= ARGS=]
