@@ -115,8 +115,8 @@ def test_verdict_says_unresolved_when_the_law_leans_on_cells_above_the_baseline(
     assert "unresolved" in text and decide(doc)["verdict"] == "unresolved"
     assert "without the 6 cell(s) above the baseline's loss range 1/alpha_B is 2.60, 8.0 sd" in text
     check.update(exponent=1.9, shift_sigmas=1.0)
-    assert "unresolved" not in verdict(doc) and decide(doc) == {"verdict": "resolved",
-                                                                "reasons": []}
+    assert "unresolved" not in verdict(doc) and decide(doc)["verdict"] == "resolved"
+    assert decide(doc)["reasons"] == []
     del check["shift_sigmas"], check["shift_sd"]  # an older fits.json
     check["exponent"] = 2.6
     assert "outside its interval" in verdict(doc)
@@ -272,15 +272,22 @@ def test_a_missed_held_out_set_gets_the_refit_s_spread():
         assert abs(row["residual_predictive_sigmas"]) <= abs(row["residual_sigmas"])
 
 
-def test_a_held_out_refit_with_only_baseline_cells_left_is_skipped():
+def test_a_held_out_refit_with_only_baseline_cells_left_cannot_be_formed():
     """Where the larger batches were trained at the largest budget only, holding it out
     leaves nothing that pins B_crit: no refit (it ran to its evaluation limit, 546 s on the
-    thousand-run benchmark), no held-out set."""
+    thousand-run benchmark), and the set says it cannot be formed, which the verdict counts
+    as "cannot check", never as a pass."""
     from types import SimpleNamespace
 
     import numpy as np
 
-    from critbatch.analysis.joint.joint import MIN_CELLS, held_out, smallest_batch
+    from critbatch.analysis.joint.joint import (
+        MIN_CELLS,
+        decide,
+        held_out,
+        passes,
+        smallest_batch,
+    )
     from critbatch.science.joint import Form
     from critbatch.science.joint_planted import PlantedWorld, planted_world
 
@@ -289,9 +296,16 @@ def test_a_held_out_refit_with_only_baseline_cells_left_is_skipped():
     assert set(data.batch[baseline]) == {data.batch.min()} and baseline.sum() >= MIN_CELLS
     used = [(None, SimpleNamespace(batch_size=int(b), tokens=int(e), loss=float(v)), float(s))
             for b, e, v, s in zip(data.batch, data.tokens, data.loss, data.sigma, strict=True)]
-    assert held_out(data, used, baseline, "x", form=Form()) is None
-    one_more = baseline | (np.arange(len(data)) == np.flatnonzero(~baseline)[0])
-    assert held_out(data, used, one_more, "x", form=Form()) is None
+    for keep in (baseline, baseline | (np.arange(len(data)) == np.flatnonzero(~baseline)[0])):
+        held = held_out(data, used, keep, "x", form=Form())
+        assert held["cannot"].startswith("fewer than 2 cells above the smallest batch")
+        assert held["rows"] == [] and not passes(held)
+        doc = {"exponent_low": 4.5, "exponent_high": 5.0, "held_out": [held]}
+        decision = decide(doc)
+        assert decision["verdict"] == "unresolved"
+        assert decision["reasons"] == [f"cannot check held out x: {held['cannot']}"]
+        doc["held_out"] = []  # without the set, the same law passes
+        assert decide(doc)["verdict"] == "resolved"
 
 
 def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sweep):
@@ -328,7 +342,8 @@ def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sw
     # seeds of batch 64 ten times noisier than batch 8's: each batch's cells take their own
     cells += [SimpleNamespace(batch_size=64, tokens=e, loss=5.0, n_seeds=3,
                               sigma_source="seeds", loss_sigma=10 * sd / 3**0.5,
-                              few_steps=False) for e, sd in zip(budgets, sds, strict=True)]
+                              few_steps=False)
+              for e, sd in zip(budgets * 4, sds * 4, strict=True)]
     split = seed_noise(group)
     assert split.p_value < 0.05 and set(split.by_key) == {8, 64}
     used, _ = cells_of([group])

@@ -66,11 +66,35 @@ def fit_world(kind: str, seed: int) -> dict:
     out.update({k: doc.get(k) for k in (
         "exponent", "exponent_low", "exponent_high", "b_star_tokens", "b_star_tokens_low",
         "b_star_tokens_high", "verdict", "reasons", "chi2_per_dof", "form", "n_cells")})
+    at_loss = doc.get("b_crit_at_loss") or {}
+    if at_loss:
+        true["b_crit"] = b_crit_truth(world, rows, at_loss["loss"])
+        out["b_crit_at_loss"] = at_loss
+    out["failed_checks"] = [c["check"] for c in doc.get("checks", [])
+                            if c["status"] != "pass"]
+    test = doc.get("loss_alone")
+    out["loss_alone_rejected"] = None if not test or test.get("holds") is None else (
+        not test["holds"])
     out["covered"] = {
         "exponent": holds(true["exponent"], doc.get("exponent_low"), doc.get("exponent_high")),
         "b_star": None if true["b_star_tokens"] is None else holds(
-            true["b_star_tokens"], doc.get("b_star_tokens_low"), doc.get("b_star_tokens_high"))}
+            true["b_star_tokens"], doc.get("b_star_tokens_low"), doc.get("b_star_tokens_high")),
+        "b_crit": None if not at_loss else holds(true["b_crit"], at_loss.get("low"),
+                                                   at_loss.get("high"))}
+    out["kaplan"] = {r["method"]: holds(true["exponent"], r.get("exponent_low"),
+                                        r.get("exponent_high"))
+                     for r in result["fits"].get("kaplan", [])
+                     if r["optimizer"] == "adamw" and r["method"] in ("per_run", "pareto")}
     return out
+
+
+def b_crit_truth(world, rows: list[dict], loss: float) -> float:
+    """The world's B_crit (sequences) at `loss`, at the tokens of the first width's smallest
+    batch's largest budget (the cell the reference loss is read from; only the `tokens too`
+    kind's B_crit depends on them)."""
+    params = world.params[0]
+    base = [r for r in rows if r["batch_size"] == world.batches[0] and r["params"] == params]
+    return float(world.b_crit(loss, max(r["tokens"] for r in base)))
 
 
 def holds(value: float, low: float | None, high: float | None) -> bool | None:
@@ -85,8 +109,8 @@ def summarise(worlds: list[dict]) -> dict:
     for kind in dict.fromkeys(w["kind"] for w in worlds):
         mine = [w for w in worlds if w["kind"] == kind]
         entry = {}
-        for key in ("exponent", "b_star"):
-            seen = [w["covered"][key] for w in mine if w["covered"][key] is not None]
+        for key in ("exponent", "b_star", "b_crit"):
+            seen = [w["covered"].get(key) for w in mine if w["covered"].get(key) is not None]
             applies = [w for w in mine if key != "b_star" or w["truth"]["b_star_tokens"]]
             entry[key] = {"covered": sum(seen), "n": len(seen),
                           "without_interval": len(applies) - len(seen),
@@ -101,6 +125,20 @@ def summarise(worlds: list[dict]) -> dict:
             "false_resolved_rate_interval": binomial_interval(false_resolved, len(mine)),
             "covered_and_narrow": len(narrow), "false_unresolved": false_unresolved,
             "false_unresolved_rate_interval": binomial_interval(false_unresolved, len(narrow))}
+        tested = [w["loss_alone_rejected"] for w in mine
+                  if w.get("loss_alone_rejected") is not None]
+        entry["loss_alone"] = {"n": len(tested), "rejected": sum(tested),
+                               "rate_interval": binomial_interval(sum(tested), len(tested))}
+        failing: dict[str, int] = {}
+        for w in mine:
+            for name in w.get("failed_checks", []):
+                failing[name] = failing.get(name, 0) + 1
+        entry["failed_checks"] = dict(sorted(failing.items(), key=lambda kv: -kv[1]))
+        for method in ("per_run", "pareto"):
+            seen = [w["kaplan"][method] for w in mine
+                    if w.get("kaplan", {}).get(method) is not None]
+            entry[method] = {"covered": sum(seen), "n": len(seen),
+                             "rate_interval": binomial_interval(sum(seen), len(seen))}
         out[kind] = entry
     return out
 
@@ -113,16 +151,21 @@ def rate(hits: int, n: int, interval: list[float] | None) -> str:
 
 def markdown(doc: dict) -> str:
     s, p = doc["summary"], doc["provenance"]
-    rows = []
+    rows, checks, routes = [], [], []
     for kind, e in s.items():
         v = e["verdict"]
-        rows.append([kind, rate(e["exponent"]["covered"], e["exponent"]["n"],
-                                e["exponent"]["rate_interval"]),
-                     rate(e["b_star"]["covered"], e["b_star"]["n"], e["b_star"]["rate_interval"]),
-                     f"{v['resolved']} of {v['n']}",
-                     rate(v["false_resolved"], v["n"], v["false_resolved_rate_interval"]),
-                     rate(v["false_unresolved"], v["covered_and_narrow"],
-                          v["false_unresolved_rate_interval"])])
+        rows.append([kind] + [rate(e[k]["covered"], e[k]["n"], e[k]["rate_interval"])
+                              for k in ("exponent", "b_star", "b_crit")]
+                    + [f"{v['resolved']} of {v['n']}",
+                       rate(v["false_resolved"], v["n"], v["false_resolved_rate_interval"]),
+                       rate(v["false_unresolved"], v["covered_and_narrow"],
+                            v["false_unresolved_rate_interval"])])
+        la = e["loss_alone"]
+        checks.append([kind, rate(la["rejected"], la["n"], la["rate_interval"]),
+                       ", ".join(f"{name} {n}" for name, n in e["failed_checks"].items())
+                       or "none"])
+        routes.append([kind] + [rate(e[m]["covered"], e[m]["n"], e[m]["rate_interval"])
+                                for m in ("per_run", "pareto")])
     return "\n".join([
         "# Do the joint model's intervals and verdict keep their level?", "",
         f"Generated by `{p['command']}` on {p['date']} (revision {p['git_revision']}, "
@@ -135,10 +178,24 @@ def markdown(doc: dict) -> str:
         "Brackets are binomial (Clopper-Pearson) 95% intervals of each rate. Where B_crit is "
         "not a power of the loss alone (`bend`, `tokens too`), the truth of 1/alpha_B is the "
         "power law that best describes it along the sweep's smallest batch, and there is no "
-        "single B*.", "",
+        "single B*. B_crit is read at the reference loss of `fits.json` "
+        "(`joint.<optimizer>.b_crit_at_loss`: the lowest loss of the first width's smallest "
+        "batch), where every kind has a true value.", "",
         md_table(["kind", "1/alpha_B interval holds the truth", "B* interval holds the truth",
-                  "resolved", "false resolved (of all)",
-                  "false unresolved (of those covered and narrower than 1)"], rows), ""])
+                  "B_crit at the reference loss: interval holds the truth", "resolved",
+                  "false resolved (of all)",
+                  "false unresolved (of those covered and narrower than 1)"], rows), "",
+        "## The checks behind the verdict", "",
+        "The loss-alone test (worlds of four widths) rejects at a nominal 5%: B_crit depends "
+        "on the loss alone in every kind but `tokens too`. The checks that were not passed "
+        "(failed, or could not be formed), with how many worlds each:", "",
+        md_table(["kind", "loss-alone test rejects", "checks not passed (worlds)"], checks), "",
+        "## Kaplan's table: the other routes", "",
+        "The per-run and Pareto rows of the Kaplan table (`fits.json` `kaplan`) on the same "
+        "worlds: how often their 95% interval of 1/alpha_B holds the truth. The report shows "
+        "a route's exponent as a measurement only where its interval keeps its level "
+        "(`analysis.bcrit.kaplan.left_out_reason`).", "",
+        md_table(["kind", "per-run B_crit rows", "Pareto rows"], routes), ""])
 
 
 def run(worlds: int, kinds: tuple[str, ...], jobs: int, seed: int, out: Path,

@@ -172,7 +172,8 @@ def simulated_term_p(data: JointData, base: JointFit, richer: JointFit,
 
 @dataclass
 class Bootstrap:
-    """The parametric bootstrap of one fit: percentile intervals of gamma and B_star."""
+    """The parametric bootstrap of one fit: percentile intervals of gamma, B_star and B_crit
+    at `reference_loss`, over refits that each chose their own form (`reselect_form`)."""
 
     exponent_low: float | None
     exponent_high: float | None
@@ -183,14 +184,111 @@ class Bootstrap:
     exponents: np.ndarray
     interval: str
     failed: int = 0  # refits that did not converge (left out of the percentiles)
+    reference_loss: float | None = None  # nats/token
+    b_crit_low: float | None = None  # sequences, B_crit at reference_loss
+    b_crit_high: float | None = None
+    forms: dict | None = None  # refits per form formula
+    at_bounds: dict | None = None  # refits with a parameter on its fitting bound, per name
+
+
+def add_term_p(drawn: JointData, fit: JointFit, name: str) -> float:
+    """The score (Lagrange multiplier) test of adding optional term `name` to `fit`: the
+    share of the whitened residuals the term's direction would absorb at its neutral value
+    (B_s 0, p 1), over the fit's misfit, against chi-square with one degree of freedom; no
+    refit. B_s >= 0 is one-sided: a score that asks for B_s < 0 gives p 1."""
+    from scipy.stats import chi2 as chi2_dist
+
+    from critbatch.science.joint_fit import residuals
+
+    form = replace(fit.form, **{name: True})
+    vector = np.concatenate([fit.without_terms(), form.tail(fit.b_small, fit.power)])
+    r = residuals(vector, drawn, len(fit.l_inf), fit.per_width, form, steps=8)
+    jac = fit_jacobian(drawn, fit, vector, form)
+    column = len(vector) - form.extra + (0 if name == "small_batch" else form.small_batch)
+    if name == "small_batch" and float(r @ jac[:, column]) >= 0:
+        return 1.0  # chi2 grows with B_s > 0: the bound holds it at 0
+    q = column_basis(jac)
+    statistic = float(((r @ q) ** 2).sum()) / noise_scale(fit) ** 2
+    return float(chi2_dist.sf(statistic, 1))
+
+
+def drop_term_p(drawn: JointData, fit: JointFit, name: str) -> float:
+    """The Wald test of optional term `name` in `fit`: its distance from the neutral value
+    (B_s 0, p 1) over its linearised sd (widened by the fit's misfit), against chi-square
+    with one degree of freedom; no refit."""
+    from scipy.stats import chi2 as chi2_dist
+
+    jac = fit_jacobian(drawn, fit)
+    column = len(jac[0]) - fit.form.extra + (
+        0 if name == "small_batch" else fit.form.small_batch)
+    try:
+        cov = np.linalg.pinv(jac.T @ jac)
+    except np.linalg.LinAlgError:
+        return 1.0
+    var = float(cov[column, column]) * noise_scale(fit) ** 2
+    value = fit.b_small if name == "small_batch" else fit.power - 1.0
+    if not (var > 0 and math.isfinite(var)):
+        return 1.0
+    return float(chi2_dist.sf(value**2 / var, 1))
+
+
+def reselect_form(drawn: JointData, fit: JointFit) -> JointFit:
+    """A bootstrap refit's own choice of form, as `select_form` chooses on the measured
+    cells, term by term in `TERMS` order: a term the refit lacks is tried where its score test
+    (`add_term_p`) is below TERM_TEST_LEVEL, a term it has is tried without where its Wald
+    test (`drop_term_p`) is not; either way the refit with and without it are compared by the
+    chi-square test (`extra_term_test`), as the measured fit was. The linearised tests only
+    decide which refits to run: on the model's own worlds most replicates need none."""
+    for name in TERMS:
+        if not fit.usable:
+            return fit
+        if not getattr(fit.form, name):
+            if add_term_p(drawn, fit, name) >= TERM_TEST_LEVEL:
+                continue
+            form = replace(fit.form, **{name: True})
+            richer = fit_joint(drawn, fit.per_width, form=form, ftol=REFIT_FTOL,
+                               start=np.concatenate([fit.without_terms(),
+                                                     form.tail(fit.b_small, fit.power)]))
+            if converged(richer) and extra_term_test(fit, richer)["kept"]:
+                fit = richer
+        else:
+            if drop_term_p(drawn, fit, name) < TERM_TEST_LEVEL:
+                continue
+            form = replace(fit.form, **{name: False})
+            keep = [True] * (len(fit.as_vector()) - fit.form.extra) + [
+                n != name for n in TERMS if getattr(fit.form, n)]
+            poorer = fit_joint(drawn, fit.per_width, form=form, ftol=REFIT_FTOL,
+                               start=fit.as_vector()[np.array(keep)])
+            if converged(poorer) and not extra_term_test(poorer, fit)["kept"]:
+                fit = poorer
+    return fit
+
+
+def bounds_of(fit: JointFit, data: JointData) -> list[str]:
+    """The fitted parameters on a fitting bound: 1/alpha_B, the transition's power p, the
+    small-batch scale B_s at its largest (`joint_fit.b_small_max`)."""
+    from critbatch.science.joint_fit import b_small_max
+
+    out = []
+    if fit.at_bound:
+        out.append("1/alpha_B")
+    if fit.power_at_bound:
+        out.append("p")
+    if fit.small_batch and fit.b_small >= b_small_max(data) * (1 - 1e-3):
+        out.append("B_s")
+    return out
 
 
 def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: int = 0,
-                    confidence: float = CONFIDENCE,
-                    shared: float | None = None) -> Bootstrap:
-    """The central `confidence` percentiles of gamma and B_star (the shared law, or the first
-    width's) over `redrawn_refits`. None for a fit on gamma's bound: a percentile interval
-    cut by the bound is no interval, and such refits run to their evaluation limit."""
+                    confidence: float = CONFIDENCE, shared: float | None = None,
+                    reference_loss: float | None = None, reselect: bool = True) -> Bootstrap:
+    """The central `confidence` percentiles of gamma, B_star (the shared law, or the first
+    width's) and, with `reference_loss`, B_crit there, over the parametric bootstrap's
+    refits (`redrawn_data` around the fit, each refitted from the fit's parameters and, with
+    `reselect`, choosing its own form, `reselect_form`: the interval includes the choice).
+    Refits with a parameter on its bound are counted and named in the label. None for a fit
+    on gamma's bound: a percentile interval cut by the bound is no interval, and such refits
+    run to their evaluation limit."""
     scale = noise_scale(fit)
     if not fit.usable:
         return Bootstrap(None, None, None, None, 0, scale, np.array([]),
@@ -199,28 +297,49 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
         return Bootstrap(None, None, None, None, 0, scale, np.array([]),
                          f"none: 1/alpha_B sits on its bound ({fit.exponent:g}): the cells do "
                          "not pin the law")
-    gammas, log_b, failed = [], [], 0
-    for again in redrawn_refits(data, fit, resamples, seed, shared):
+    gammas, log_b, log_crit, failed = [], [], [], 0
+    forms: dict[str, int] = {}
+    bounds: dict[str, int] = {}
+    for drawn in redrawn_data(data, fit, resamples, seed, shared):
+        again = fit_joint(drawn, fit.per_width, start=fit.as_vector(), form=fit.form,
+                          ftol=REFIT_FTOL)
+        if reselect and converged(again):
+            again = reselect_form(drawn, again)
         if not converged(again):
             failed += 1
             continue
         gammas.append(again.exponent)
         log_b.append(math.log(again.b_star[0]))
+        if reference_loss is not None:
+            log_crit.append(math.log(float(again.b_crit(np.array([reference_loss]))[0])))
+        forms[again.form.formula] = forms.get(again.form.formula, 0) + 1
+        for name in bounds_of(again, drawn):
+            bounds[name] = bounds.get(name, 0) + 1
     estimated = data.noise_estimated
+    chosen = ("" if not reselect else ", each choosing its form (" + ", ".join(
+        f"{f} in {n}" for f, n in sorted(forms.items(), key=lambda kv: -kv[1])) + ")")
+    on_bound = "".join(f"; {name} on its fitting bound in {n} refits"
+                       for name, n in sorted(bounds.items()))
     label = (f"{confidence:.0%} parametric bootstrap: every cell's loss redrawn with its seed "
              f"noise{f' x {scale:.2f} (chi2/dof)' if scale > 1 else ''}"
              f"{' (each noise estimate redrawn from its degrees of freedom)' if estimated else ''}"
              f", a trunk and its branches sharing "
              f"{data.shared if shared is None else shared:.0%} of the variance, refitted "
-             f"{len(gammas)} times" + (f" ({failed} refits failed)" if failed else ""))
+             f"{len(gammas)} times{chosen}" + (f" ({failed} refits failed)" if failed else "")
+             + on_bound)
     if len(gammas) < max(10, resamples // 2):
         return Bootstrap(None, None, None, None, len(gammas), scale, np.array(gammas),
-                         f"none: {len(gammas)} of {resamples} refits converged", failed)
+                         f"none: {len(gammas)} of {resamples} refits converged", failed,
+                         forms=forms, at_bounds=bounds)
     tail = 100 * (1 - confidence) / 2
     lo, hi = np.percentile(gammas, [tail, 100 - tail])
     b_lo, b_hi = np.exp(np.percentile(log_b, [tail, 100 - tail]))
+    c_lo, c_hi = (np.exp(np.percentile(log_crit, [tail, 100 - tail])) if log_crit
+                  else (None, None))
     return Bootstrap(float(lo), float(hi), float(b_lo), float(b_hi), len(gammas), scale,
-                     np.array(gammas), label, failed)
+                     np.array(gammas), label, failed, reference_loss,
+                     None if c_lo is None else float(c_lo), None if c_hi is None else float(c_hi),
+                     forms, bounds)
 
 
 def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,
@@ -262,18 +381,125 @@ def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
             "power": richer.power if richer.form.power else None}
 
 
-def loss_alone_test(shared: JointFit, per_width: JointFit) -> dict:
+LINEAR_DRAWS = 4000  # noise draws of the linearised simulations (`noise_draws`)
+CHI2_RANGE_LEVEL = 0.975  # chi2/dof above this quantile of its simulated range: a misfit
+
+
+def noise_draws(data: JointData, draws: int, seed: int) -> np.ndarray:
+    """`draws` x cells whitened noise, as `draw_losses` draws it (a trunk's share once, each
+    noise estimate redrawn from its degrees of freedom as `plausible_sigma` does), over the
+    stated sigmas: what (measured - truth) / sigma looks like where the model is right."""
+    from scipy.stats import chi2
+
+    rng = np.random.default_rng(seed)
+    per_unit = rng.standard_normal((draws, int(data.unit.max()) + 1))[:, data.unit]
+    own = rng.standard_normal((draws, len(data)))
+    z = math.sqrt(data.shared) * per_unit + math.sqrt(1 - data.shared) * own
+    if data.noise_group is None or data.noise_dof is None:
+        return z
+    _, first, cell_group = np.unique(data.noise_group, return_index=True, return_inverse=True)
+    dof = data.noise_dof[first]
+    factor = np.ones((draws, len(dof)))
+    finite = np.isfinite(dof) & (dof > 0)
+    nu = dof[finite]
+    if len(nu):
+        drawn = np.clip(rng.chisquare(nu, size=(draws, len(nu))), chi2.ppf(0.025, nu),
+                        chi2.ppf(0.975, nu))
+        factor[:, finite] = np.sqrt(nu / drawn)
+    return z * factor[:, cell_group]
+
+
+def column_basis(jac: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of the columns of `jac` (the directions a fit can absorb),
+    rank-revealing: directions below 1e-9 of the largest singular value are left out."""
+    u, sv, _ = np.linalg.svd(jac, full_matrices=False)
+    if not len(sv) or sv[0] <= 0:
+        return np.zeros((jac.shape[0], 0))
+    return u[:, sv > 1e-9 * sv[0]]
+
+
+def fit_jacobian(data: JointData, fit: JointFit, vector: np.ndarray | None = None,
+                 form: Form | None = None) -> np.ndarray:
+    """d residual / d parameter at `vector` (default the fit's own) for `form` (default the
+    fit's), the fit's law per width or shared as it is."""
+    from critbatch.science.joint_fit import residual_jacobian
+
+    return residual_jacobian(fit.as_vector() if vector is None else vector, data,
+                             len(fit.l_inf), fit.per_width, fit.form if form is None else form,
+                             steps=8)
+
+
+def chi2_range(data: JointData, fit: JointFit, draws: int = LINEAR_DRAWS,
+               seed: int = 0) -> dict:
+    """Is the fit's chi2/dof within what the noise alone would give? Its distribution where
+    the model is right, linearised at the fit: the whitened noise (`noise_draws`: trunks
+    shared, noise estimates redrawn) less its part the fit absorbs (its projection on the
+    Jacobian's columns). With sigmas from two or three seeds and noise shared within trunks,
+    that range is far wider than chi-square's (dof). `p_value`: the share of draws at least
+    the fit's; `high`: the CHI2_RANGE_LEVEL quantile of chi2/dof; `holds` where chi2/dof is
+    at most that."""
+    if fit.dof <= 0 or not fit.usable:
+        return {"chi2_per_dof": fit.chi2_per_dof, "high": None, "p_value": None, "holds": None,
+                "draws": 0}
+    q = column_basis(fit_jacobian(data, fit))
+    z = noise_draws(data, draws, seed)
+    z = np.where(data.upper[None, :], np.maximum(z, 0.0), z)  # a bound counts above it only
+    left = (z**2).sum(axis=1) - ((z @ q) ** 2).sum(axis=1)
+    simulated = left / fit.dof
+    high = float(np.quantile(simulated, CHI2_RANGE_LEVEL))
+    return {"chi2_per_dof": fit.chi2_per_dof, "high": high,
+            "p_value": float((1 + np.sum(simulated >= fit.chi2_per_dof)) / (1 + draws)),
+            "holds": bool(fit.chi2_per_dof <= high), "draws": draws}
+
+
+def shared_law_map(n_widths: int, extra: int) -> np.ndarray:
+    """The matrix that maps the shared law's parameters to one law per width's (every
+    width's ln B_star and gamma the shared one's; the curves and the optional terms as they
+    are): the shared model is the per-width one on this subspace."""
+    w = n_widths
+    small = 3 * w + 2 + extra
+    big = 5 * w + extra
+    m = np.zeros((big, small))
+    m[:3 * w, :3 * w] = np.eye(3 * w)
+    m[3 * w:4 * w, 3 * w] = 1.0
+    m[4 * w:5 * w, 3 * w + 1] = 1.0
+    m[5 * w:, 3 * w + 2:] = np.eye(extra)
+    return m
+
+
+def loss_alone_test(shared: JointFit, per_width: JointFit, data: JointData | None = None,
+                    draws: int = LINEAR_DRAWS, seed: int = 0) -> dict:
     """Does B_crit depend on the loss alone? The chi-square difference between the shared
     law and one law per width, over the extra parameters (2 per extra width), with the
-    noise scaled by the per-width fit's chi2/dof when that exceeds 1. p < 0.05 rejects it;
-    no test (p NaN, `holds` None) where the per-width fit could not be made."""
+    noise scaled by the per-width fit's chi2/dof when that exceeds 1; p < 0.05 rejects it.
+    With `data`, p comes from the statistic's own distribution where the shared law holds,
+    linearised at the per-width fit (the difference of the two fits' projections applied to
+    `noise_draws`, each draw scaled by its own misfit): chi-square's p assumed known,
+    independent sigmas, and rejected true loss-alone worlds far above its 5%. Without `data`
+    (or where the simulation cannot be made) p is chi-square's. No test (p NaN, `holds`
+    None) where the per-width fit could not be made."""
     from scipy.stats import chi2 as chi2_dist
 
     extra = 2 * (len(shared.widths) - 1)
     scale2 = noise_scale(per_width) ** 2
     delta = max(0.0, shared.chi2 - per_width.chi2) / scale2
-    p = float(chi2_dist.sf(delta, extra)) if extra > 0 and per_width.usable else math.nan
+    p_chi2 = float(chi2_dist.sf(delta, extra)) if extra > 0 and per_width.usable else math.nan
+    p, calibration = p_chi2, "chi-square"
+    if data is not None and math.isfinite(p_chi2) and per_width.dof > 0:
+        jac = fit_jacobian(data, per_width)
+        big = column_basis(jac)
+        small = column_basis(jac @ shared_law_map(len(shared.widths), shared.form.extra))
+        z = noise_draws(data, draws, seed)
+        z = np.where(data.upper[None, :], np.maximum(z, 0.0), z)
+        absorbed_big = ((z @ big) ** 2).sum(axis=1)
+        absorbed_small = ((z @ small) ** 2).sum(axis=1)
+        misfit = np.maximum(1.0, ((z**2).sum(axis=1) - absorbed_big) / per_width.dof)
+        simulated = np.maximum(0.0, absorbed_big - absorbed_small) / misfit
+        p = float((1 + np.sum(simulated >= delta)) / (1 + draws))
+        calibration = (f"simulated: {draws} noise draws through the fits linearised at the "
+                       "per-width fit (trunks shared, noise estimates redrawn)")
     return {"delta_chi2": delta, "extra_parameters": extra, "p_value": p,
+            "p_value_chi2": p_chi2, "calibration": calibration,
             "noise_scale": math.sqrt(scale2),
             "holds": None if not math.isfinite(p) else bool(p >= 0.05),
             "per_width_exponents": [float(g) for g in per_width.gamma],

@@ -20,7 +20,7 @@ from collections import defaultdict
 import numpy as np
 
 from critbatch.analysis.bcrit import best_lr
-from critbatch.analysis.joint.joint import comparable_groups, model_data, width_label
+from critbatch.analysis.joint.joint import comparable_groups, decide, model_data, width_label
 from critbatch.science.fits import nominal_budgets
 from critbatch.science.joint import Form, JointData
 from critbatch.science.replicates import NOISE, check_draws
@@ -134,3 +134,4 @@ def add_draw_checks(runs: list[dict], result: dict) -> None:
             continue
         if doc["draws"] and doc["draws"]["verdict"] != NOISE:
             warnings.append(f"joint model ({optimizer}), two draws: {doc['draws']['sentence']}")
+        doc.update(decide(doc))  # the verdict counts the draws' check too
