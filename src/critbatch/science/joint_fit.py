@@ -116,8 +116,6 @@ def curve_guess(data: JointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ^-alpha fitted to its smallest batch's cells (closest to E_min = E) by
     `science.fits.fit_power_law`, or `initial_guess`'s rough values where that batch has
     fewer than three budgets or the fit fails."""
-    from critbatch.science.fits import fit_power_law
-
     n = len(data.widths)
     rough = initial_guess(data, False, 0.0)
     l_inf, log_a, log_alpha = rough[:n].copy(), rough[n:2 * n].copy(), rough[2 * n:3 * n].copy()
@@ -126,13 +124,30 @@ def curve_guess(data: JointData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         base = mine & (data.batch == data.batch[mine].min())
         if len(set(data.tokens[base].tolist())) < 3:
             continue
-        fitted = fit_power_law(data.tokens[base], data.loss[base])  # L = l_inf + A E^-alpha
+        fitted = baseline_curve(data.tokens[base], data.loss[base])
         if fitted is None or not (fitted[1] > 0 and fitted[2] > 0):
             continue
         l_inf[i] = fitted[0]
         log_alpha[i] = math.log(fitted[2])
         log_a[i] = math.log(fitted[1]) - fitted[2] * math.log(E_REF)
     return l_inf, log_a, log_alpha
+
+
+_CURVES: dict[bytes, tuple | None] = {}  # baseline_curve's memory, by its cells' bytes
+
+
+def baseline_curve(tokens: np.ndarray, loss: np.ndarray) -> tuple | None:
+    """`science.fits.fit_power_law` (L = l_inf + A E^-alpha) of one baseline's cells,
+    remembered: every fit of the same cells (a selection's richer forms, the held-out and
+    per-width refits, a coverage study's thousands of worlds) asks for it again."""
+    from critbatch.science.fits import fit_power_law
+
+    key = np.concatenate([tokens, loss]).tobytes()
+    if key not in _CURVES:
+        if len(_CURVES) > 256:
+            _CURVES.clear()
+        _CURVES[key] = fit_power_law(tokens, loss)
+    return _CURVES[key]
 
 
 GRID_GAMMAS = np.arange(0.0, 13.0)  # the exponents the start grid tries
