@@ -193,16 +193,8 @@ def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: in
                    interval=f"range of {len(estimates)} per-unit estimates over {len(names)} "
                             f"{unit_name} ({few})")
         return out
-    rng = np.random.default_rng(seed)
-    exponents, log_b_stars = [], []
-    for _ in range(resamples):
-        pick = np.concatenate([members[i] for i in rng.integers(0, len(names), len(names))])
-        if np.ptp(np.log(losses[pick])) < 1e-12:
-            continue
-        fit = fit_log_linear(np.log(losses[pick]), np.log(b_tokens[pick]),
-                             None if sigma is None else sigma[pick])
-        exponents.append(-fit["slope"])
-        log_b_stars.append(fit["intercept"])
+    exponents, log_b_stars = resampled_lines(losses, b_tokens, sigma, members, resamples,
+                                             seed)
     if len(exponents) < resamples // 2:
         out["interval"] = (f"none: fewer than half of {resamples} bootstrap draws over "
                            f"{len(names)} {unit_name} spread in loss")
@@ -217,6 +209,33 @@ def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: in
                b_star_tokens_low=exp_or_none(b_lo), b_star_tokens_high=exp_or_none(b_hi),
                resamples=len(exponents))
     return out
+
+
+def resampled_lines(losses: np.ndarray, b_tokens: np.ndarray, sigma: np.ndarray | None,
+                    members: list[np.ndarray], resamples: int, seed: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(exponents, ln B*) of the weighted line ln B = c - k ln L refitted to `resamples`
+    draws of the units (`members`: each unit's point indices) with replacement, all at once:
+    a draw's points weigh 1/sigma^2 times how often their unit was drawn, and the line is
+    the closed-form weighted least squares (`science.fits.fit_log_linear`'s). Draws whose
+    losses do not spread are left out."""
+    rng = np.random.default_rng(seed)
+    unit_of = np.empty(len(losses), dtype=int)
+    for u, idx in enumerate(members):
+        unit_of[idx] = u
+    drawn = rng.integers(0, len(members), (resamples, len(members)))
+    counts = np.zeros((resamples, len(members)))
+    np.add.at(counts, (np.repeat(np.arange(resamples), len(members)), drawn.ravel()), 1.0)
+    x, y = np.log(losses), np.log(b_tokens)
+    w = counts[:, unit_of] * (1.0 if sigma is None else 1.0 / sigma**2)
+    sw, sx, sy = w.sum(axis=1), w @ x, w @ y
+    sxx, sxy = w @ (x * x), w @ (x * y)
+    spread = sw * sxx - sx**2
+    # a draw of points at one loss only: its weighted spread in ln L is (numerically) zero
+    ok = spread > 1e-12 * np.maximum(sw**2, 1e-300) * max(1.0, float(np.max(x * x)))
+    slope = (sw[ok] * sxy[ok] - sx[ok] * sy[ok]) / spread[ok]
+    intercept = (sy[ok] - slope * sx[ok]) / sw[ok]
+    return -slope, intercept
 
 
 def pareto_degeneracy(fit: dict, max_interval_factor: float = 100.0) -> str | None:
