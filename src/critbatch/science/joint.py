@@ -37,12 +37,14 @@ import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from scipy.special import expit
 
 E_REF = 1e6  # tokens: E_min is measured in units of this inside the curve (conditioning)
 # of a cell's loss variance drawn once per trunk (branches share data), where the seeds do not
 # measure it (the cpu batch sweep's two draws measured 0.81 for AdamW, 0.53 for Muon)
 SHARED_FRACTION = 0.5
 NEWTON_STEPS_FIT = 3
+BISECTION_STEPS = 56  # `JointFit.predict_loss`'s halvings of its bracket
 L_N_FLOOR = -30.0  # nats/token: L_N is a curve parameter here, free to fall below 0 (see fit_joint)
 CONFIDENCE = 0.95
 MAX_NFEV_PER_PARAMETER = 400  # a fit's evaluation limit, per parameter
@@ -74,9 +76,9 @@ class Form:
 
     def terms(self, theta: np.ndarray) -> tuple[float, float]:
         """(B_s, p) from a parameter vector's tail: 0 and 1 for a term the form lacks."""
-        tail = list(theta[len(theta) - self.extra:])
-        b_small = tail.pop(0) if self.small_batch else 0.0
-        power = tail.pop(0) if self.power else 1.0
+        n = len(theta)
+        b_small = theta[n - self.extra] if self.small_batch else 0.0
+        power = theta[n - 1] if self.power else 1.0
         return b_small, power
 
     def tail(self, b_small: float, power: float) -> list[float]:
@@ -267,7 +269,9 @@ class JointFit:
         grid = self.log_tokens(lo + gaps, width, batch)[0]
         hi = lo + gaps[np.argmin(grid, axis=0), np.arange(len(target))]
         ok = grid.min(axis=0) < target
-        for _ in range(80):
+        # the bracket is at most 50 a wide (a < 2e9): 2^-56 of it is below 3e-8 nats/token at
+        # the very worst and near machine precision where a is a few nats
+        for _ in range(BISECTION_STEPS):
             mid = 0.5 * (lo + hi)
             above = self.log_tokens(mid, width, batch)[0] > target  # too many tokens: L up
             lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
@@ -280,15 +284,17 @@ def law_terms(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndar
     parameters at the cell's width, gap = L - l_inf, v = ln(B / B_crit(L)), the overhead's
     log p v and its logistic weight s = u / (1 + u) with u = (B / B_crit)^p (both computed
     without overflow: a refit far from the data can put u past 1e308)."""
-    from scipy.special import expit
-
     w = n_widths
     law = width if per_width else np.zeros_like(width)
     n_law = w if per_width else 1
     b_small, power = form.terms(theta)
     log_loss = np.log(np.maximum(loss, 1e-9))
-    gamma = theta[3 * w + n_law:3 * w + 2 * n_law][law]
-    v = np.log(batch) + gamma * log_loss - theta[3 * w:3 * w + n_law][law]
+    if per_width:
+        gamma = theta[3 * w + n_law:3 * w + 2 * n_law][law]
+        log_b_star = theta[3 * w:3 * w + n_law][law]
+    else:  # one law: scalars broadcast (no per-cell indexing)
+        gamma, log_b_star = theta[3 * w + 1], theta[3 * w]
+    v = np.log(batch) + gamma * log_loss - log_b_star
     return {"l_inf": theta[:w][width], "log_a": theta[w:2 * w][width],
             "alpha": np.exp(theta[2 * w:3 * w][width]), "gamma": gamma, "law": law,
             "n_law": n_law, "gap": np.maximum(loss - theta[:w][width], 1e-12),
