@@ -488,9 +488,24 @@ def test_three_pareto_frontiers_give_a_range(tmp_path):
     assert rows["per_run"]["interval"] == "95% percentile bootstrap over 36 runs"
     # neither covers on planted worlds: both stay in fits.json, out of the report's table
     assert not pareto_row["shown"] and "range of their own fits" in pareto_row["left_out"]
-    assert not rows["per_run"]["shown"] and "80 of 210" in rows["per_run"]["left_out"]
+    assert not rows["per_run"]["shown"] and "biased" in rows["per_run"]["left_out"]
     assert rows["joint"]["shown"] and rows["joint"]["left_out"] is None
     assert {p["unit"] for p in points} == {f"pareto:{g['name']}" for g in result["groups"]}
+    for row in rows.values():  # every row: an interval or the reason it has none
+        assert (row["exponent_low"] is not None and row["exponent_high"] is not None) or (
+            row["left_out"])
+
+
+def test_a_kaplan_row_without_interval_says_why_for_every_route():
+    """A B_noise row is shown as fitted, but not without an interval: like every other
+    route's, it then says why."""
+    base = {"exponent_low": None, "exponent_high": None,
+            "interval": "none: fewer than 3 independent units"}
+    for method in kaplan.METHODS:
+        assert kaplan.left_out_reason({**base, "method": method}) == (
+            "no interval (none: fewer than 3 independent units)")
+    assert kaplan.left_out_reason({"method": "noise", "exponent_low": 1.0,
+                                   "exponent_high": 2.0, "interval": "95% ..."}) is None
 
 
 def test_lr_scaling_joins_budgets_that_differ_by_step_rounding(tmp_path):
