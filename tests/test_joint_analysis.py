@@ -143,6 +143,19 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
         assert r["batch_size"] >= 1 and r["lr"] > 0
         assert isinstance(r["reliable"], bool) and (r["reliable"] or r["why"])
     assert "## The joint model" in report
+    # every check behind each verdict, in fits.json and as a table in the report
+    text = "\n".join(report)
+    for opt, doc in fits["joint"].items():
+        names = [c["check"] for c in doc["checks"]]
+        assert names[:3] == ["interval", "chi2/dof", "bounds"]
+        assert "held out the largest budget" in names
+        failing = [c for c in doc["checks"] if c["status"] != "pass"]
+        assert (doc["verdict"] == "resolved") == (not failing)
+        assert len(doc["reasons"]) == len(failing)
+        for c in doc["checks"]:
+            assert f"| {opt} | {c['check']} | {c['status']} |" in text
+        at = doc["b_crit_at_loss"]
+        assert at["low"] <= at["b_crit"] <= at["high"] and at["unit"] == "sequences"
     assert (out / "joint_fit.png").exists()
     for doc in fits["joint"].values():  # each optional term's test, and the form it chose
         for term in (doc["small_batch_term"], doc["transition_power_term"]):

@@ -21,6 +21,7 @@ from critbatch.analysis.joint.joint import (
     decide,
 )
 from critbatch.analysis.render import fmt, fmt_interval, md_table
+from critbatch.science.fits import NOISE_TREND_P
 from critbatch.science.joint import TERM_TEST_DRAWS, TERM_TEST_LEVEL, Form, JointFit
 from critbatch.science.replicates import MODEL_ERROR
 
@@ -87,18 +88,44 @@ def headline(documents: dict) -> list[str]:
     return [verdict(doc) for doc in documents.values()]
 
 
+def checks_lines(documents: dict) -> list[str]:
+    """The verdict's checks per optimizer (fits.json `joint.<optimizer>.checks`; absent in a
+    fits.json from before they were recorded), and B_crit at the reference loss."""
+    rows = [[doc["optimizer"], c["check"], c["status"], c["detail"] or "-"]
+            for doc in documents.values() for c in doc.get("checks") or []]
+    lines = []
+    if rows:
+        lines += ["The verdict's checks (each must pass for \"resolved\"; chi2/dof against "
+                  "the range the noise alone reaches in 97.5% of simulated draws, linearised "
+                  "at the fit):", "", md_table(["optimizer", "check", "status", "detail"], rows),
+                  ""]
+    at = [[doc["optimizer"], f"{doc['b_crit_at_loss']['loss']:.4f}",
+           fmt_interval(doc["b_crit_at_loss"]["b_crit"], doc["b_crit_at_loss"]["low"],
+                        doc["b_crit_at_loss"]["high"], ".3g")]
+          for doc in documents.values() if doc.get("b_crit_at_loss")]
+    if at:
+        lines += ["B_crit at the lowest loss the smallest batch of the first width measured "
+                  "(sequences; 95% parametric bootstrap, each refit choosing its form):", "",
+                  md_table(["optimizer", "loss (nats/token)", "B_crit (sequences) [95%]"], at),
+                  ""]
+    return lines
+
+
 def held_out_text(held: dict) -> str:
     """One held-out set in words: "<set> (x2 the refit's tokens): k of n within 2 seed sigma
     (k2 within 2 predictive sigma)", the reach and the second count where known."""
     if held.get("refit_failed"):
         return f"{held['held_out']}: the refit failed ({held['refit_failed']})"
+    if held.get("cannot") and not held.get("rows"):
+        return f"{held['held_out']}: cannot be formed ({held['cannot']})"
     reach = (f" (x{held['tokens_reach']:.3g} the refit's tokens)" if held.get("tokens_reach")
              else "")
     predictive = held.get("within_2_predictive_sigma")
     return (f"{held['held_out']}{reach}: {held['within_2_sigma']} of {held['n_cells']} within "
             f"{HELD_OUT_SIGMAS:g} seed sigma"
             + (f" ({predictive} within {HELD_OUT_SIGMAS:g} predictive sigma)"
-               if predictive is not None else ""))
+               if predictive is not None else "")
+            + (f"; {held['cannot']}" if held.get("cannot") else ""))
 
 
 def held_out_summary(doc: dict) -> str:
@@ -168,7 +195,8 @@ def joint_section(documents: dict) -> list[str]:
              "draw first redraws every seed-noise estimate from its effective degrees of "
              "freedom, since a few seeds pin a sigma only to within 0.6-1.4x). The "
              "loss-alone test compares the shared law against one law per width "
-             "(chi-square difference; p < 0.05 rejects \"B_crit depends on the loss alone\"). "
+             "(chi-square difference, its p from the statistic's own simulated distribution; "
+             "p < 0.05 rejects \"B_crit depends on the loss alone\"). "
              "Held out: the model refitted without the largest budget; without its batches "
              "above the smallest (the baseline's cell there kept: the law alone "
              "extrapolates); with several widths, without the widest model's batches above "
@@ -179,8 +207,9 @@ def joint_section(documents: dict) -> list[str]:
              "width's smallest batch, where E_min comes from the example curve's form rather "
              "than from baseline data; a shift of the exponent beyond 3 sds of the shift's "
              "own noise (linearised, nested fits) leaves the law unresolved. Resolved means "
-             "1/alpha_B known to +-0.5: a 95% interval at most 1 wide and every test passed "
-             "(fits.json: joint.<optimizer>.verdict and reasons).", ""]
+             "1/alpha_B known to +-0.5: a 95% interval at most 1 wide and every check passed; "
+             "a check that cannot be formed leaves it unresolved (the checks' table below; "
+             "fits.json: joint.<optimizer>.verdict, reasons and checks).", ""]
     if not documents:
         return lines + ["No joint model (see the warnings).", ""]
     rows = []
@@ -203,6 +232,7 @@ def joint_section(documents: dict) -> list[str]:
                         "cells (runs)", "widths", "ln L span", "loss alone",
                         "held out", "1/alpha_B without cells above the baseline's losses"],
                        rows), ""]
+    lines += checks_lines(documents)
     lines += [failures_text(doc) for doc in documents.values() if failures_text(doc)]
     terms = [term_row(doc, *term) for doc in documents.values() for term in TERM_ROWS
              if doc.get(term[1])]
@@ -238,9 +268,11 @@ def joint_section(documents: dict) -> list[str]:
              for doc in documents.values() for n in doc.get("seed_noise", [])]
     if noise:
         lines += ["Seed noise of one run (sd = sd_ref (E / E_ref)^slope, from the cells "
-                  "trained at several seeds at their best lr; slope 0: no trend at p < 0.05). "
+                  "trained at several seeds at their best lr; slope 0: no trend at p < "
+                  f"{NOISE_TREND_P:g}, each batch's own slope at that over the batches). "
                   "Each cell's sigma is its batch's where the batches' seeds differ (a "
-                  "likelihood-ratio test against one pooled trend at p < 0.05), else the "
+                  f"likelihood-ratio test against one pooled trend at p < {NOISE_TREND_P:g}), "
+                  "else the "
                   "pooled one's. Effective dof: what the bootstrap redraws the estimate from "
                   "(the budgets of one run share its trunk, so they count in part):", "",
                   md_table(["optimizer", "width", "batch (seq)", "sd_ref (nats/token)",
