@@ -115,8 +115,12 @@ class GridConfig:
     lr_search: bool = True
     lr_search_rounds: int = 3
     lr_search_budget: float = 0.3
+    # the batch and widths sweeps' train.warmup_steps per optimizer (each scale sets its own;
+    # the other sweeps take train.warmup_steps as the scale sets it)
+    warmup_steps: dict[str, int] = field(default_factory=lambda: {"adamw": 50, "muon": 50})
+    widths_warmup_steps: int = 50  # the widths sweep's, both optimizers
     # the batch and widths sweeps' train.warmup_tokens: every batch warms up over at least
-    # these tokens and at least train.warmup_steps steps; null: the steps alone
+    # these tokens and at least its warmup steps; null: the steps alone
     warmup_tokens: int | None = None
     # train.seed of the batch and widths sweeps' grid runs: another value trains the whole
     # sweep again as a new draw (give baseline_seeds other seeds too); the training is
