@@ -147,7 +147,7 @@ def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
     text = "\n".join(report)
     for opt, doc in fits["joint"].items():
         names = [c["check"] for c in doc["checks"]]
-        assert names[:3] == ["interval", "chi2/dof", "bounds"]
+        assert names[:4] == ["interval", "chi2/dof", "largest residual", "bounds"]
         assert "held out the largest budget" in names
         failing = [c for c in doc["checks"] if c["status"] != "pass"]
         assert (doc["verdict"] == "resolved") == (not failing)

@@ -476,13 +476,14 @@ def leans_on_extrapolation(doc: dict) -> str | None:
             f"1/alpha_B is {check['exponent']:.2f}, outside its interval")
 
 
-PASS, FAIL, CANNOT, NOT_RUN = "pass", "fail", "cannot be formed", "not run"
+PASS, FAIL, CANNOT = "pass", "fail", "cannot be formed"
 
 
 def checks_of(doc: dict) -> list[dict]:
-    """Every check the verdict rests on, each {"check", "status" (PASS, FAIL, CANNOT or
-    NOT_RUN), "detail"}: the interval's width, chi2/dof against its simulated range
-    (`science.joint_inference.chi2_range`), parameters on a fitting bound, the loss-alone
+    """Every check the verdict rests on, each {"check", "status" (PASS, FAIL or CANNOT),
+    "detail"}: the interval's width, chi2/dof and the largest residual against
+    their simulated ranges (`science.joint_inference.chi2_range`), parameters on a fitting
+    bound, the loss-alone
     test (several widths), each held-out prediction, the range check and, with two draws,
     whether the misfit is the model's own error. A fits.json from before a check was
     recorded skips it; a check that could not be made is CANNOT, never a pass."""
@@ -509,6 +510,15 @@ def checks_of(doc: dict) -> list[dict]:
             add("chi2/dof", FAIL, f"chi2/dof {fit_range['chi2_per_dof']:.2f} is above the "
                                   f"{fit_range['high']:.2f} the noise alone reaches in 97.5% "
                                   f"of draws (p {fit_range['p_value']:.3g})")
+        if "largest_residual_holds" in fit_range:
+            if fit_range["largest_residual_holds"]:
+                add("largest residual", PASS)
+            else:
+                add("largest residual", FAIL,
+                    f"a cell lies {fit_range['largest_residual']:.1f} seed sigmas from the "
+                    f"model, beyond the {fit_range['largest_residual_high']:.1f} the noise "
+                    f"alone reaches in 97.5% of draws (p {fit_range['largest_residual_p']:.3g}):"
+                    " a heavier tail than the noise model's, or a cell the law misses")
     bounds = doc.get("at_bounds")
     if bounds is not None:
         if bounds:
