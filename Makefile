@@ -116,7 +116,7 @@ recommend: install ## batch and lr for a bigger run from your sweep, or PEERS=st
 	  $(if $(JSON),--json $(JSON)) $(if $(OUT),--out $(OUT)) $(if $(VALIDATE),--validate) \
 	  $(if $(PEERS),--peers $(PEERS)) $(if $(PEERS_DIR),--peers-dir $(PEERS_DIR)) $(ARGS)
 
-coverage: install ## do the joint model's 95% intervals and verdict keep their level? WORLDS= planted sweeps of each kind (KINDS=) fitted as fit_bcrit does (default 20 a kind; 50 a kind took 8.5 min on 2 cores) [OUT= ARGS=]
+coverage: install ## do the joint model's 95% intervals and verdict keep their level? WORLDS= planted sweeps of each kind (KINDS=) fitted as fit_bcrit does (default 20 a kind; 200 a kind took 27 min on 2 cores) [OUT= ARGS=]
 	$(PY) -m critbatch.bench.coverage $(if $(WORLDS),--worlds $(WORLDS)) $(if $(KINDS),--kinds "$(KINDS)") $(if $(OUT),--out $(OUT)) $(ARGS)
 
 recommend-coverage: install ## how often the answer's 95% intervals hold the planted answer, over WORLDS= planted sweeps (default 50; 3.5 min on 2 cores) [OUT= ARGS=]
