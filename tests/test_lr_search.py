@@ -156,3 +156,18 @@ def test_the_search_brackets_a_drifting_optimum_and_the_joint_fit_recovers_the_l
     assert doc["exponent_high"] - doc["exponent_low"] < 1.0  # 0.11 (2026-12-04)
     assert loose["exponent_high"] - loose["exponent_low"] > 2 * (
         doc["exponent_high"] - doc["exponent_low"])  # the bounds' 3.56
+
+
+def test_the_search_ignores_budgets_the_analysis_leaves_out():
+    """Muon's 40-step cpu warmup: a batch-128 run of 64-token sequences is measured from 120
+    steps (983,040 tokens) up; the search adds no lr for a shorter budget."""
+    from types import SimpleNamespace
+
+    from critbatch.orchestration.lr_search import measured
+
+    job = SimpleNamespace(cfg=SimpleNamespace(train=SimpleNamespace(batch_size=128,
+                                                                    warmup_steps=40),
+                                              model=SimpleNamespace(seq_len=64)))
+    assert measured(job, 120 * 128 * 64) and not measured(job, 119 * 128 * 64)
+    job.cfg.train.warmup_steps = None  # a run that recorded no warmup is always measured
+    assert measured(job, 128 * 64)

@@ -58,16 +58,28 @@ def _loss(run_dir: Path) -> float | None:
     return loss if summary["status"] != "diverged" and math.isfinite(loss) else math.inf
 
 
+def measured(job: Job, tokens: int) -> bool:
+    """Whether the analysis measures a budget of `tokens` of this job's runs: it leaves out
+    runs of fewer than 3x their warmup steps (`analysis.bcrit.best_lr.too_few_steps`), so the
+    search never adds lrs for them (with Muon's 40-step cpu warmup, batch 128 below 983k
+    tokens)."""
+    from critbatch.analysis.bcrit.best_lr import too_few_steps
+
+    steps = tokens // (job.cfg.train.batch_size * job.cfg.model.seq_len)
+    return not too_few_steps(steps, job.cfg.train.warmup_steps)
+
+
 def job_losses(job: Job) -> dict[int, float]:
-    """A job's final loss per budget (tokens): the run's and each finished branch's; a branch
-    never trained because its parent diverged first counts as diverged."""
+    """A job's final loss per budget (tokens) the analysis measures (`measured`): the run's
+    and each finished branch's; a branch never trained because its parent diverged first
+    counts as diverged."""
     top = _loss(job.run_dir)
     if top is None:
         return {}
-    out = {job.tokens: top}
+    out = {job.tokens: top} if measured(job, job.tokens) else {}
     for branch in job.branches:
         loss = _loss(branch.run_dir)
-        if loss is not None or top == math.inf:
+        if (loss is not None or top == math.inf) and measured(job, branch.tokens):
             out[branch.tokens] = math.inf if loss is None else loss
     return out
 
