@@ -501,7 +501,11 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         test = (loss_alone_test(fit, fit_joint(data, per_width=True, form=fit.form,
                                                start=per_width), data)
                 if len(data.widths) >= 2 else None)
-        fit_range = chi2_range(data, fit)
+        # where no run was repeated the sigmas are a nominal weight, not a noise: chi2/dof and
+        # the largest residual measure nothing against them (the held-out sets use the refit's
+        # own scatter there)
+        noise_unknown = all(s == NOMINAL_SIGMA for _, _, s in used)
+        fit_range = None if noise_unknown else chi2_range(data, fit)
         tested = held_out_sets(data, used, fit.form,
                                noise_unknown=all(s == NOMINAL_SIGMA for _, _, s in used),
                                start=fit.as_vector())
