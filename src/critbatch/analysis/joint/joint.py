@@ -378,14 +378,15 @@ def reference_loss(data: JointData) -> float:
     return float(data.loss[mine].min())
 
 
-def interval_of(data: JointData, fit: JointFit, optimizer: str) -> dict:
+def interval_of(data: JointData, fit: JointFit, optimizer: str,
+                fit_range: dict | None = None) -> dict:
     """The parametric bootstrap's interval, each refit choosing its own form
     (`bootstrap_joint`), and B_crit's at `reference_loss`. It redraws the noise of every cell
     rather than resampling units, so it needs no minimum number of runs; its coverage on
     planted worlds of several kinds is measured by `make coverage` (docs/results/coverage.md)."""
     loss = reference_loss(data)
     boot = bootstrap_joint(data, fit, resamples=RESAMPLES, seed=sum(map(ord, optimizer)),
-                           reference_loss=loss)
+                           reference_loss=loss, fit_range=fit_range)
     return {"exponent_low": boot.exponent_low, "exponent_high": boot.exponent_high,
             "b_star_low": boot.b_star_low, "b_star_high": boot.b_star_high,
             "resamples": boot.resamples, "interval": boot.interval,
@@ -493,7 +494,9 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
                             f"{fit.message}")
             continue
         step(f"{RESAMPLES} bootstrap refits")
-        interval = interval_of(data, fit, optimizer)
+        # the noise alone's range of chi2/dof: the bootstrap's widening and the verdict's check
+        fit_range = chi2_range(data, fit, seed=sum(map(ord, optimizer)))
+        interval = interval_of(data, fit, optimizer, fit_range)
         step("the loss-alone test, the held-out refits and the range check")
         # the per-width law and the held-out refits start from the fit (as the range check
         # does): a fresh start's grid search cost three times as much for the same optimum
@@ -505,7 +508,8 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         # the largest residual measure nothing against them (the held-out sets use the refit's
         # own scatter there)
         noise_unknown = all(s == NOMINAL_SIGMA for _, _, s in used)
-        fit_range = None if noise_unknown else chi2_range(data, fit)
+        if noise_unknown:
+            fit_range = None
         tested = held_out_sets(data, used, fit.form,
                                noise_unknown=all(s == NOMINAL_SIGMA for _, _, s in used),
                                start=fit.as_vector())
