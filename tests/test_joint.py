@@ -503,3 +503,27 @@ def test_loss_alone_p_is_chi_square_s_with_known_sigmas_and_larger_with_estimate
                         noise_dof=np.full(len(known), 2.0))
     loose = loss_alone_test(at_90, per_width, estimated, seed=1)
     assert loose["p_value"] > 0.2 and loose["p_value_chi2"] == test["p_value_chi2"]
+
+
+def test_chi2_range_is_chi_square_s_with_known_sigmas_and_a_planted_outlier_fails_it():
+    """The verdict's misfit checks against their analytic answer: with known, independent
+    sigmas the residuals left after the (linearised) fit are chi-square with the fit's dof,
+    so chi2/dof averages 1 and its 97.5% point is chi-square's; one cell moved 8 sigmas
+    fails the largest-residual check, which the unmoved world passes."""
+    from dataclasses import replace
+
+    from scipy.stats import chi2
+
+    from critbatch.science.joint_inference import chi2_range
+
+    rng = np.random.default_rng(5)
+    data = replace(planted_world(WORLDS["adamw"], rng=rng, shared=0.0), shared=0.0)
+    fit = fit_joint(data)
+    window = chi2_range(data, fit, seed=2)
+    assert window["mean"] == pytest.approx(1.0, abs=0.02)  # sd of the mean of 4,000: 0.003
+    assert window["high"] == pytest.approx(chi2.ppf(0.975, fit.dof) / fit.dof, rel=0.03)
+    assert window["largest_residual_holds"]
+    moved = data.loss.copy()
+    moved[len(moved) // 2] += 8 * data.sigma[len(moved) // 2]
+    out = data.with_loss(moved)
+    assert not chi2_range(out, fit_joint(out), seed=2)["largest_residual_holds"]
