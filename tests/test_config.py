@@ -130,15 +130,18 @@ def test_conf_dir_is_the_repository_conf():
     assert Path(__file__).resolve().parents[1] / "conf" == CONF_DIR
 
 
-def test_the_cpu_batch_sweep_warms_muon_up_longer_than_adamw():
-    """The cpu preset's batch sweep (and its seeded runs) warm Muon up over 40 steps, AdamW
-    over 10; the widths sweep keeps 10 for both; a command-line warmup still wins."""
+def test_the_batch_sweep_warms_each_optimizer_up_by_its_own_key():
+    """`grid.warmup_steps` is per optimizer: 10 steps for both in the cpu preset,
+    `grid.warmup_steps.muon=40` changes Muon's batch sweep (and its seeded runs) alone; the
+    widths sweep keeps `grid.widths_warmup_steps`; a command-line warmup still wins."""
     from critbatch.orchestration.stages import plan_stage
 
     def warmups(stage, optimizer, extra=()):
         return {j.cfg.train.warmup_steps for j in plan_stage(stage, "cpu", optimizer, [*extra])}
 
-    assert warmups("batch", "muon") == warmups("batch_seeds", "muon") == {40}
-    assert warmups("batch", "adamw") == {10}
-    assert warmups("widths", "muon") == warmups("widths", "adamw") == {10}
+    longer = ["grid.warmup_steps.muon=40"]
+    assert warmups("batch", "muon") == warmups("batch", "adamw") == {10}
+    assert warmups("batch", "muon", longer) == warmups("batch_seeds", "muon", longer) == {40}
+    assert warmups("batch", "adamw", longer) == {10}
+    assert warmups("widths", "muon", longer) == warmups("widths", "adamw") == {10}
     assert warmups("batch", "muon", ["train.warmup_steps=12"]) == {12}

@@ -61,7 +61,7 @@ def _loss(run_dir: Path) -> float | None:
 def measured(job: Job, tokens: int) -> bool:
     """Whether the analysis measures a budget of `tokens` of this job's runs: it leaves out
     runs of fewer than 3x their warmup steps (`analysis.bcrit.best_lr.too_few_steps`), so the
-    search never adds lrs for them (with Muon's 40-step cpu warmup, batch 128 below 983k
+    search never adds lrs for them (with a 40-step warmup at cpu scale, batch 128 below 983k
     tokens)."""
     from critbatch.analysis.bcrit.best_lr import too_few_steps
 

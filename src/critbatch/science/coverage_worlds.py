@@ -24,8 +24,8 @@ one way each (`KINDS`):
 - `cpu design`: the cpu preset's own design (one width, batches 8-128, five budgets as one run
   and its four cooldown branches, three lrs, the baseline batch at three seeds, one run's
   noise 0.015 nats/token, 80% of it shared by a trunk; runs of fewer than 120 steps, 3x
-  the preset's 40-step Muon warmup, are no cells: batch 128 keeps 3/4 and the full budget,
-  64 from 1/2, 32 from 1/4).
+  the 40-step Muon warmup that removed its misfit, are no cells: batch 128 keeps 3/4 and
+  the full budget, 64 from 1/2, 32 from 1/4).
 
 Where the law is not a power of the loss alone, "the truth" of 1/alpha_B is the power law
 that best describes the true B_crit along the sweep's smallest batch (`truth`).
@@ -72,7 +72,7 @@ class World:
     tails: float | None = None  # Student's t dof of the noise (None: Gaussian)
     branches: bool = False  # budgets below the largest are cooldown branches of one run
     # a run of fewer steps is no cell (the analysis leaves out runs of fewer than 3x their
-    # warmup: the cpu preset's 40-step Muon warmup makes that 120 steps)
+    # warmup: the 40-step Muon warmup measured at cpu scale makes that 120 steps)
     min_steps: int = 0
     params: tuple = field(default_factory=lambda: tuple(int(1e6 * 2**w) for w in range(4)))
 
