@@ -39,6 +39,13 @@ def test_each_kind_departs_from_the_model_as_it_says():
                             for r in branches)
     cpu = world_of("cpu design", 0)
     assert cpu.batches == (8, 16, 32, 64, 128) and len(cpu.budgets) == 5
+    # like the analysis, no run of fewer than 3x the preset's 10-step warmup: batch 128 loses
+    # its 1/8 budget (22 steps), every other run stays
+    steps = {(r["batch_size"], r["tokens"] // (r["batch_size"] * r["seq_len"]))
+             for r in table_rows(cpu, 0)}
+    assert min(s for _, s in steps) >= 30
+    assert sorted(s for b, s in steps if b == 128) == [45, 91, 137, 183]
+    assert len({s for b, s in steps if b == 8}) == 5
     with pytest.raises(ValueError, match="unknown kind"):
         world_of("nope", 0)
 

@@ -23,9 +23,8 @@ one way each (`KINDS`):
   sits on the grid's edge;
 - `cpu design`: the cpu preset's own design (one width, batches 8-128, five budgets as one run
   and its four cooldown branches, three lrs, the baseline batch at three seeds, one run's
-  noise 0.015 nats/token, 80% of it shared by a trunk; runs of fewer than 120 steps, 3x
-  the 40-step Muon warmup that removed its misfit, are no cells: batch 128 keeps 3/4 and
-  the full budget, 64 from 1/2, 32 from 1/4).
+  noise 0.015 nats/token, 80% of it shared by a trunk; runs of fewer than 30 steps, 3x
+  the preset's 10-step warmup, are no cells: batch 128 loses its 1/8 budget).
 
 Where the law is not a power of the loss alone, "the truth" of 1/alpha_B is the power law
 that best describes the true B_crit along the sweep's smallest batch (`truth`).
@@ -72,7 +71,7 @@ class World:
     tails: float | None = None  # Student's t dof of the noise (None: Gaussian)
     branches: bool = False  # budgets below the largest are cooldown branches of one run
     # a run of fewer steps is no cell (the analysis leaves out runs of fewer than 3x their
-    # warmup: the 40-step Muon warmup measured at cpu scale makes that 120 steps)
+    # warmup: the cpu preset's 10-step warmup makes that 30 steps)
     min_steps: int = 0
     params: tuple = field(default_factory=lambda: tuple(int(1e6 * 2**w) for w in range(4)))
 
@@ -139,7 +138,7 @@ def world_of(kind: str, seed: int) -> World:
                        "budgets": tuple(1.5e6 * f for f in (0.125, 0.25, 0.5, 0.75, 1.0)),
                        "lr_steps": tuple(math.log(1.59) * k for k in (-1, 0, 1)), "seeds": 1,
                        "baseline_seeds": 3, "sigma": 0.015, "shared": 0.8, "branches": True,
-                       "min_steps": 120},
+                       "min_steps": 30},
     }[kind]
     return World(kind=kind, **{**base, **extra})
 
