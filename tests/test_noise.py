@@ -21,6 +21,7 @@ from critbatch.training.gns import MicroGradNorms, group_sums, micro_batch_gradi
 from critbatch.training.loop import train
 from critbatch.training.model import GPT
 from critbatch.training.noise_program import TABLE_HEADER, main, measure_run, table_row
+from critbatch.training.optim import constant_lr_reading_steps, wsd_decay_start
 from critbatch.training.token_cache import prepare_data
 
 CPU = torch.device("cpu")
@@ -255,6 +256,31 @@ def test_online_tracking_writes_metrics_and_summary(accum_run):
     assert rows[-1]["gns_trace"] / rows[-1]["gns_g2"] == pytest.approx(summary["b_noise"])
     # the EMA's loss sits between the last steps' train losses and the first step's
     assert min(r["train_loss"] for r in rows) < summary["b_noise_loss"] < rows[0]["train_loss"]
+
+
+def test_the_tracker_is_read_at_the_peak_lr_with_a_validation_loss(tiny_cfg, tmp_path):
+    """A wsd run reads its online B_noise four times in its constant-lr phase, the last at
+    the cooldown's start; each reading is the tracker's state after that step (its metrics
+    row) with a validation loss; a cosine run has no constant phase and no readings."""
+    cfg = tiny_cfg("train.batch_size=16", "train.micro_batch_size=4", "train.tokens=51200",
+                   "train.schedule=wsd", "train.warmup_steps=10", "train.eval_points=3")
+    summary = train(cfg, tmp_path / "wsd")
+    steps = constant_lr_reading_steps(summary["steps"], cfg.train)
+    assert steps == [10 + round(f * (80 - 10)) for f in (0.25, 0.5, 0.75, 1.0)]
+    assert steps[-1] == wsd_decay_start(100, cfg.train) == 80
+    readings = summary["noise_readings"]
+    assert [r["step"] for r in readings] == steps
+    rows = {r["step"]: r for r in runs.read_metrics(tmp_path / "wsd")}
+    for r in readings:
+        assert r["lr"] == pytest.approx(summary["lr"])  # the peak lr: no decay seen
+        assert r["b_noise"] == pytest.approx(rows[r["step"]]["b_noise"])
+        assert r["gns_trace"] / r["gns_g2"] == pytest.approx(r["b_noise"])
+        assert r["tokens"] == r["step"] * 16 * 32
+    losses = [r["val_loss"] for r in readings]
+    assert losses[-1] < losses[0] < summary["curve"][0]["val_loss"]
+    cosine = train(tiny_cfg("train.batch_size=16", "train.micro_batch_size=4",
+                            "train.tokens=25600", "train.schedule=cosine"), tmp_path / "cos")
+    assert cosine["noise_readings"] == []
 
 
 def test_gns_off_without_accumulation_or_when_disabled(tiny_cfg, tmp_path):

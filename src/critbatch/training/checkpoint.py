@@ -104,6 +104,8 @@ class TrainState:
     branch_at_tokens: int | None = None
     # what a local-CBS branch adds to its summary.json (local_cbs_of, ...; training/local_cbs.py)
     branch_fields: dict = field(default_factory=dict)
+    # the online noise tracker read at peak-lr steps with a validation loss (`noise_reading`)
+    noise_readings: list[dict] = field(default_factory=list)
 
 
 def save(path: Path, model: torch.nn.Module, optimizers: list, cfg_dict: dict,

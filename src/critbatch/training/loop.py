@@ -36,7 +36,12 @@ from critbatch.training.metrics import (
     metrics_rows,
     start_wandb,
 )
-from critbatch.training.optim import batch_lr_ratio, lr_factor, lr_factor_by_tokens
+from critbatch.training.optim import (
+    batch_lr_ratio,
+    constant_lr_reading_steps,
+    lr_factor,
+    lr_factor_by_tokens,
+)
 from critbatch.training.step import train_step
 from critbatch.training.trainer import (
     Trainer,
@@ -78,6 +83,7 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
             forks.setdefault(b.fork_step, []).append(b)
     eval_at = [x for x in eval_tokens(plan.budget, plan.start * seq_len, t.eval_points)
                if x > state.tokens]
+    read_at = set(constant_lr_reading_steps(tr.steps, t) if tr.gns_on and tr.steps else [])
     pending: list[StepRecord] = []  # steps not logged yet
     heartbeat = Heartbeat(tr.steps, plan.budget, state.tokens)
     t0 = time.perf_counter() - state.elapsed_s
@@ -103,8 +109,9 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                 eval_now = last or (eval_at and state.tokens >= eval_at[0])
                 save_now = tr.ranks.main and not last and saver.due(state.step)  # after a flush
                 forked = forks.get(state.step, [])
-                if (save_now or eval_now or last or forked or state.step % t.log_every == 0
-                        or plan.decides(state.step)):
+                read_now = state.step in read_at
+                if (save_now or eval_now or last or forked or read_now
+                        or state.step % t.log_every == 0 or plan.decides(state.step)):
                     log_steps(tr, wandb_run, pending)  # metrics, B_noise, divergence
                     pending.clear()
                     bar.set_postfix(train_loss=f"{state.losses[-1]:.3f}")
@@ -115,6 +122,8 @@ def _train(cfg: Config, run_dir: Path, overrides: list[str] | None) -> dict:
                 if eval_now and state.status == "completed":
                     eval_at = [x for x in eval_at if x > state.tokens]
                     evaluate_and_log(tr, wandb_run, factor * tr.lr, batch_size)
+                if read_now and state.status == "completed":
+                    noise_reading(tr, wandb_run, factor * tr.lr)
                 if state.status == "diverged":
                     break
                 batch_size = next_batch(tr, batch_size)
@@ -266,6 +275,30 @@ def evaluate_and_log(tr: Trainer, wandb_run, lr: float, batch_size: int) -> None
     )
 
 
+def noise_reading(tr: Trainer, wandb_run, lr: float) -> None:
+    """The online noise tracker read at a peak-lr step (`constant_lr_reading_steps`), with
+    the validation loss there (the eval point's, when one was just taken): B_noise(L) at a
+    state no decaying lr has moved. Joins summary.json's `noise_readings` and W&B."""
+    state = tr.state
+    point = state.curve[-1] if state.curve and state.curve[-1]["step"] == state.step else None
+    if point is None:
+        s = tr.stepper
+        val_loss = evaluate(s.forward, tr.val, s.micro, tr.device, s.autocast)
+    else:
+        val_loss = point["val_loss"]
+    reading = {"step": state.step, "tokens": state.tokens, "lr": lr, "val_loss": val_loss,
+               "b_noise": tr.gns.b_noise, "gns_g2": tr.gns.g2, "gns_trace": tr.gns.trace,
+               "train_loss_ema": tr.gns.loss}
+    state.noise_readings.append(reading)
+    b_noise = reading["b_noise"]
+    wandb_run.log({"noise_reading/val_loss": val_loss}
+                  | ({"noise_reading/b_noise": b_noise} if b_noise is not None else {}),
+                  step=state.step)
+    log.info(f"step:{state.step} online B_noise at the peak lr "
+             + (f"{b_noise:,.0f} sequences" if b_noise is not None else "not resolved")
+             + f" at val_loss {val_loss:.4f}")
+
+
 def next_batch(tr: Trainer, previous: int) -> int:
     """The batch of the next step (0: the budget is spent); a scheduled batch's change is
     recorded in the state and logged."""
@@ -320,4 +353,5 @@ def summarize(tr: Trainer, wall_time_s: float, saver: checkpoint.Every,
     )
     speed_fields = speed.fields(wall_time_s, state.tokens, state.curve, summary["tokens_per_s"])
     return {**summary, **speed_fields, **state.branch_fields,
+            "noise_readings": state.noise_readings,
             **tr.plan.summary_fields(cfg.train.measured.fits)}

@@ -162,6 +162,29 @@ def lr_factor(step: int, total_steps: int, train: TrainConfig) -> float:
     return _decay(min(1.0, (step - warmup) / span), train)
 
 
+# where in the constant-lr phase the online noise tracker is read with a validation loss
+# (`constant_lr_reading_steps`): a quarter of the way, half, three quarters and its end
+READING_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+
+
+def constant_lr_reading_steps(total_steps: int, train: TrainConfig) -> list[int]:
+    """Step counts (steps taken) at which every step so far since the warmup ran at the peak
+    lr: READING_FRACTIONS of the way from the warmup's end to the last peak-lr step (a wsd
+    run's cooldown start, a constant run's end). Empty for schedules with no constant phase
+    (cosine, linear). The online B_noise read there has not seen a decaying lr, which moves
+    |G|^2 and so B_noise (docs/science.md, the noise scale checked)."""
+    if train.schedule == "wsd":
+        last = wsd_decay_start(total_steps, train)
+    elif train.schedule == "constant":
+        last = total_steps
+    else:
+        return []
+    first = train.warmup_steps
+    if last - first < 2 * len(READING_FRACTIONS):
+        return []
+    return sorted({first + round(f * (last - first)) for f in READING_FRACTIONS})
+
+
 def wsd_decay_start(total_steps: int, train: TrainConfig) -> int:
     """The first step of a wsd run's cooldown: the last `cooldown_fraction` of the steps
     (never inside the warmup). Steps before it run at the peak lr whatever the budget, so
