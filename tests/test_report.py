@@ -58,8 +58,10 @@ def test_cli_end_to_end_writes_every_output(tmp_path):
     fits = json.loads((out / "fits.json").read_text())
     assert set(fits) == {"per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling",
                          "warnings", "online_noise", "consistency", "joint", "summary",
-                         "lr_edge_cells", "lr_search"}
+                         "lr_edge_cells", "lr_search", "noise_ratio"}
     assert set(fits["lr_edge_cells"]) <= {"adamw", "muon"} and fits["lr_search"] == {}
+    assert set(fits["noise_ratio"]) == {"adamw", "muon"}
+    assert all({"ratio", "low", "high", "losses"} <= set(v) for v in fits["noise_ratio"].values())
     assert all(set(r) >= PER_RUN_KEYS for r in fits["per_run"])
     assert all(set(p) >= PARETO_KEYS for p in fits["pareto"]) and fits["pareto"]
     assert fits["kaplan"] and all(set(row) >= KAPLAN_KEYS for row in fits["kaplan"])

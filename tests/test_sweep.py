@@ -196,6 +196,12 @@ def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_
     assert len(noise) == 1 and runs.read_noise(noise[0].parent)["micro_batches"] >= 2
     assert "train.batch_size=4" in noise[0].parent.name
     assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
+    # B_crit over B_noise per optimizer, from the tracker's peak-lr readings of every run
+    fits = json.loads((tmp_path / "runs/batch/smoke/report/fits.json").read_text())
+    assert fits["noise_ratio"] and all({"ratio", "low", "high", "losses"} <= set(v)
+                                       for v in fits["noise_ratio"].values())
+    assert all(len(runs.read_summary(d)["noise_readings"]) == 4 for d in run_dirs
+               if runs.read_summary(d)["gns_ema"] is not None)
 
     start = time.perf_counter()
     third = _sweep(tmp_path, cache_dir)

@@ -202,6 +202,7 @@ class Bootstrap:
     b_crit_high: float | None = None
     forms: dict | None = None  # refits per form formula
     at_bounds: dict | None = None  # refits with a parameter on its fitting bound, per name
+    b_stars: np.ndarray | None = None  # sequences, each refit's B_star beside `exponents`
 
 
 def term_column(form: Form, name: str, n_parameters: int) -> int:
@@ -404,7 +405,7 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
     return Bootstrap(float(lo), float(hi), float(b_lo), float(b_hi), len(gammas), scale,
                      np.array(gammas), label, failed, reference_loss,
                      None if c_lo is None else float(c_lo), None if c_hi is None else float(c_hi),
-                     forms, bounds)
+                     forms, bounds, np.exp(log_b))
 
 
 def prediction_spread(data: JointData, fit: JointFit, width, batch, tokens,

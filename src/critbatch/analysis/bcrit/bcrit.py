@@ -52,10 +52,10 @@ from critbatch.analysis.bcrit.best_lr import (
 )
 from critbatch.analysis.bcrit.consistency import consistency_rows
 from critbatch.analysis.bcrit.kaplan import Z95, collect_points, kaplan_fits
-from critbatch.analysis.bcrit.online_noise import online_noise_rows
+from critbatch.analysis.bcrit.noise_ratio import constant_lr_readings, noise_ratios
+from critbatch.analysis.bcrit.online_noise import noise_points, online_noise_rows
 from critbatch.analysis.bcrit.pareto import pareto_frontiers, pareto_row
 from critbatch.analysis.joint.joint import joint_fits
-from critbatch.results.runs import is_finite
 from critbatch.science.fits import LossCurve, fit_lr_scaling, nominal_budgets
 from critbatch.science.laws import bcrit_corrected, bcrit_naive
 
@@ -289,37 +289,6 @@ def more_efficient_than_baseline(cells: list[Cell], baseline_batch: int) -> list
 # The whole analysis
 
 
-def noise_points(runs: list[dict]) -> list[dict]:
-    """B_noise measurements: noise.json (kind `b_noise`) and the online tracker's
-    summary keys `b_noise`, `b_noise_tokens`, `b_noise_loss` (kind `b_noise_online`)."""
-    points = []
-    for run in runs:
-        group = group_name(group_key(run))
-        noise = run.get("noise")
-        if noise and noise.get("resolved") and is_finite(noise.get("b_noise_tokens")):
-            points.append({
-                "kind": "b_noise", "run_dir": run["run_dir"], "group": group,
-                "optimizer": run["optimizer"], "loss": noise["val_loss"],
-                "loss_per_byte": noise["val_loss_per_byte"], "b_noise": noise["b_noise"],
-                "b_noise_tokens": noise["b_noise_tokens"], "b_noise_low": noise["b_noise_low"],
-                "b_noise_high": noise["b_noise_high"], "trace": noise["trace"],
-                "g2": noise["g2"], "micro_batches": noise["micro_batches"],
-                "interval": noise.get("interval") or "as written by the noise program",
-                "micro_batch_size": noise["micro_batch_size"]})
-        elif noise is not None:
-            points.append({"kind": "b_noise", "run_dir": run["run_dir"], "unresolved": True,
-                           "micro_batches": noise.get("micro_batches")})
-        if is_finite(run.get("b_noise_tokens")) and is_finite(run.get("b_noise_loss")) and (
-                run["b_noise_tokens"] > 0):
-            points.append({
-                "kind": "b_noise_online", "run_dir": run["run_dir"], "group": group,
-                "optimizer": run["optimizer"], "loss": run["b_noise_loss"],
-                "loss_per_byte": run["b_noise_loss"] / run["bytes_per_token"],
-                "b_noise": run.get("b_noise"), "b_noise_tokens": run["b_noise_tokens"],
-                "b_noise_low": None, "b_noise_high": None})
-    return points
-
-
 def lr_edge_cells(groups: list[dict]) -> dict[str, int]:
     """Per optimizer, the cells whose best lr is the lowest or highest lr tried (`Cell.edge`):
     each bounds its loss instead of measuring it. The lr search's goal is none."""
@@ -429,6 +398,7 @@ def analyse_group(key: tuple, members: list[dict], diverged: dict, baseline_batc
     if b is not None:
         baseline_rows(g, cells, b, warnings, hints)
     g["online_noise"] = online_noise_rows(members, cells, b, budgets, name, optimizer, seq_len)
+    g["noise_readings"] = constant_lr_readings(members, cells, name, optimizer)
     rows, warn = pareto_frontiers(cells, seq_len, optimizer, hints.pareto)
     if warn and len(batches) >= 2:
         warnings.append(f"{name}: {warn}")
@@ -543,11 +513,12 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
     """Every fit of the report, from loaded runs (see module docstring).
 
     Returns a dict with `groups` (per group: key, cells, baseline curve, per-run rows,
-    Pareto rows, online B_noise series, consistency rows, lr scaling), the public `fits`
-    (per_run, pareto, kaplan: one row per optimizer and method, kaplan_points, lr_scaling,
-    warnings, online_noise: the online B_noise(L) series, consistency: per-run against Pareto
-    B_crit at each target loss, joint: `analysis.joint`'s model per optimizer, whose rows also
-    join kaplan), `left_out`, `noise`, `n_runs` and `warnings` (the list in `fits`).
+    Pareto rows, online B_noise series and peak-lr readings, consistency rows, lr scaling), the
+    public `fits` (per_run, pareto, kaplan: one row per optimizer and method, kaplan_points,
+    lr_scaling, warnings, online_noise: the online B_noise(L) series, consistency: per-run
+    against Pareto B_crit at each target loss, joint: `analysis.joint`'s model per optimizer,
+    whose rows also join kaplan, noise_ratio: B_crit over B_noise, `analysis.noise_ratio`),
+    `left_out`, `noise`, `n_runs` and `warnings` (the list in `fits`).
     `baseline_batch`: a batch size, "auto" or None (see `choose_baseline`). `targets`: steps to a
     target (`target_frontiers`), fitted as Pareto frontiers beside the runs'. Never raises
     on thin data: what cannot be computed is named in the warnings together with what fills it,
@@ -593,4 +564,5 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
             "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan + joint_rows,
                      "kaplan_points": points, "lr_scaling": lr_scaling, "warnings": warnings,
                      "online_noise": online, "joint": joint, "lr_edge_cells": edge_cells,
+                     "noise_ratio": noise_ratios(out_groups, joint),
                      "consistency": [row for g in out_groups for row in g["consistency"]]}}

@@ -1,4 +1,5 @@
-"""The online gradient noise scale along training, B_noise(L), as its own series.
+"""The B_noise measurements of a sweep: the noise program's and the online tracker's
+(`noise_points`), and the tracker's B_noise(L) along training as its own series.
 
 The trainer's online tracker (docs/science.md, section 2: the two-batch estimator from
 micro-batches, numerator and denominator averaged separately by an EMA) writes its current
@@ -18,7 +19,29 @@ from __future__ import annotations
 
 import numpy as np
 
+from critbatch.analysis.bcrit.best_lr import group_key, group_name
 from critbatch.results.runs import is_finite
+
+
+def lr_phase(run: dict, step: int) -> str:
+    """Where step `step` (steps taken) of `run` sat in its lr schedule, from its summary:
+    "warmup", "constant" (every step since the warmup at the peak lr) or "decaying" (a wsd
+    cooldown, a cosine or linear decay, a scheduled batch's lr). The tracker's EMA reads
+    |G|^2 falling as the lr decays, so only "constant" readings measure B_noise(L) at a
+    state the schedule has not moved (docs/science.md, the noise scale checked)."""
+    warmup, steps = int(run.get("warmup_steps") or 0), int(run["steps"])
+    if step <= warmup:
+        return "warmup"
+    schedule = run.get("schedule")
+    if run.get("batch_schedule", "constant") != "constant" or schedule not in ("wsd",
+                                                                               "constant"):
+        return "decaying"
+    if schedule == "constant":
+        return "constant"
+    # the trainer's wsd_decay_start: the last cooldown_fraction of the steps decays
+    start = max(warmup, steps - max(1, round(float(run.get("cooldown_fraction") or 0.2)
+                                                 * steps)))
+    return "constant" if step <= start else "decaying"
 
 
 def series_runs(members: list[dict], cells: list, baseline_batch: int,
@@ -53,5 +76,37 @@ def online_noise_rows(members: list[dict], cells: list, baseline_batch: int | No
                          "lr": float(run["lr"]), "step": point["step"],
                          "tokens": point["tokens"], "val_loss": float(loss),
                          "b_noise": float(b_noise),
-                         "b_noise_tokens": float(b_noise) * seq_len})
+                         "b_noise_tokens": float(b_noise) * seq_len,
+                         "lr_phase": lr_phase(run, int(point["step"]))})
     return rows
+
+
+def noise_points(runs: list[dict]) -> list[dict]:
+    """B_noise measurements: noise.json (kind `b_noise`) and the online tracker's
+    summary keys `b_noise`, `b_noise_tokens`, `b_noise_loss` (kind `b_noise_online`)."""
+    points = []
+    for run in runs:
+        group = group_name(group_key(run))
+        noise = run.get("noise")
+        if noise and noise.get("resolved") and is_finite(noise.get("b_noise_tokens")):
+            points.append({
+                "kind": "b_noise", "run_dir": run["run_dir"], "group": group,
+                "optimizer": run["optimizer"], "loss": noise["val_loss"],
+                "loss_per_byte": noise["val_loss_per_byte"], "b_noise": noise["b_noise"],
+                "b_noise_tokens": noise["b_noise_tokens"], "b_noise_low": noise["b_noise_low"],
+                "b_noise_high": noise["b_noise_high"], "trace": noise["trace"],
+                "g2": noise["g2"], "micro_batches": noise["micro_batches"],
+                "interval": noise.get("interval") or "as written by the noise program",
+                "micro_batch_size": noise["micro_batch_size"]})
+        elif noise is not None:
+            points.append({"kind": "b_noise", "run_dir": run["run_dir"], "unresolved": True,
+                           "micro_batches": noise.get("micro_batches")})
+        if is_finite(run.get("b_noise_tokens")) and is_finite(run.get("b_noise_loss")) and (
+                run["b_noise_tokens"] > 0):
+            points.append({
+                "kind": "b_noise_online", "run_dir": run["run_dir"], "group": group,
+                "optimizer": run["optimizer"], "loss": run["b_noise_loss"],
+                "loss_per_byte": run["b_noise_loss"] / run["bytes_per_token"],
+                "b_noise": run.get("b_noise"), "b_noise_tokens": run["b_noise_tokens"],
+                "b_noise_low": None, "b_noise_high": None})
+    return points

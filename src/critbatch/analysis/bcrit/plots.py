@@ -22,6 +22,8 @@ PLOTS = {
     "pareto": "Steps versus tokens to reach each target loss, with fitted hyperbolas",
     "bcrit_vs_loss": "B_crit vs loss: estimates, fits, Kaplan's law, B_noise, online B_noise",
     "joint_fit": joint_report.PLOT_CAPTION,
+    "noise_ratio": "B_crit(L) of the joint model and the online B_noise read at the peak lr, "
+                   "against the loss (bands 95%)",
 }
 
 
@@ -168,6 +170,78 @@ def plot_bcrit_vs_loss(rows: list[dict], points: list[dict], path: Path) -> None
     plotting.save_figure(fig, path)
 
 
+def power_band(x: np.ndarray, y: np.ndarray, units: list, grid: np.ndarray,
+               resamples: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A power law y = c x^k through (x, y) on `grid`, with its 95% band from refits on
+    resampled units (a unit's points together)."""
+    lx, ly = np.log(x), np.log(y)
+    fit = np.polyval(np.polyfit(lx, ly, 1), np.log(grid))
+    names = sorted(set(units))
+    index = [np.flatnonzero([u == n for u in units]) for n in names]
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(resamples):
+        pick = np.concatenate([index[k] for k in rng.integers(len(names), size=len(names))])
+        if np.ptp(lx[pick]) > 0:
+            lines.append(np.polyval(np.polyfit(lx[pick], ly[pick], 1), np.log(grid)))
+    if not lines:
+        return np.exp(fit), np.exp(fit), np.exp(fit)
+    lo, hi = np.percentile(lines, [2.5, 97.5], axis=0)
+    return np.exp(fit), np.exp(lo), np.exp(hi)
+
+
+def plot_noise_ratio(groups: list[dict], ratios: dict, joint: dict, path: Path) -> None:
+    """Per optimizer: the joint model's B_crit(L) with the band of its bootstrap laws, and
+    the peak-lr B_noise readings (filled: within the law's losses, compared; open: outside)
+    with a power law through the compared ones and its band over resampled runs."""
+    optimizers = sorted(ratios)
+    fig, axes = plotting.panel_grid(max(1, len(optimizers)), PLOTS["noise_ratio"])
+    for ax, opt in zip(axes, optimizers or [None], strict=False):
+        readings = [r for g in groups if g["key"]["optimizer"] == opt
+                    for r in g.get("noise_readings", [])]
+        doc, ratio = joint.get(opt), ratios.get(opt) or {}
+        if doc is None or not readings:
+            plotting.empty_axes(ax, f"{opt}: " + (ratio.get("left_out") or "nothing to show"))
+            continue
+        cells = [c["val_loss"] for c in doc["cells"]]
+        grid = np.geomspace(min(cells), max(cells), 40)
+        b_star, gamma = doc["b_star_tokens"] / doc["seq_len"], doc["exponent"]
+        ax.plot(grid, b_star * grid ** -gamma, "C0-", lw=1.5,
+                label=f"B_crit(L), 1/alpha_B {gamma:.2f}")
+        draws = doc.get("law_draws")
+        if draws:
+            curves = [b * grid ** -g for b, g in zip(draws["b_star"], draws["exponent"],
+                                                    strict=True)]
+            lo, hi = np.percentile(curves, [2.5, 97.5], axis=0)
+            ax.fill_between(grid, lo, hi, color="C0", alpha=0.2,
+                            label="B_crit 95% (refits)")
+        inside = [r for r in readings if min(cells) <= r["val_loss"] <= max(cells)]
+        outside = [r for r in readings if r not in inside]
+        for rows, face, what in ((inside, "C1", "B_noise, peak lr"),
+                                 (outside, "none", "outside the law's L")):
+            if rows:
+                ax.plot([r["val_loss"] for r in rows], [r["b_noise"] for r in rows], "o",
+                        mfc=face, mec="C1", ms=4, ls="none",
+                        label=f"{what} ({len(rows)})")
+        x = np.array([r["val_loss"] for r in inside])
+        # a line through readings at one loss is no law: at least 5% apart in loss
+        if len({r["run_dir"] for r in inside}) >= 2 and np.ptp(np.log(x)) >= 0.05:
+            xs = np.geomspace(x.min(), x.max(), 30)
+            line, lo, hi = power_band(x, np.array([r["b_noise"] for r in inside]),
+                                      [r["run_dir"] for r in inside], xs)
+            ax.plot(xs, line, "C1--", lw=1.2, label="B_noise(L) fit")
+            ax.fill_between(xs, lo, hi, color="C1", alpha=0.2, label="B_noise 95% (runs)")
+        if ratio.get("ratio") is not None:
+            ax.set_title(f"{opt}: B_crit / B_noise {ratio['ratio']:.3g} "
+                         f"[{ratio['low']:.3g}, {ratio['high']:.3g}]", fontsize=9)
+        else:
+            ax.set_title(opt, fontsize=9)
+        plotting.log_axes(ax, x=True, y=True)
+        plotting.label_axes(ax, "validation loss L (nats/token)", "batch (sequences)",
+                            ax.get_title())
+    plotting.save_figure(fig, path)
+
+
 def write_plots(result: dict, out: Path) -> dict[str, str]:
     """Every plot of PLOTS as `<name>.png` in `out`; returns {name: file name}."""
     groups = plotting.shown_groups(result["groups"], result["warnings"])
@@ -178,6 +252,8 @@ def write_plots(result: dict, out: Path) -> dict[str, str]:
     plot_bcrit_vs_loss(result["fits"]["kaplan"], result["fits"]["kaplan_points"],
                        out / "bcrit_vs_loss.png")
     joint_report.plot_joint(result["fits"]["joint"], out / "joint_fit.png")
+    plot_noise_ratio(result["groups"], result["fits"]["noise_ratio"], result["fits"]["joint"],
+                     out / "noise_ratio.png")
     return {name: f"{name}.png" for name in PLOTS}
 
 

@@ -19,7 +19,8 @@ and writes, through `render.run_study`:
                 recommended batch and lr there, the held-out verdict, and whether the
                 numbers are a measurement), lr_edge_cells (per optimizer, the cells whose
                 best lr is the lowest or highest tried), lr_search (the sweep's lr search
-                per optimizer and draw: lrs added, why, tokens);
+                per optimizer and draw: lrs added, why, tokens), noise_ratio (per optimizer
+                B_crit(L) / B_noise(L) at matched losses, `analysis.noise_ratio`);
                 B_crit in sequences with `_tokens` twins);
 - `bcrit.csv`   the per-run table;
 - a W&B run (job_type "analysis", in the group most of the analysed runs were logged in).
@@ -82,7 +83,8 @@ def default_inputs(runs_root: str | Path = "runs") -> tuple[list[Path], str]:
 
 
 FITS_KEYS = ("per_run", "pareto", "kaplan", "kaplan_points", "lr_scaling", "warnings",
-             "online_noise", "consistency", "joint", "summary", "lr_edge_cells", "lr_search")
+             "online_noise", "consistency", "joint", "summary", "lr_edge_cells", "lr_search",
+             "noise_ratio")
 
 
 def fits_document(result: dict, inputs: list[str] | None = None) -> dict:
@@ -174,8 +176,9 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
     ones not left out) per sweep stage, for `sweep_label`."""
     result = bcrit.analyse(runs, baseline_batch=baseline_batch, **kwargs)
     draws.add_draw_checks(runs, result)
-    result["fits"]["summary"] = summary.sweep_summary(runs, result["fits"]["joint"],
-                                                      warnings=result["warnings"])
+    result["fits"]["summary"] = summary.sweep_summary(
+        runs, result["fits"]["joint"], warnings=result["warnings"],
+        noise_ratio=result["fits"]["noise_ratio"])
     result["fits"]["lr_search"] = lr_search_records(runs)
     left_out = {d["run_dir"] for d in result["left_out"]}
     sweeps: dict[tuple, Counter] = defaultdict(Counter)

@@ -392,6 +392,10 @@ def interval_of(data: JointData, fit: JointFit, optimizer: str,
             "resamples": boot.resamples, "interval": boot.interval,
             "bootstrap_failed": boot.failed, "bootstrap_forms": boot.forms,
             "bootstrap_at_bounds": boot.at_bounds,
+            # the refits' laws, paired: B_crit(L) = b_star L^-exponent with its band anywhere
+            "law_draws": None if boot.b_stars is None else {
+                "exponent": [float(f"{g:.6g}") for g in boot.exponents],
+                "b_star": [float(f"{b:.6g}") for b in boot.b_stars], "unit": "sequences"},
             "b_crit_at_loss": {"loss": loss, "b_crit": float(fit.b_crit(np.array([loss]))[0]),
                                "low": boot.b_crit_low, "high": boot.b_crit_high,
                                "unit": "sequences", "interval": boot.interval}}

@@ -74,9 +74,12 @@ def reliability(row: dict, doc: dict | None, scale: str | None) -> list[str]:
 
 
 def sweep_summary(runs: list[dict], joint: dict, promise: Promise | None = None,
-                  warnings: list[str] | None = None) -> list[dict]:
+                  warnings: list[str] | None = None,
+                  noise_ratio: dict | None = None) -> list[dict]:
     """One row per optimizer (see the module docstring); an optimizer whose cells cannot
-    carry the answer gets a row with `reason` instead."""
+    carry the answer gets a row with `reason` instead. `noise_ratio`: fits.json's, whose
+    ratio joins each row (`noise_ratio`: ratio, low, high, losses, or the reason it has
+    none)."""
     scale = scale_of(runs)
     promise = promise or Promise()
     rows = []
@@ -90,7 +93,8 @@ def sweep_summary(runs: list[dict], joint: dict, promise: Promise | None = None,
         tokens = float(np.median([c.tokens for c in mine if c.budget == top]))
         row = {"optimizer": optimizer, "params": size, "tokens": tokens,
                "measured_loss": measured.loss, "measured_batch_size": measured.batch_size,
-               "measured_lr": measured.lr}
+               "measured_lr": measured.lr,
+               "noise_ratio": ratio_row((noise_ratio or {}).get(optimizer))}
         try:
             # a smoke sweep measures nothing (its row says so): a rough interval is enough
             fitted = engine.fit(engine.grid_cells(sweep), promise, sweep.seq_len, sweep,
@@ -118,6 +122,26 @@ def sweep_summary(runs: list[dict], joint: dict, promise: Promise | None = None,
     return rows
 
 
+def ratio_row(doc: dict | None) -> dict | None:
+    """The summary's share of `noise_ratio.<optimizer>`: ratio, interval, losses, verdicts."""
+    if doc is None:
+        return None
+    return {k: doc.get(k) for k in ("ratio", "low", "high", "losses", "same_order", "drifts",
+                                    "left_out")}
+
+
+def ratio_text(row: dict) -> str:
+    """'B_crit / B_noise r [low, high] at losses a-b' of a summary row, or why not."""
+    r = row.get("noise_ratio")
+    if r is None:
+        return "- (no online B_noise)"
+    if r["ratio"] is None:
+        return f"- ({r['left_out']})"
+    lo, hi = r["losses"]
+    return (f"{fmt_interval(r['ratio'], r['low'], r['high'], '.3g')} at {lo:.3f}-{hi:.3f} "
+            "nats/token" + ("; drifts with the loss" if r["drifts"] else ""))
+
+
 def b_crit_text(row: dict) -> str:
     if row.get("b_crit") is None:
         return "- (the runs have a loss optimum inside their batches: no B_crit is read)"
@@ -140,10 +164,10 @@ def markdown(rows: list[dict]) -> list[str]:
     table = []
     for r in rows:
         if "reason" in r:
-            table.append([r["optimizer"], "-", "-", "-", r["reason"]])
+            table.append([r["optimizer"], "-", "-", ratio_text(r), "-", r["reason"]])
             continue
         table.append([
-            r["optimizer"], b_crit_text(r), batch_text(r),
+            r["optimizer"], b_crit_text(r), batch_text(r), ratio_text(r),
             r["held_out"], "yes" if r["reliable"] else "no: " + "; ".join(r["why"])])
     return ["## Summary", "",
             f"Per optimizer, at the sweep's largest model ({rows[0]['params']:,.0f} "
@@ -152,10 +176,12 @@ def markdown(rows: list[dict]) -> list[str]:
             "trunks), the batch `recommend` gives (the largest costing at most 10% more "
             "compute than the loss-optimal batch, with its 95% interval from refits of the "
             "whole choice; lr from the lr law, 95% prediction interval; AdamW's beta2 at that "
-            "batch by the runs' rule), the held-out check and whether the numbers are a "
+            "batch by the runs' rule), B_crit over the online B_noise read at the peak lr at "
+            "equal losses (95%, runs resampled, the law's refits; fits.json `noise_ratio`), "
+            "the held-out check and whether the numbers are a "
             "measurement. `python analysis/recommend.py` answers for a larger run.", "",
             md_table(["optimizer", "B_crit at the final loss (sequences) [95%]", "recommended here",
-                      "held out", "a measurement?"], table), ""]
+                      "B_crit / B_noise [95%]", "held out", "a measurement?"], table), ""]
 
 
 def beta2_text(row: dict) -> str:
@@ -173,7 +199,7 @@ def lines(rows: list[dict]) -> list[str]:
         loss = r["predicted_loss"]
         out.append(
             f"  {r['optimizer']}: B_crit {b_crit_text(r)} at {fmt(loss, '.4f')} nats/token; "
-            f"recommended here: {batch_text(r)}; "
+            f"recommended here: {batch_text(r)}; B_crit / B_noise {ratio_text(r)}; "
             + ("a measurement" if r["reliable"] else "NOT a measurement: " + r["why"][0]))
     return out
 

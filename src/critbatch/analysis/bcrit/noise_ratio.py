@@ -1,0 +1,168 @@
+"""B_crit against B_noise: how far the gradient noise scale predicts the critical batch.
+
+McCandlish et al. (2018) offer the noise scale as a shortcut to B_crit: B_simple = tr(Sigma) /
+|G|^2, read on one run, predicts B_crit "to about an order of magnitude". Both sides are
+measured on the same sweep: B_crit(L) = B* L^(-1/alpha_B) by the joint model
+(`analysis.joint`), B_noise by the trainer's online tracker. This module relates them at
+matched losses.
+
+The readings: every main run (not a cooldown branch) at its batch's best lr (the best grid lr
+of that batch's largest budget), its tracker read at the peak lr with a validation loss
+(summary.json `noise_readings`; for runs written before those, the eval points of `curve` in
+the constant-lr phase, `online_noise.lr_phase`). A reading taken while the lr decays is never
+used: |G|^2 collapses in a cooldown and B_noise climbs with it, so it measures the schedule.
+
+The ratio: r(L) = B_crit(L) / B_noise(L) at each reading whose loss lies within the losses
+the joint model was fitted on (`losses`). `ratio` is the geometric mean of r over the
+readings; `slope` the least-squares d ln r / d ln L (0: the ratio does not drift with the
+loss). The 95% interval is a bootstrap over runs (a run's readings resampled together) with
+each replicate's B_crit(L) drawn from the joint model's own bootstrap refits
+(`joint.<optimizer>.law_draws`), so both sides' uncertainty enters. Verdicts: `same_order`
+(the interval within a factor 10 either way: True; wholly outside: False; else None) and
+`drifts` (the slope's interval excludes 0).
+
+Units: B_crit, B_noise in sequences; losses in nats/token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from critbatch.analysis.bcrit.online_noise import lr_phase
+from critbatch.results.runs import is_finite
+
+RESAMPLES = 2000
+CONFIDENCE = 0.95
+ORDER = 10.0  # "the same order": within this factor either way
+MIN_RUNS = 2
+
+
+def best_lrs(cells: list) -> dict[int, float]:
+    """{batch: the best grid lr of its largest budget} over `best_lr.Cell`s."""
+    out = {}
+    for batch in sorted({c.batch_size for c in cells}):
+        cell = max((c for c in cells if c.batch_size == batch), key=lambda c: c.budget)
+        out[batch] = float(cell.lrs[int(np.argmin(cell.losses))])
+    return out
+
+
+def readings_of(run: dict) -> tuple[list[dict], str]:
+    """(the run's peak-lr tracker readings, their source): summary.json's `noise_readings`
+    where the run wrote them, else its curve's eval points in the constant-lr phase."""
+    if "noise_readings" in run:
+        points, source = run["noise_readings"] or [], "noise_readings"
+    else:
+        points = [p for p in run.get("curve") or []
+                  if lr_phase(run, int(p["step"])) == "constant"]
+        source = "curve"
+    return [p for p in points if is_finite(p.get("b_noise")) and p["b_noise"] > 0
+            and is_finite(p.get("val_loss")) and p["val_loss"] > 0], source
+
+
+def constant_lr_readings(members: list[dict], cells: list, group: str,
+                         optimizer: str) -> list[dict]:
+    """One row per peak-lr reading of the group's main runs at their batch's best lr."""
+    best = best_lrs(cells)
+    rows = []
+    for run in sorted(members, key=lambda r: (r["batch_size"], r["seed"], r["run_dir"])):
+        if (run.get("branch_of") or run["status"] != "completed"
+                or best.get(run["batch_size"]) != float(run["lr"])):
+            continue
+        points, source = readings_of(run)
+        rows += [{"optimizer": optimizer, "group": group, "run_dir": run["run_dir"],
+                  "batch_size": run["batch_size"], "seed": run["seed"],
+                  "step": int(p["step"]), "tokens": p["tokens"],
+                  "val_loss": float(p["val_loss"]), "b_noise": float(p["b_noise"]),
+                  "source": source} for p in points]
+    return rows
+
+
+def law_of(doc: dict) -> tuple[float, float]:
+    """(B* in sequences, 1/alpha_B) of a joint document: the law its widths share."""
+    return doc["b_star_tokens"] / doc["seq_len"], doc["exponent"]
+
+
+def ratio_stats(log_loss: np.ndarray, log_b_noise: np.ndarray, b_star: float,
+                gamma: float) -> tuple[float, float | None]:
+    """(mean ln r, slope d ln r / d ln L) for one law; slope None without a loss span."""
+    y = math.log(b_star) - gamma * log_loss - log_b_noise
+    if np.ptp(log_loss) <= 0:
+        return float(y.mean()), None
+    return float(y.mean()), float(np.polyfit(log_loss, y, 1)[0])
+
+
+def not_measured(reason: str, readings: int = 0, runs: int = 0) -> dict:
+    return {"ratio": None, "low": None, "high": None, "losses": None, "slope": None,
+            "slope_low": None, "slope_high": None, "same_order": None, "drifts": None,
+            "n_readings": readings, "n_runs": runs, "interval": None, "left_out": reason}
+
+
+def noise_ratio(readings: list[dict], doc: dict | None, seed: int = 0,
+                resamples: int = RESAMPLES) -> dict:
+    """`noise_ratio.<optimizer>` of fits.json from the optimizer's peak-lr readings and its
+    joint model document (module docstring)."""
+    if not readings:
+        return not_measured("no peak-lr reading of the online tracker (train.gns.enabled, "
+                            "two or more micro-batches a step and a wsd or constant lr)")
+    if doc is None or doc.get("exponent") is None:
+        return not_measured("no joint model of B_crit(L) to compare with",
+                            len(readings), len({r["run_dir"] for r in readings}))
+    losses = [c["val_loss"] for c in doc["cells"]]
+    lo, hi = min(losses), max(losses)
+    used = [r for r in readings if lo <= r["val_loss"] <= hi]
+    runs = sorted({r["run_dir"] for r in used})
+    if len(runs) < MIN_RUNS:
+        return not_measured(
+            f"{len(used)} reading(s) from {len(runs)} run(s) within the losses the joint "
+            f"model was fitted on ({lo:.3f}-{hi:.3f} nats/token); it needs {MIN_RUNS} runs "
+            f"(the {len(readings)} readings span {min(r['val_loss'] for r in readings):.3f}-"
+            f"{max(r['val_loss'] for r in readings):.3f})", len(readings),
+            len({r["run_dir"] for r in readings}))
+    log_loss = np.log([r["val_loss"] for r in used])
+    log_noise = np.log([r["b_noise"] for r in used])
+    b_star, gamma = law_of(doc)
+    mean, slope = ratio_stats(log_loss, log_noise, b_star, gamma)
+    draws = doc.get("law_draws") or {}
+    laws = list(zip(draws.get("b_star", []), draws.get("exponent", []), strict=True)) or [
+        (b_star, gamma)]
+    rng = np.random.default_rng(seed)
+    index = {run: np.flatnonzero([r["run_dir"] == run for r in used]) for run in runs}
+    means, slopes = [], []
+    for j in range(resamples):
+        pick = np.concatenate([index[runs[k]] for k in rng.integers(len(runs), size=len(runs))])
+        m, s = ratio_stats(log_loss[pick], log_noise[pick], *laws[j % len(laws)])
+        means.append(m)
+        if s is not None:
+            slopes.append(s)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.exp(np.percentile(means, [tail, 100 - tail]))
+    s_low, s_high = (np.percentile(slopes, [tail, 100 - tail]) if len(slopes) >= resamples // 2
+                     else (None, None))
+    same = (True if low >= 1 / ORDER and high <= ORDER
+            else False if high < 1 / ORDER or low > ORDER else None)
+    return {"ratio": math.exp(mean), "low": float(low), "high": float(high),
+            "losses": [float(np.exp(log_loss.min())), float(np.exp(log_loss.max()))],
+            "slope": slope, "slope_low": None if s_low is None else float(s_low),
+            "slope_high": None if s_high is None else float(s_high),
+            "same_order": same,
+            "drifts": None if s_low is None else bool(s_low > 0 or s_high < 0),
+            "n_readings": len(used), "n_runs": len(runs),
+            "sources": sorted({r["source"] for r in used}),
+            "interval": f"{CONFIDENCE:.0%} bootstrap over {len(runs)} runs (a run's readings "
+                        f"together) x the joint model's {len(laws)} bootstrap law(s), "
+                        f"{resamples} draws",
+            "left_out": None,
+            "readings": [{**r, "b_crit": float(b_star * r["val_loss"] ** -gamma)}
+                         for r in used]}
+
+
+def noise_ratios(groups: list[dict], joint: dict) -> dict:
+    """{optimizer: `noise_ratio`} over the groups' `noise_readings` (every optimizer with a
+    group, measured or not)."""
+    by_optimizer: dict[str, list[dict]] = {}
+    for g in groups:
+        by_optimizer.setdefault(g["key"]["optimizer"], []).extend(g.get("noise_readings", []))
+    return {opt: noise_ratio(rows, joint.get(opt), seed=sum(map(ord, opt)))
+            for opt, rows in sorted(by_optimizer.items())}

@@ -1,0 +1,101 @@
+"""B_crit against B_noise (`analysis.bcrit.noise_ratio`): a planted ratio and drift are found,
+the interval holds the truth, decaying-lr readings never enter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from critbatch.analysis.bcrit.noise_ratio import noise_ratio, readings_of
+from critbatch.analysis.bcrit.online_noise import lr_phase
+
+B_STAR, GAMMA, SEQ_LEN = 2.0e4, 3.0, 64
+
+
+def doc(losses=(3.8, 4.6), draws=None) -> dict:
+    """A joint document of law B_crit(L) = B_STAR L^-GAMMA fitted on cells at `losses`."""
+    return {"b_star_tokens": B_STAR * SEQ_LEN, "seq_len": SEQ_LEN, "exponent": GAMMA,
+            "cells": [{"val_loss": x} for x in losses], "law_draws": draws}
+
+
+def readings(ratio: float, drift: float = 0.0, runs: int = 5, sd: float = 0.05,
+             seed: int = 0, losses=(3.9, 4.1, 4.3, 4.5)) -> list[dict]:
+    """Peak-lr readings of `runs` runs whose B_noise is B_crit(L) / (ratio (L/4.2)^drift)
+    times lognormal noise of `sd`."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for run in range(runs):
+        for x in losses:
+            loss = x + rng.uniform(-0.05, 0.05)
+            b_crit = B_STAR * loss**-GAMMA
+            out.append({"run_dir": f"r{run}", "val_loss": loss, "source": "noise_readings",
+                        "b_noise": b_crit / (ratio * (loss / 4.2) ** drift)
+                        * math.exp(sd * rng.standard_normal())})
+    return out
+
+
+def test_a_planted_ratio_is_found_and_its_interval_holds_it():
+    covered = steady = 0
+    for seed in range(40):
+        out = noise_ratio(readings(3.0, seed=seed), doc(), seed=seed, resamples=400)
+        covered += out["low"] <= 3.0 <= out["high"]
+        steady += out["drifts"] is False
+    # 95% nominal: 40 draws, at least 34 (p of fewer at a true 95% is below 0.01)
+    assert covered >= 34 and steady >= 34
+    out = noise_ratio(readings(3.0, sd=1e-6), doc(), resamples=200)
+    assert out["ratio"] == pytest.approx(3.0, rel=1e-4)
+    assert out["slope"] == pytest.approx(0.0, abs=1e-3)
+    assert out["same_order"] is True and out["n_runs"] == 5 and out["n_readings"] == 20
+    assert out["losses"][0] >= 3.8 and out["losses"][1] <= 4.6
+    assert all(r["b_crit"] == pytest.approx(B_STAR * r["val_loss"] ** -GAMMA)
+               for r in out["readings"])
+
+
+def test_a_drifting_ratio_is_said_to_drift_and_far_apart_is_not_the_same_order():
+    out = noise_ratio(readings(0.02, drift=-4.0, sd=0.02), doc(), resamples=400)
+    # ln r = const + drift ln L: the slope of ln(B_crit / B_noise) on ln L is the drift
+    assert out["slope"] == pytest.approx(-4.0, abs=0.3)
+    assert out["drifts"] is True and out["slope_high"] < 0
+    assert out["high"] < 0.1 and out["same_order"] is False
+
+
+def test_the_law_s_own_uncertainty_widens_the_interval():
+    rng = np.random.default_rng(1)
+    gammas = GAMMA + 0.5 * rng.standard_normal(200)
+    # refits that trade B* against the exponent through the middle of the losses
+    draws = {"exponent": gammas.tolist(),
+             "b_star": (B_STAR * 4.2 ** (gammas - GAMMA)
+                        * np.exp(0.3 * rng.standard_normal(200))).tolist()}
+    tight = noise_ratio(readings(3.0), doc(), resamples=400)
+    wide = noise_ratio(readings(3.0), doc(draws=draws), resamples=400)
+    assert wide["high"] / wide["low"] > 2 * tight["high"] / tight["low"]
+    assert wide["low"] <= 3.0 <= wide["high"]
+
+
+def test_readings_outside_the_law_s_losses_or_without_a_law_are_not_compared():
+    out = noise_ratio(readings(3.0, losses=(5.0, 5.5)), doc())
+    assert out["ratio"] is None and "within the losses the joint model" in out["left_out"]
+    assert noise_ratio(readings(3.0), None)["left_out"].startswith("no joint model")
+    assert noise_ratio([], doc())["left_out"].startswith("no peak-lr reading")
+    one = noise_ratio(readings(3.0, runs=1), doc())
+    assert one["ratio"] is None and "it needs 2 runs" in one["left_out"]
+
+
+def test_only_constant_lr_eval_points_stand_in_for_readings_in_older_runs():
+    run = {"steps": 1000, "warmup_steps": 10, "schedule": "wsd", "cooldown_fraction": 0.2,
+           "curve": [{"step": s, "tokens": s * 512, "val_loss": 5.0 - s / 1000,
+                      "b_noise": 100.0 + s} for s in (5, 100, 800, 801, 1000)]}
+    assert [lr_phase(run, s) for s in (5, 10, 11, 800, 801, 1000)] == [
+        "warmup", "warmup", "constant", "constant", "decaying", "decaying"]
+    points, source = readings_of(run)
+    assert source == "curve" and [p["step"] for p in points] == [100, 800]
+    assert lr_phase({**run, "schedule": "cosine"}, 500) == "decaying"
+    assert lr_phase({**run, "schedule": "constant"}, 1000) == "constant"
+    # a run that wrote its readings: those, not its curve
+    written = {**run, "noise_readings": [{"step": 400, "tokens": 1, "val_loss": 4.6,
+                                          "b_noise": 50.0}, {"step": 600, "tokens": 2,
+                                                             "val_loss": 4.4, "b_noise": None}]}
+    points, source = readings_of(written)
+    assert source == "noise_readings" and [p["step"] for p in points] == [400]
