@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import torch
 
-from critbatch.science.noise import GroupSums
+from critbatch.science.noise import GroupSums, NoiseEMA
 
 
 class MicroGradNorms:
@@ -78,3 +78,68 @@ def group_sums(gradients: Iterable[tuple], groups: int) -> GroupSums:
     sums64 = sums.double()
     return GroupSums(gram=(sums64 @ sums64.T).cpu().numpy(), sq_sums=sq_sums.cpu().numpy(),
                      counts=counts, loss_sums=loss_sums.cpu().numpy())
+
+
+class NoiseTracker:
+    """B_noise from the micro-batch gradients of a training loop (module docstring).
+
+    `micro_batch_size`: examples per micro-batch (b); `ema`: the per-step decay of the
+    averages of |G|^2 and tr(Sigma) (bias-corrected, ratio taken last). Read `b_noise`,
+    `g2`, `trace` after any `step`. The hooks only read gradients; `close` removes them.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], micro_batch_size: int,
+                 ema: float = 0.95) -> None:
+        if micro_batch_size < 1 or not 0 <= ema < 1:
+            raise ValueError(f"micro_batch_size={micro_batch_size} must be >= 1 and "
+                             f"ema={ema} in [0, 1)")
+        self.params = [p for p in params if p.requires_grad]
+        self.norms = MicroGradNorms(self.params, accum=1)
+        self.average = NoiseEMA(ema, b=micro_batch_size, big=2 * micro_batch_size)
+        self.small: list[torch.Tensor] = []  # |g_i|^2 of this step's micro-batches
+
+    def micro_batch(self) -> None:
+        """After a micro-batch's backward: record its own squared gradient norm."""
+        self.small.append(self.norms.pop())
+
+    @torch.no_grad()
+    def step(self, loss: float = float("nan")) -> float | None:
+        """After the step's last backward, before clipping: fold in the step from the
+        micro-batches recorded and the accumulated gradient; return B_noise (None until
+        resolved). The gradient is taken to be the mean of the micro-batches' (each loss
+        divided by their number before its backward)."""
+        k = len(self.small)
+        if k < 2:
+            raise ValueError(f"{k} micro-batch(es) recorded this step: the estimator needs "
+                             "two or more (call micro_batch() after each backward)")
+        # the hooks saw each gradient already divided by k: undo it
+        small = float(torch.stack(self.small).mean()) * k**2
+        grads = [p.grad for p in self.params if p.grad is not None]
+        big = float(torch.nn.utils.get_total_norm(grads, norm_type=2.0)) ** 2
+        self.small.clear()
+        return self.update(small, big, big=k * self.average.b, loss=loss)
+
+    def update(self, small_sq_norm: float, big_sq_norm: float, big: int,
+               loss: float = float("nan")) -> float | None:
+        """Fold in one step from the mean squared norm of the small-batch gradients and the
+        squared norm of the big batch's (`big` examples); return B_noise."""
+        loss = loss if loss == loss else 0.0  # the EMA's loss is optional here
+        self.average.update(small_sq_norm, big_sq_norm, loss, big=big)
+        return self.b_noise
+
+    @property
+    def b_noise(self) -> float | None:
+        """tr(Sigma) / |G|^2 in examples; None while |G|^2 is not resolved."""
+        return self.average.b_noise
+
+    @property
+    def g2(self) -> float | None:
+        return self.average.g2
+
+    @property
+    def trace(self) -> float | None:
+        return self.average.trace
+
+    def close(self) -> None:
+        """Remove the gradient hooks."""
+        self.norms.remove()
