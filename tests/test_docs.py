@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,15 @@ def test_readme_names_no_commit():
     hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", README.read_text())
               if re.search(r"[a-f]", w) and re.search(r"[0-9]", w)]
     assert not hashes, f"README.md names commits {hashes}"
+
+
+def test_the_noise_tracker_example_runs_as_written():
+    """docs/running.md's NoiseTracker loop, run as it stands: it prints a B_noise."""
+    text = (REPO / "docs" / "running.md").read_text()
+    section = text.split("### B_noise in your own loop", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(code.strip().splitlines()) <= 20
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("B_noise ") and float(proc.stdout.split()[1]) > 0
