@@ -323,6 +323,22 @@ def test_noise_program_writes_noise_json_and_agrees_with_online(accum_run, capsy
     assert TABLE_HEADER in out and "| width 32, 160 steps |" in out and "| 128 x 4 |" in out
 
 
+def test_the_program_measures_b_full_through_the_model_s_hessian(accum_run, capsys):
+    """--full N: B_full from Hessian-vector products through the GPT (attention's double
+    backward included) beside the same B_simple; the printed line names both."""
+    run_dir, _, _ = accum_run
+    main([str(run_dir), "-K", "32", "-b", "4", "--full", "16"])
+    record = runs.read_noise(run_dir)
+    assert record["hessian_sequences"] == 16
+    assert {"b_full", "b_full_low", "b_full_high", "g_h_g", "trace_h_sigma"} <= set(record)
+    if record["b_full"] is not None:
+        assert record["b_full"] == pytest.approx(record["trace_h_sigma"] / record["g_h_g"])
+    assert "B_full = tr(H Sigma) / G'HG" in capsys.readouterr().out
+    # without --full: no B_full fields
+    main([str(run_dir), "-K", "32", "-b", "4"])
+    assert "b_full" not in runs.read_noise(run_dir)
+
+
 def test_bad_inputs_are_one_line_errors(accum_run, tmp_path, capsys):
     run_dir, _, _ = accum_run
     cases = [

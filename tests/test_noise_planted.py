@@ -15,7 +15,12 @@ import torch
 
 from critbatch.noise import NoiseTracker
 from critbatch.science.noise import estimate
-from critbatch.training.gns import group_sums, micro_batch_gradients
+from critbatch.training.gns import (
+    group_sums,
+    hessian_group_sums,
+    hessian_vector_product,
+    micro_batch_gradients,
+)
 
 P = 64
 
@@ -36,7 +41,7 @@ class Quadratic(torch.nn.Module):
 def world(seed: int = 0):
     """(model, mu, s, the true B_simple): B_simple = 25 examples."""
     gen = torch.Generator().manual_seed(seed)
-    h = 0.5 + torch.rand(P, generator=gen, dtype=torch.float64)
+    h = torch.exp(3 * torch.rand(P, generator=gen, dtype=torch.float64) - 1.5)  # 0.22-4.5
     mu = torch.randn(P, generator=gen, dtype=torch.float64)
     s = 0.5 + torch.rand(P, generator=gen, dtype=torch.float64)
     direction = torch.randn(P, generator=gen, dtype=torch.float64)
@@ -65,6 +70,30 @@ def test_the_noise_program_s_estimator_recovers_the_planted_b_noise():
     assert est.b_noise == pytest.approx(truth, rel=0.10)
     se = math.log(est.b_noise_high / est.b_noise)
     assert abs(math.log(est.b_noise / truth)) < 3 * se
+
+
+def test_b_full_weighs_the_noise_by_the_hessian():
+    """B_full = tr(H Sigma) / G'HG (McCandlish et al. 2018, eq. 2.7): on the quadratic H =
+    diag(h), so it is sum h^3 s^2 / sum h^3 (theta - mu)^2, unlike B_simple; the Hessian is
+    taken by Hessian-vector products on other windows than the gradients'."""
+    model, mu, s, simple = world()
+    h, d = model.h, model.theta.detach() - mu
+    truth = float((h**3 * s**2).sum() / (h**3 * d**2).sum())
+    assert abs(truth / simple - 1) > 0.1  # the Hessian's weighting matters here
+    gen = torch.Generator().manual_seed(3)
+    k, b = 1024, 4
+    pad = torch.zeros(k * b, 1, dtype=torch.float64)
+    windows = torch.cat([examples(mu, s, k * b, gen), pad], 1)
+    other = torch.cat([examples(mu, s, 64, gen), pad[:64]], 1)
+    cpu = torch.device("cpu")
+    hvp = hessian_vector_product(model, other, cpu)
+    v = torch.randn(P, generator=gen, dtype=torch.float64)
+    torch.testing.assert_close(hvp(v), h * v)  # a quadratic's Hessian is h everywhere
+    gradients = micro_batch_gradients(model, windows.split(b), cpu,
+                                      torch.autocast("cpu", enabled=False))
+    est = estimate(hessian_group_sums(gradients, hvp, 16), b)
+    assert est.b_noise == pytest.approx(truth, rel=0.10)
+    assert abs(math.log(est.b_noise / truth)) < 3 * math.log(est.b_noise_high / est.b_noise)
 
 
 def test_the_online_tracker_recovers_the_planted_b_noise_in_a_plain_loop():

@@ -80,6 +80,56 @@ def group_sums(gradients: Iterable[tuple], groups: int) -> GroupSums:
                      counts=counts, loss_sums=loss_sums.cpu().numpy())
 
 
+def hessian_vector_product(model: torch.nn.Module, batch: torch.Tensor, device: torch.device):
+    """v -> H v, H the Hessian of the mean loss on `batch` (n, T+1) at the model's weights:
+    one forward and backward with its graph kept, then a double backward per product
+    (Pearlmutter 1994). In float32, attention by its math kernel (the fused kernels have
+    no double backward)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    batch = batch.to(device)
+    with sdpa_kernel(SDPBackend.MATH):
+        loss = model(batch[:, :-1], batch[:, 1:])
+        grads = torch.autograd.grad(loss, params, create_graph=True)
+
+    def product(v: torch.Tensor) -> torch.Tensor:
+        parts = [c.view_as(p) for c, p in zip(v.split([p.numel() for p in params]), params,
+                                               strict=True)]
+        with sdpa_kernel(SDPBackend.MATH):
+            hv = torch.autograd.grad(grads, params, grad_outputs=parts, retain_graph=True)
+        return torch.cat([h.flatten() for h in hv])
+
+    return product
+
+
+def hessian_group_sums(gradients: Iterable[tuple], hvp, groups: int) -> GroupSums:
+    """`group_sums` with every inner product taken in H: <T_k, H T_l> and sum g_i' H g_i.
+    Fed to `science.noise.estimate`, the two-batch estimators then give G'HG and tr(H Sigma)
+    (E g_b' H g_b = G'HG + tr(H Sigma) / b, as for the plain norms), whose ratio is
+    McCandlish et al.'s B_full = tr(H Sigma) / (G'HG). `hvp`: v -> H v with H estimated on
+    other data than the gradients (`hessian_vector_product`), so that it is independent of
+    them."""
+    sums = hsums = sq_sums = loss_sums = None
+    counts = np.zeros(groups, dtype=np.int64)
+    for i, (grad, loss) in enumerate(gradients):
+        hgrad = hvp(grad).to(torch.float64)
+        if sums is None:
+            sums = torch.zeros(groups, grad.numel(), dtype=torch.float64, device=grad.device)
+            hsums = torch.zeros_like(sums)
+            sq_sums = torch.zeros(groups, dtype=torch.float64, device=grad.device)
+            loss_sums = torch.zeros(groups, dtype=torch.float64, device=grad.device)
+        k = i % groups
+        sums[k] += grad.double()
+        hsums[k] += hgrad
+        sq_sums[k] += grad.double() @ hgrad
+        loss_sums[k] += loss
+        counts[k] += 1
+    gram = sums @ hsums.T
+    return GroupSums(gram=((gram + gram.T) / 2).cpu().numpy(), sq_sums=sq_sums.cpu().numpy(),
+                     counts=counts, loss_sums=loss_sums.cpu().numpy())
+
+
 class NoiseTracker:
     """B_noise from the micro-batch gradients of a training loop (module docstring).
 

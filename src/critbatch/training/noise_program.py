@@ -44,7 +44,12 @@ from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
 from critbatch.training.config import wandb_group
 from critbatch.training.data import sample_batch, val_windows
 from critbatch.training.evaluation import evaluate
-from critbatch.training.gns import group_sums, micro_batch_gradients
+from critbatch.training.gns import (
+    group_sums,
+    hessian_group_sums,
+    hessian_vector_product,
+    micro_batch_gradients,
+)
 from critbatch.training.model import GPT
 from critbatch.training.saved_config import config_from_saved
 from critbatch.training.step import autocast_for, resolve_device
@@ -70,12 +75,13 @@ def load_checkpoint(run_dir: Path) -> tuple:
 
 def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int = 4,
                 seed: int | None = None, device_name: str = "auto",
-                cache_dir: str | None = None) -> dict:
+                cache_dir: str | None = None, full: int = 0) -> dict:
     """Measure B_noise at `run_dir`'s checkpoint; write noise.json; return its dict.
 
     Windows come from the train split, drawn like training step `step` (the checkpoint's)
     would draw them with seed `seed` (default: the run's): data the model has not yet
-    trained on, from the distribution it trains on.
+    trained on, from the distribution it trains on. `full` > 0 also measures B_full =
+    tr(H Sigma) / G'HG with H the Hessian on `full` other windows (`b_full_fields`).
     """
     if micro_batches < 2:
         raise ConfigError(f"--micro-batches {micro_batches}: the estimator needs K >= 2 "
@@ -104,6 +110,8 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
     windows = sample_batch(data.train, m.seq_len, k * b, seed, step)  # (K b, T+1)
     gradients = micro_batch_gradients(model, windows.split(b), device, autocast)
     est = estimate(group_sums(gradients, min(k, JACKKNIFE_GROUPS)), b)
+    hessian = (b_full_fields(model, data, m.seq_len, k, b, seed, step, full, device, autocast)
+               if full else {})
     val = val_windows(data.val, m.seq_len, t.eval_tokens)
     val_loss = evaluate(model, val, max(b, t.micro_batch_size or t.batch_size), device,
                         autocast)
@@ -145,12 +153,30 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
         "dtype": str(amp_dtype).removeprefix("torch."),
         "wall_time_s": time.perf_counter() - t0,
         "git_revision": runs.git_revision(),
+        **hessian,
     }
     files.write_json_atomic(run_dir / "noise.json", record)
     print(TABLE_HEADER)
     print(table_row(record))
     _log_wandb(cfg, wandb_group(cfg), run_dir, record)
     return record
+
+
+def b_full_fields(model, data, seq_len: int, k: int, b: int, seed: int, step: int,
+                  hessian_sequences: int, device, autocast) -> dict:
+    """noise.json's B_full fields: McCandlish et al.'s B_full = tr(H Sigma) / G'HG from the
+    same K micro-batches' gradients (`hessian_group_sums`), H the Hessian of the loss on
+    `hessian_sequences` windows drawn with another seed (independent of the gradients),
+    with the same 68% jackknife interval as B_noise's."""
+    windows = sample_batch(data.train, seq_len, k * b, seed, step)
+    other = sample_batch(data.train, seq_len, hessian_sequences, seed + 1_000_003, step)
+    hvp = hessian_vector_product(model, other, device)
+    full = estimate(hessian_group_sums(micro_batch_gradients(model, windows.split(b), device,
+                                                             autocast), hvp,
+                                       min(k, JACKKNIFE_GROUPS)), b)
+    return {"b_full": full.b_noise, "b_full_low": full.b_noise_low,
+            "b_full_high": full.b_noise_high, "g_h_g": full.g2, "trace_h_sigma": full.trace,
+            "hessian_sequences": hessian_sequences}
 
 
 TABLE_HEADER = ("| model | loss (nats/byte) | tr(Sigma) | abs(G)^2 | B_noise | micro-batches |\n"
@@ -170,6 +196,18 @@ def table_row(r: dict) -> str:
     return (f"| width {r['width']}, {r['step']:,} steps | {r['val_loss_per_byte']:.3f} | "
             f"{r['trace']:#.3g} | {r['g2']:#.3g} | {b_noise} | "
             f"{r['micro_batches']} x {r['micro_batch_size']} |")
+
+
+def full_line(r: dict) -> str:
+    """B_full beside B_simple, one line."""
+    if r.get("b_full") is None:
+        return ("B_full: not resolved (G'HG <= 0: the Hessian is not positive along G here, "
+                "or increase K)")
+    interval = ("" if r["b_full_low"] is None
+                else f", 68%: {r['b_full_low']:,.0f}-{r['b_full_high']:,.0f}")
+    simple = f"{r['b_noise']:,.0f}" if r["b_noise"] is not None else "not resolved"
+    return (f"B_full = tr(H Sigma) / G'HG: {r['b_full']:,.0f} sequences{interval} (Hessian on "
+            f"{r['hessian_sequences']} windows); B_simple {simple}")
 
 
 def _si(x: float) -> str:
@@ -213,10 +251,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--cache-dir", default=None,
                         help="token cache folder (default: the run's data.cache_dir)")
+    parser.add_argument("--full", type=int, default=0, metavar="N",
+                        help="also B_full = tr(H Sigma) / G'HG, the Hessian on N other "
+                             "windows (e.g. 64; K Hessian-vector products: several times "
+                             "the cost of B_noise)")
     args = parser.parse_args(argv)
     with user_errors():
-        measure_run(args.run_dir, args.micro_batches, args.micro_batch_size, args.seed,
-                    args.device, args.cache_dir)
+        record = measure_run(args.run_dir, args.micro_batches, args.micro_batch_size,
+                             args.seed, args.device, args.cache_dir, args.full)
+        if args.full:
+            print(full_line(record))
 
 
 if __name__ == "__main__":
