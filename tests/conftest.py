@@ -172,3 +172,19 @@ def analysis_main():
         spec.loader.exec_module(module)
         return module.main
     return load
+
+
+_TRAINED: dict = {}
+
+
+@pytest.fixture
+def accum_run(tiny_cfg, tmp_path_factory):
+    """160 steps of 16 sequences as 4 micro-batches of 4 (online GNS on); trained once per
+    test process: (run folder, summary, config)."""
+    from critbatch.training.loop import train
+
+    if "run" not in _TRAINED:
+        run_dir = tmp_path_factory.mktemp("accum_run")
+        cfg = tiny_cfg("train.batch_size=16", "train.micro_batch_size=4", "train.tokens=81920")
+        _TRAINED["run"] = (run_dir, train(cfg, run_dir), cfg)
+    return _TRAINED["run"]

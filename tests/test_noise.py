@@ -229,19 +229,6 @@ def test_online_micro_norms_are_the_exact_micro_batch_norms(exact_case):
 # ---------------------------------------------------------------------------
 # The program and online tracking on a trained run with gradient accumulation
 
-_TRAINED: dict = {}
-
-
-@pytest.fixture
-def accum_run(tiny_cfg, tmp_path_factory):
-    """160 steps of 16 sequences as 4 micro-batches of 4 (online GNS on); trained once."""
-    if "run" not in _TRAINED:
-        run_dir = tmp_path_factory.mktemp("accum_run")
-        cfg = tiny_cfg("train.batch_size=16", "train.micro_batch_size=4", "train.tokens=81920")
-        _TRAINED["run"] = (run_dir, train(cfg, run_dir), cfg)
-    return _TRAINED["run"]
-
-
 def test_online_tracking_writes_metrics_and_summary(accum_run):
     run_dir, summary, _ = accum_run
     assert summary["steps"] == 160 and summary["gns_ema"] == 0.95

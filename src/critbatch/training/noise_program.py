@@ -38,10 +38,10 @@ from pathlib import Path
 
 import torch
 
-from critbatch.results import files, runs
+from critbatch.results import files, runs, shortcut
 from critbatch.results.errors import ConfigError, DataError, ResultsError, fail, user_errors
 from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
-from critbatch.training.config import wandb_group
+from critbatch.training.config import total_steps, wandb_group
 from critbatch.training.data import sample_batch, val_windows
 from critbatch.training.evaluation import evaluate
 from critbatch.training.gns import (
@@ -51,6 +51,7 @@ from critbatch.training.gns import (
     micro_batch_gradients,
 )
 from critbatch.training.model import GPT
+from critbatch.training.optim import lr_factor
 from critbatch.training.saved_config import config_from_saved
 from critbatch.training.step import autocast_for, resolve_device
 from critbatch.training.token_cache import prepare_data
@@ -75,13 +76,16 @@ def load_checkpoint(run_dir: Path) -> tuple:
 
 def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int = 4,
                 seed: int | None = None, device_name: str = "auto",
-                cache_dir: str | None = None, full: int = 0) -> dict:
+                cache_dir: str | None = None, full: int = 0,
+                ratio_from: Path | None = None) -> dict:
     """Measure B_noise at `run_dir`'s checkpoint; write noise.json; return its dict.
 
     Windows come from the train split, drawn like training step `step` (the checkpoint's)
     would draw them with seed `seed` (default: the run's): data the model has not yet
     trained on, from the distribution it trains on. `full` > 0 also measures B_full =
     tr(H Sigma) / G'HG with H the Hessian on `full` other windows (`b_full_fields`).
+    The B_crit it implies (`results.shortcut`) uses the ratio of `ratio_from` (a fits.json;
+    default: the run's sweep's report).
     """
     if micro_batches < 2:
         raise ConfigError(f"--micro-batches {micro_batches}: the estimator needs K >= 2 "
@@ -155,11 +159,27 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
         "git_revision": runs.git_revision(),
         **hessian,
     }
+    record.update(b_crit_fields(cfg, run_dir, record, ratio_from))
     files.write_json_atomic(run_dir / "noise.json", record)
     print(TABLE_HEADER)
     print(table_row(record))
+    print(shortcut.line(record))
     _log_wandb(cfg, wandb_group(cfg), run_dir, record)
     return record
+
+
+def b_crit_fields(cfg, run_dir: Path, record: dict, ratio_from: Path | None) -> dict:
+    """The shortcut's fields (`results.shortcut.estimate`) for this checkpoint."""
+    path = ratio_from or shortcut.sweep_fits(run_dir)
+    if ratio_from is None and not path.exists():
+        ratio, why = None, (f"no sweep report beside the run ({path}): pass --ratio-from "
+                            "<a sweep's report/fits.json>, from fit_bcrit on a sweep")
+    else:
+        ratio, why = shortcut.ratio_from(path, cfg.optim.name)
+    step = record["step"]
+    decayed = step > 0 and lr_factor(step - 1, total_steps(cfg), cfg.train) < 1.0
+    return shortcut.estimate(record["b_noise"], record["b_noise_high"], record["val_loss"],
+                             decayed, ratio, str(path), why)
 
 
 def b_full_fields(model, data, seq_len: int, k: int, b: int, seed: int, step: int,
@@ -251,6 +271,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     parser.add_argument("--cache-dir", default=None,
                         help="token cache folder (default: the run's data.cache_dir)")
+    parser.add_argument("--ratio-from", type=Path, default=None, metavar="FITS",
+                        help="a sweep's report/fits.json whose noise_ratio turns B_noise into "
+                             "B_crit (default: the run's own sweep's report)")
     parser.add_argument("--full", type=int, default=0, metavar="N",
                         help="also B_full = tr(H Sigma) / G'HG, the Hessian on N other "
                              "windows (e.g. 64; K Hessian-vector products: several times "
@@ -258,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with user_errors():
         record = measure_run(args.run_dir, args.micro_batches, args.micro_batch_size,
-                             args.seed, args.device, args.cache_dir, args.full)
+                             args.seed, args.device, args.cache_dir, args.full,
+                             args.ratio_from)
         if args.full:
             print(full_line(record))
 
