@@ -15,7 +15,14 @@ from torch.func import functional_call, grad, vmap
 
 from critbatch.results import runs
 from critbatch.results.errors import ConfigError
-from critbatch.science.noise import NoiseEMA, estimate, g2_estimate, noise_scale, trace_estimate
+from critbatch.science.noise import (
+    NoiseEMA,
+    ema_interval,
+    estimate,
+    g2_estimate,
+    noise_scale,
+    trace_estimate,
+)
 from critbatch.training.data import sample_batch
 from critbatch.training.gns import MicroGradNorms, group_sums, micro_batch_gradients
 from critbatch.training.loop import train
@@ -268,6 +275,43 @@ def test_the_tracker_is_read_at_the_peak_lr_with_a_validation_loss(tiny_cfg, tmp
     cosine = train(tiny_cfg("train.batch_size=16", "train.micro_batch_size=4",
                             "train.tokens=25600", "train.schedule=cosine"), tmp_path / "cos")
     assert cosine["noise_readings"] == []
+
+
+def test_the_tracker_s_interval_holds_its_level_on_independent_steps():
+    """ema_interval's 68% interval of B_noise from an EMA of noisy per-step estimates (true
+    |G|^2 2, tr(Sigma) 100: B_noise 50) holds the truth in about 68% of 400 repeats."""
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(400):
+        g = 2.0 + 1.0 * rng.standard_normal(300)
+        t = 100.0 + 10.0 * rng.standard_normal(300) + 40.0 * (g - 2.0)  # correlated
+        b, low, high = ema_interval(g, t, 0.98)
+        hits += low <= 50.0 <= high
+    assert 0.60 * 400 <= hits <= 0.76 * 400, hits
+    assert ema_interval([-1.0, -2.0, 0.5], [1.0, 2.0, 3.0], 0.9) is None
+
+
+def test_the_noise_program_and_the_tracker_meet_at_a_peak_lr_checkpoint(tiny_cfg, tmp_path,
+                                                                         capsys):
+    """train.gns.peak_checkpoint keeps the state of the last peak-lr reading; the noise
+    program there writes noise_peak_lr.json with the tracker's reading at that step and its
+    interval (the EMA rebuilt from metrics.jsonl gives the reading itself)."""
+    cfg = tiny_cfg("train.batch_size=16", "train.micro_batch_size=4", "train.tokens=51200",
+                   "train.schedule=wsd", "train.warmup_steps=10", "train.gns.peak_checkpoint=true")
+    summary = train(cfg, tmp_path / "run")
+    last = summary["noise_readings"][-1]
+    assert (tmp_path / "run" / "checkpoint_peak_lr.pt").exists()
+    main([str(tmp_path / "run"), "--checkpoint", "peak_lr", "-K", "64", "-b", "4"])
+    record = json.loads((tmp_path / "run" / "noise_peak_lr.json").read_text())
+    assert record["step"] == last["step"] == 80 and record["checkpoint"] == "peak_lr"
+    assert record["val_loss"] == pytest.approx(last["val_loss"], rel=1e-6)
+    assert record["online_b_noise"] == pytest.approx(last["b_noise"])
+    low, high = record["online_b_noise_low"], record["online_b_noise_high"]
+    assert low < last["b_noise"] < high and isinstance(record["tracker_agrees"], bool)
+    assert "online tracker at step 80 (the peak lr)" in capsys.readouterr().out
+    assert not (tmp_path / "run" / "noise.json").exists()  # the final one is left alone
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--checkpoint", "peak_lr"])
 
 
 def test_gns_off_without_accumulation_or_when_disabled(tiny_cfg, tmp_path):

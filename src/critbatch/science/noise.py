@@ -110,6 +110,29 @@ class NoiseEMA:
         return noise_scale(self.trace, self.g2) if self.weight else None
 
 
+def ema_interval(g2_steps, trace_steps, decay: float) -> tuple[float, float, float] | None:
+    """(B_noise, low, high) of the bias-corrected EMAs of per-step |G|^2 and tr(Sigma)
+    estimates (`NoiseEMA`, the last step last), with a 68% interval: the EMAs' variances
+    sum w_i^2 s^2 from the steps' weighted scatter about them (steps taken as independent:
+    each draws new data), carried to log B_noise by the delta method with the two
+    estimates' covariance. None when |G|^2 or tr(Sigma) is not positive."""
+    g = np.asarray(g2_steps, float)
+    t = np.asarray(trace_steps, float)
+    n = len(g)
+    w = (1 - decay) * decay ** np.arange(n - 1, -1, -1)
+    w /= w.sum()
+    g2, trace = float(w @ g), float(w @ t)
+    if not (g2 > 0 and trace > 0) or n < 3:
+        return None
+    w2 = float(w @ w)
+    scale = w2 / (1 - w2)  # sum w^2 x the weighted variance, made unbiased
+    var_g, var_t = scale * float(w @ (g - g2) ** 2), scale * float(w @ (t - trace) ** 2)
+    cov = scale * float(w @ ((g - g2) * (t - trace)))
+    se = math.sqrt(max(0.0, var_t / trace**2 + var_g / g2**2 - 2 * cov / (trace * g2)))
+    b = trace / g2
+    return b, b * math.exp(-se), b * math.exp(se)
+
+
 @dataclass
 class GroupSums:
     """What the estimate and its jackknife need from K micro-batch gradients g_i.

@@ -155,6 +155,10 @@ class GNSConfig:
     # Shorter is noisier (one step's |G|^2 is mostly sampling noise); longer is biased on short
     # runs (|G|^2 is many times larger early on: a long memory keeps B_noise far below today's).
     ema: float = 0.95
+    # save the state at the last peak-lr reading (the cooldown's start) as
+    # checkpoint_peak_lr.pt: a constant-lr checkpoint for `make noise RUN=<run>
+    # ARGS="--checkpoint peak_lr"`, to hold the tracker against the noise program
+    peak_checkpoint: bool = False
 
 
 @dataclass

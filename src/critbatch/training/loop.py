@@ -52,6 +52,7 @@ from critbatch.training.trainer import (
 )
 
 log = logging.getLogger("critbatch")
+PEAK_CHECKPOINT = "checkpoint_peak_lr.pt"  # train.gns.peak_checkpoint: the last peak-lr reading
 
 
 def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
@@ -290,6 +291,10 @@ def noise_reading(tr: Trainer, wandb_run, lr: float) -> None:
                "b_noise": tr.gns.b_noise, "gns_g2": tr.gns.g2, "gns_trace": tr.gns.trace,
                "train_loss_ema": tr.gns.loss}
     state.noise_readings.append(reading)
+    if (tr.cfg.train.gns.peak_checkpoint and tr.ranks.main and tr.steps
+            and state.step == max(constant_lr_reading_steps(tr.steps, tr.cfg.train))):
+        checkpoint.save(tr.checkpoint_path.with_name(PEAK_CHECKPOINT), tr.stepper.model,
+                        tr.stepper.optimizers, tr.resolved, tr.gns, state)
     b_noise = reading["b_noise"]
     wandb_run.log({"noise_reading/val_loss": val_loss}
                   | ({"noise_reading/b_noise": b_noise} if b_noise is not None else {}),

@@ -40,7 +40,7 @@ import torch
 
 from critbatch.results import files, runs, shortcut
 from critbatch.results.errors import ConfigError, DataError, ResultsError, fail, user_errors
-from critbatch.science.noise import JACKKNIFE_GROUPS, estimate
+from critbatch.science.noise import JACKKNIFE_GROUPS, ema_interval, estimate
 from critbatch.training.config import total_steps, wandb_group
 from critbatch.training.data import sample_batch, val_windows
 from critbatch.training.evaluation import evaluate
@@ -50,18 +50,25 @@ from critbatch.training.gns import (
     hessian_vector_product,
     micro_batch_gradients,
 )
+from critbatch.training.loop import PEAK_CHECKPOINT
 from critbatch.training.model import GPT
 from critbatch.training.optim import lr_factor
 from critbatch.training.saved_config import config_from_saved
 from critbatch.training.step import autocast_for, resolve_device
 from critbatch.training.token_cache import prepare_data
 
+CHECKPOINTS = {"final": ("checkpoint.pt", "noise.json"),
+               "peak_lr": (PEAK_CHECKPOINT, "noise_peak_lr.json")}
 
-def load_checkpoint(run_dir: Path) -> tuple:
-    """(Config, state_dict, step) from `run_dir/checkpoint.pt`; ResultsError if unusable."""
-    path = run_dir / "checkpoint.pt"
+
+def load_checkpoint(run_dir: Path, name: str = "checkpoint.pt") -> tuple:
+    """(Config, state_dict, step) from `run_dir/<name>`; ResultsError if unusable."""
+    path = run_dir / name
     if not run_dir.is_dir():
         raise ResultsError(f"{run_dir} is not a directory; pass a run directory (runs/...)")
+    if name == PEAK_CHECKPOINT and not path.exists():
+        raise ResultsError(f"{run_dir} has no {name}: train with train.gns.peak_checkpoint=true "
+                           "(a wsd or constant lr, two or more micro-batches a step)")
     if not path.exists():
         raise ResultsError(f"{run_dir} has no checkpoint.pt; pass a finished run's directory "
                            "or train one first (make train)")
@@ -77,7 +84,7 @@ def load_checkpoint(run_dir: Path) -> tuple:
 def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int = 4,
                 seed: int | None = None, device_name: str = "auto",
                 cache_dir: str | None = None, full: int = 0,
-                ratio_from: Path | None = None) -> dict:
+                ratio_from: Path | None = None, which: str = "final") -> dict:
     """Measure B_noise at `run_dir`'s checkpoint; write noise.json; return its dict.
 
     Windows come from the train split, drawn like training step `step` (the checkpoint's)
@@ -85,14 +92,17 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
     trained on, from the distribution it trains on. `full` > 0 also measures B_full =
     tr(H Sigma) / G'HG with H the Hessian on `full` other windows (`b_full_fields`).
     The B_crit it implies (`results.shortcut`) uses the ratio of `ratio_from` (a fits.json;
-    default: the run's sweep's report).
+    default: the run's sweep's report). `which`: the run's final checkpoint (noise.json) or
+    its last peak-lr one (`train.gns.peak_checkpoint`; noise_peak_lr.json, beside the online
+    tracker's reading there with its interval, `tracker_fields`).
     """
     if micro_batches < 2:
         raise ConfigError(f"--micro-batches {micro_batches}: the estimator needs K >= 2 "
                           "micro-batches (the reference uses 128)")
     if micro_batch_size < 1:
         raise ConfigError(f"--micro-batch-size {micro_batch_size} must be at least 1")
-    cfg, state, step = load_checkpoint(run_dir)
+    checkpoint_name, out_name = CHECKPOINTS[which]
+    cfg, state, step = load_checkpoint(run_dir, checkpoint_name)
     cfg.train.device = device_name
     if cache_dir:
         cfg.data.cache_dir = cache_dir
@@ -121,7 +131,8 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
                         autocast)
     bpt = data.bytes_per_token
     summary_path = run_dir / "summary.json"
-    online = runs.read_summary(run_dir).get("b_noise") if summary_path.exists() else None
+    summary = runs.read_summary(run_dir) if summary_path.exists() else {}
+    online = summary.get("b_noise")
 
     def tokens_or_none(x: float | None) -> float | None:
         return None if x is None else x * m.seq_len
@@ -158,14 +169,46 @@ def measure_run(run_dir: Path, micro_batches: int = 128, micro_batch_size: int =
         "wall_time_s": time.perf_counter() - t0,
         "git_revision": runs.git_revision(),
         **hessian,
+        "checkpoint": which,
+        **(tracker_fields(run_dir, summary, step, cfg.train.gns.ema, est)
+           if which == "peak_lr" else {}),
     }
     record.update(b_crit_fields(cfg, run_dir, record, ratio_from))
-    files.write_json_atomic(run_dir / "noise.json", record)
+    files.write_json_atomic(run_dir / out_name, record)
     print(TABLE_HEADER)
     print(table_row(record))
     print(shortcut.line(record))
+    if which == "peak_lr":
+        print(tracker_line(record))
     _log_wandb(cfg, wandb_group(cfg), run_dir, record)
     return record
+
+
+def tracker_fields(run_dir: Path, summary: dict, step: int, ema: float, est) -> dict:
+    """The online tracker at the checkpoint's step (its peak-lr reading) with a 68% interval
+    from its per-step estimates in metrics.jsonl (`science.noise.ema_interval`), and whether
+    it and the noise program's interval overlap (`tracker_agrees`)."""
+    rows = [r for r in runs.read_metrics(run_dir) if r["step"] <= step
+            and r.get("gns_g2_step") is not None]
+    interval = ema_interval([r["gns_g2_step"] for r in rows],
+                            [r["gns_trace_step"] for r in rows], ema) if rows else None
+    reading = next((r for r in summary.get("noise_readings") or [] if r["step"] == step), {})
+    low, high = (interval[1], interval[2]) if interval else (None, None)
+    agrees = (None if low is None or est.b_noise_low is None
+              else bool(low <= est.b_noise_high and est.b_noise_low <= high))
+    return {"online_b_noise": reading.get("b_noise"), "online_b_noise_low": low,
+            "online_b_noise_high": high, "online_steps": len(rows), "tracker_agrees": agrees}
+
+
+def tracker_line(r: dict) -> str:
+    """The online tracker beside the noise program at a peak-lr checkpoint."""
+    if r.get("online_b_noise") is None or r.get("online_b_noise_low") is None:
+        return "online tracker at this step: no reading"
+    verdict = {True: "the intervals overlap", False: "the intervals do NOT overlap",
+               None: "no interval to compare"}[r["tracker_agrees"]]
+    return (f"online tracker at step {r['step']:,} (the peak lr): {r['online_b_noise']:,.0f} "
+            f"sequences, 68%: {r['online_b_noise_low']:,.0f}-{r['online_b_noise_high']:,.0f}; "
+            f"the noise program {r['b_noise'] or 0:,.0f}: {verdict}")
 
 
 def b_crit_fields(cfg, run_dir: Path, record: dict, ratio_from: Path | None) -> dict:
@@ -274,6 +317,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ratio-from", type=Path, default=None, metavar="FITS",
                         help="a sweep's report/fits.json whose noise_ratio turns B_noise into "
                              "B_crit (default: the run's own sweep's report)")
+    parser.add_argument("--checkpoint", choices=sorted(CHECKPOINTS), default="final",
+                        help="final (checkpoint.pt, writes noise.json) or peak_lr "
+                             "(checkpoint_peak_lr.pt of train.gns.peak_checkpoint, writes "
+                             "noise_peak_lr.json beside the online tracker's reading)")
     parser.add_argument("--full", type=int, default=0, metavar="N",
                         help="also B_full = tr(H Sigma) / G'HG, the Hessian on N other "
                              "windows (e.g. 64; K Hessian-vector products: several times "
@@ -282,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
     with user_errors():
         record = measure_run(args.run_dir, args.micro_batches, args.micro_batch_size,
                              args.seed, args.device, args.cache_dir, args.full,
-                             args.ratio_from)
+                             args.ratio_from, args.checkpoint)
         if args.full:
             print(full_line(record))
 
