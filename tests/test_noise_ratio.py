@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from critbatch.analysis.bcrit.noise_ratio import noise_ratio, readings_of
+from critbatch.analysis.bcrit.noise_ratio import noise_ratio, readings_of, width_curves
 from critbatch.analysis.bcrit.online_noise import lr_phase
 
 B_STAR, GAMMA, SEQ_LEN = 2.0e4, 3.0, 64
@@ -99,3 +99,34 @@ def test_only_constant_lr_eval_points_stand_in_for_readings_in_older_runs():
                                                              "val_loss": 4.4, "b_noise": None}]}
     points, source = readings_of(written)
     assert source == "noise_readings" and [p["step"] for p in points] == [400]
+
+
+def widths_readings(factors: dict, seed: int = 0) -> list[dict]:
+    """Readings of three runs per width, B_noise = factor_w x 300 (4.2 / L)^3 x 5% noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for width, factor in factors.items():
+        for run in range(3):
+            for x in (3.9, 4.1, 4.3, 4.5):
+                loss = x + rng.uniform(-0.05, 0.05)
+                out.append({"run_dir": f"w{width}_r{run}", "width": width, "val_loss": loss,
+                            "source": "noise_readings",
+                            "b_noise": factor * 300 * (4.2 / loss) ** 3
+                            * math.exp(0.05 * rng.standard_normal())})
+    return out
+
+
+def test_one_b_noise_curve_across_widths_is_found_and_a_shifted_width_is_not():
+    same = width_curves(widths_readings({64: 1.0, 96: 1.0, 128: 1.0}), doc(), resamples=400)
+    assert same["one_curve"] is True and len(same["pairs"]) == 3
+    assert 3.9 < same["common_loss"] < 4.5
+    for row in same["widths"]:
+        assert row["low"] <= 300 * (4.2 / same["common_loss"]) ** 3 <= row["high"]
+        assert row["ratio"]["ratio"] is not None  # B_crit's ratio per width
+    shifted = width_curves(widths_readings({64: 1.0, 96: 1.0, 128: 2.0}), doc(), resamples=400)
+    assert shifted["one_curve"] is False
+    assert [p["differs"] for p in shifted["pairs"]] == [False, True, True]
+    # the ratio per width follows: the shifted width's B_noise is twice as large
+    ratios = {row["width"]: row["ratio"]["ratio"] for row in shifted["widths"]}
+    assert ratios[64] / ratios[128] == pytest.approx(2.0, rel=0.1)
+    assert width_curves(widths_readings({64: 1.0}), doc()) is None

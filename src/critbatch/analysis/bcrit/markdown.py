@@ -233,6 +233,44 @@ def thinned(rows: list[dict], keep: int) -> list[dict]:
     return [rows[i] for i in sorted({round(j) for j in np.linspace(0, len(rows) - 1, keep)})]
 
 
+def noise_ratio_section(ratios: dict) -> list[str]:
+    """B_crit(L) / B_noise(L) per optimizer, and B_noise across widths (`noise_ratio`)."""
+    rows, widths = [], []
+    for opt, r in ratios.items():
+        if r["ratio"] is None:
+            rows.append([opt, "-", "-", "-", "-", r["left_out"]])
+        else:
+            slope = fmt_interval(r["slope"], r["slope_low"], r["slope_high"], ".2f")
+            rows.append([opt, fmt_interval(r["ratio"], r["low"], r["high"], ".3g"),
+                         f"{r['losses'][0]:.3f}-{r['losses'][1]:.3f}",
+                         f"{slope} ({'drifts' if r['drifts'] else 'no drift shown'})",
+                         {True: "yes", False: "no", None: "cannot tell"}[r["same_order"]],
+                         f"{r['n_readings']} readings ({', '.join(r['sources'])}) of "
+                         f"{r['n_runs']} runs; {r['interval']}"])
+        w = r.get("widths")
+        if w and w.get("common_loss"):
+            widths.append([opt, f"{w['common_loss']:.3f}", "; ".join(
+                f"width {x['width']}: {fmt_interval(x['b_noise_at'], x['low'], x['high'], '.3g')}"
+                for x in w["widths"]), "yes" if w["one_curve"] else "no"])
+    lines = ["## B_crit against B_noise", "",
+             "B_crit(L) of the joint model over the online B_noise read at the peak lr "
+             "(summary.json `noise_readings`: no decaying lr moves them; for runs that "
+             "predate them, their eval points in the constant-lr phase, `curve`), at the readings "
+             "within the losses the model was fitted on: the geometric mean ratio with its "
+             "95% bootstrap over runs and the law's refits, and the slope d ln ratio / d ln L "
+             "(0: the ratio does not drift). McCandlish et al. (2018) expect the same order "
+             "(within x10).", "",
+             md_table(["optimizer", "B_crit / B_noise [95%]", "losses (nats/token)",
+                       "slope [95%]", "same order?", "from"], rows) if rows
+             else "No run read the tracker at its peak lr.", ""]
+    if widths:
+        lines += ["B_noise at one loss across widths (a power law in L per width, 95% over "
+                  "its runs; one curve: no pair of widths differs, Bonferroni):", "",
+                  md_table(["optimizer", "loss (nats/token)", "B_noise (sequences) [95%]",
+                            "one curve?"], widths), ""]
+    return lines
+
+
 def online_noise_table(rows: list[dict]) -> str:
     """The online B_noise(L) series, at most ONLINE_TABLE_ROWS eval points per run."""
     if not rows:
@@ -391,7 +429,8 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "seed. Fitted as its own Kaplan method (online_noise), apart from the B_crit "
               "estimates and from the measurements of noise.json.", "",
               online_noise_table(fits["online_noise"]),
-              "", *joint_report.joint_section(fits["joint"]),
+              "", *noise_ratio_section(fits.get("noise_ratio") or {}),
+              *joint_report.joint_section(fits["joint"]),
               "## Kaplan's law B_crit(L) = B* / L^(1/alpha_B)", "",
               "Fitted per optimizer and per method, in log-log (L in nats/token, B in tokens), "
               "each point weighted by its own uncertainty. Per-run and Pareto B_crit measure "

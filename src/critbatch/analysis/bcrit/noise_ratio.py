@@ -73,6 +73,7 @@ def constant_lr_readings(members: list[dict], cells: list, group: str,
         points, source = readings_of(run)
         rows += [{"optimizer": optimizer, "group": group, "run_dir": run["run_dir"],
                   "batch_size": run["batch_size"], "seed": run["seed"],
+                  "width": run.get("width"),
                   "step": int(p["step"]), "tokens": p["tokens"],
                   "val_loss": float(p["val_loss"]), "b_noise": float(p["b_noise"]),
                   "source": source} for p in points]
@@ -158,11 +159,79 @@ def noise_ratio(readings: list[dict], doc: dict | None, seed: int = 0,
                          for r in used]}
 
 
+def width_curves(readings: list[dict], doc: dict | None, seed: int = 0,
+                 resamples: int = RESAMPLES) -> dict | None:
+    """Does B_noise(L) depend on the model's size at equal loss? Per width, a power law
+    ln B_noise = a + k ln L through its readings, read at a common loss (the geometric
+    middle of the losses every width's readings span), with a 95% bootstrap over that
+    width's runs; `one_curve`: no pair of widths differs there (each pair's difference of
+    ln B_noise has a 95%/pairs interval holding 0; Bonferroni), False where one pair does,
+    None without two widths of two runs each that share losses. Each width also gets its
+    own `noise_ratio` against the joint law (B_crit's ratio across widths)."""
+    by_width: dict = {}
+    for r in readings:
+        by_width.setdefault(r.get("width"), []).append(r)
+    usable = {w: rows for w, rows in by_width.items()
+              if len({r["run_dir"] for r in rows}) >= MIN_RUNS
+              and np.ptp(np.log([r["val_loss"] for r in rows])) > 0}
+    if len(usable) < 2:
+        return None
+    lo = max(min(r["val_loss"] for r in rows) for rows in usable.values())
+    hi = min(max(r["val_loss"] for r in rows) for rows in usable.values())
+    out = {"common_loss": None, "one_curve": None, "pairs": [], "widths": []}
+    rng = np.random.default_rng(seed)
+    draws = {}
+    for w, rows in sorted(usable.items()):
+        row = {"width": w, "n_runs": len({r["run_dir"] for r in rows}),
+               "ratio": {k: v for k, v in noise_ratio(rows, doc, seed=seed,
+                                                      resamples=resamples // 4).items()
+                         if k != "readings"}}
+        out["widths"].append(row)
+        if lo < hi:
+            at = math.log(math.sqrt(lo * hi))
+            draws[w] = curve_draws(rows, at, rng, resamples)
+            row.update(b_noise_at=float(np.exp(np.median(draws[w]))),
+                       low=float(np.exp(np.percentile(draws[w], 2.5))),
+                       high=float(np.exp(np.percentile(draws[w], 97.5))))
+    if lo >= hi:
+        out["reason"] = "the widths' readings share no loss"
+        return out
+    out["common_loss"] = math.sqrt(lo * hi)
+    names = sorted(draws)
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    tail = 100 * 0.05 / len(pairs) / 2
+    for a, b in pairs:
+        diff = draws[a] - draws[b]
+        d_lo, d_hi = np.percentile(diff, [tail, 100 - tail])
+        out["pairs"].append({"widths": [a, b], "log_ratio_low": float(d_lo),
+                             "log_ratio_high": float(d_hi), "differs": bool(d_lo > 0 or d_hi < 0)})
+    out["one_curve"] = not any(p["differs"] for p in out["pairs"])
+    return out
+
+
+def curve_draws(rows: list[dict], at: float, rng, resamples: int) -> np.ndarray:
+    """ln B_noise at ln L = `at` from power laws refitted on the width's runs resampled."""
+    runs = sorted({r["run_dir"] for r in rows})
+    x = np.log([r["val_loss"] for r in rows])
+    y = np.log([r["b_noise"] for r in rows])
+    index = [np.flatnonzero([r["run_dir"] == run for r in rows]) for run in runs]
+    out = []
+    for _ in range(resamples):
+        pick = np.concatenate([index[k] for k in rng.integers(len(runs), size=len(runs))])
+        if np.ptp(x[pick]) > 0:
+            out.append(np.polyval(np.polyfit(x[pick], y[pick], 1), at))
+    return np.array(out)
+
+
 def noise_ratios(groups: list[dict], joint: dict) -> dict:
     """{optimizer: `noise_ratio`} over the groups' `noise_readings` (every optimizer with a
-    group, measured or not)."""
+    group, measured or not), with `widths` (`width_curves`) where several widths read."""
     by_optimizer: dict[str, list[dict]] = {}
     for g in groups:
         by_optimizer.setdefault(g["key"]["optimizer"], []).extend(g.get("noise_readings", []))
-    return {opt: noise_ratio(rows, joint.get(opt), seed=sum(map(ord, opt)))
-            for opt, rows in sorted(by_optimizer.items())}
+    out = {}
+    for opt, rows in sorted(by_optimizer.items()):
+        seed = sum(map(ord, opt))
+        out[opt] = {**noise_ratio(rows, joint.get(opt), seed=seed),
+                    "widths": width_curves(rows, joint.get(opt), seed=seed)}
+    return out
