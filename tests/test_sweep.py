@@ -195,6 +195,10 @@ def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_
     noise = list(tmp_path.glob("runs/batch/smoke/*/noise.json"))
     assert len(noise) == 1 and runs.read_noise(noise[0].parent)["micro_batches"] >= 2
     assert "train.batch_size=4" in noise[0].parent.name
+    # and at the same run's peak-lr checkpoint, beside the online tracker's reading there
+    peak = json.loads((noise[0].parent / "noise_peak_lr.json").read_text())
+    assert peak["checkpoint"] == "peak_lr" and peak["online_b_noise"] is not None
+    assert "at the peak lr, step" in out
     assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
     # B_crit over B_noise per optimizer, from the tracker's peak-lr readings of every run
     fits = json.loads((tmp_path / "runs/batch/smoke/report/fits.json").read_text())

@@ -30,6 +30,7 @@ This module runs those steps in order and is the command; the studies are define
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,7 @@ from critbatch.results import runs
 from critbatch.results.errors import ConfigError, user_errors
 from critbatch.training import branches as branching
 from critbatch.training.config import KeepCheckpoint
+from critbatch.training.loop import PEAK_CHECKPOINT
 
 
 def resolve_scale(scale: str) -> str:
@@ -250,7 +252,32 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
         print(f"== noise (optim={target.optimizer}): B_noise "
               + (f"{b:,.0f} tokens" if b else "not resolved")
               + f" at val_loss {noise.get('val_loss', float('nan')):.4f} nats/token")
+        if array is None and (target.run_dir / PEAK_CHECKPOINT).exists():
+            problems += noise_at_peak_lr(target, env)
     return problems
+
+
+def noise_at_peak_lr(target: Job, env: dict) -> list[str]:
+    """The noise program again at the run's peak-lr checkpoint (`train.gns.peak_checkpoint`),
+    beside the online tracker's reading there (noise_peak_lr.json); returns the problems."""
+    with open(target.run_dir / "noise.log", "a") as log_file:
+        done = subprocess.run([sys.executable, "-m", "critbatch.noise", str(target.run_dir),
+                               "--checkpoint", "peak_lr"], stdout=log_file,
+                              stderr=subprocess.STDOUT, env=env)
+    if done.returncode != 0:
+        return [f"the noise measurement at the peak lr failed on {target.run_dir} (see its "
+                "noise.log)"]
+    doc = json.loads((target.run_dir / "noise_peak_lr.json").read_text())
+    print(f"== noise (optim={target.optimizer}) at the peak lr, step {doc['step']:,}: the "
+          f"program {fmt_or_dash(doc['b_noise'])}, the online tracker "
+          f"{fmt_or_dash(doc.get('online_b_noise'))} sequences"
+          + {True: " (68% intervals overlap)", False: " (68% intervals do NOT overlap)",
+             None: ""}[doc.get("tracker_agrees")])
+    return []
+
+
+def fmt_or_dash(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
 
 
 def parse_jobs(jobs: str, scale: str) -> int | None:
