@@ -67,3 +67,19 @@ def test_help_says_what_the_command_does_with_units_before_the_config(tmp_path):
     assert "Examples:" in head and "critbatch-train -m train.batch_size=" in head
     assert dump < 45 and "  batch_size: 32" in lines[dump:]  # then Hydra's dump, cpu preset
     assert "torch" not in modules
+
+
+def test_recommend_s_errors_speak_make_variables_through_make():
+    """Bare `make recommend` names WIDTH=, PARAMS=, TOKENS= (GNU make exports MAKELEVEL to its
+    recipes); the command line itself keeps its flags."""
+    script = Path(__file__).resolve().parents[1] / "analysis" / "recommend.py"
+    env = {k: v for k, v in os.environ.items() if k != "MAKELEVEL"}
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=env, timeout=120)
+    via_make = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              env={**env, "MAKELEVEL": "1"}, timeout=120)
+    assert plain.returncode == via_make.returncode == 2
+    assert "--width W or --params N, and --tokens D" in plain.stderr
+    assert via_make.stderr.strip().splitlines() == [
+        "make recommend: say the target: WIDTH=W or PARAMS=N, and TOKENS=D (or VALIDATE=1) "
+        "(make help lists the variables)"]

@@ -51,8 +51,28 @@ def count(text: str) -> float:
     return value
 
 
+# the Makefile's variable for each flag: through `make recommend` errors speak them
+MAKE_VARIABLES = (("--width W", "WIDTH=W"), ("--params N", "PARAMS=N"),
+                  ("--tokens D", "TOKENS=D"), ("--validate", "VALIDATE=1"),
+                  ("--target-loss", "TARGET_LOSS="), ("--optimizer", "OPT="),
+                  ("--peers", "PEERS="), ("--width", "WIDTH="), ("--params", "PARAMS="),
+                  ("--tokens", "TOKENS="))
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors, under `make recommend` (GNU make exports MAKELEVEL to
+    its recipes), name the make variables the user typed rather than the flags."""
+
+    def error(self, message: str):
+        if os.environ.get("MAKELEVEL"):
+            for flag, variable in MAKE_VARIABLES:
+                message = message.replace(flag, variable)
+            self.exit(2, f"make recommend: {message} (make help lists the variables)\n")
+        super().error(message)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("paths", nargs="*", help="sweep folders or run directories")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--width", type=int, help="the target model's width (at the sweep's depth)")
