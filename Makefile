@@ -22,7 +22,8 @@ $(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
-        sweep-schedules sweep-local-cbs report recommend recommend-coverage coverage peers wandb-sync clean data
+        sweep-schedules sweep-local-cbs report recommend recommend-coverage coverage peers docs-results \
+        wandb-sync clean data
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -122,8 +123,11 @@ coverage: install ## do the joint model's 95% intervals and verdict keep their l
 recommend-coverage: install ## how often the answer's 95% intervals hold the planted answer, over WORLDS= planted sweeps (default 50; 3.5 min on 2 cores) [OUT= ARGS=]
 	$(PY) -m critbatch.analysis.recommend.coverage --worlds $(or $(WORLDS),50) $(if $(OUT),--out $(OUT)) $(ARGS)
 
-peers: install ## public sweeps (Step Law, Zhang et al.) from their own files: report, JSON, docs/results/peers.md [PEERS_DIR= OUT= ARGS=]
+peers: install ## public sweeps (Step Law, Zhang et al.) from their own files: report, JSON and figures in OUT= (default runs/peers) [PEERS_DIR= OUT= ARGS=]
 	$(PY) -m critbatch.peers.cli $(if $(PEERS_DIR),--peers-dir $(PEERS_DIR)) $(if $(OUT),--out $(OUT)) $(ARGS)
+
+docs-results: install ## rewrite the tracked results page docs/results/peers.md (and runs/peers) from the public sweeps' files [PEERS_DIR=]
+	$(PY) -m critbatch.peers.cli $(if $(PEERS_DIR),--peers-dir $(PEERS_DIR)) --docs docs/results/peers.md
 
 wandb-sync: install ## upload the offline W&B runs not uploaded yet, under ., runs/ and DIRS="<report folders elsewhere>" (after `wandb login`)
 	@$(PY) -m critbatch.wandb_sync $(DIRS)

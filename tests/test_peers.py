@@ -274,3 +274,19 @@ def test_any_grid_answers_or_stops_in_one_line(sizes, budgets, batches, lrs, bow
         assert "\n" not in str(err)
         return
     assert answer["batch_size"] > 0 and answer["lr"] > 0
+
+
+def test_make_peers_writes_only_where_out_says(monkeypatch):
+    """The tracked page is written only when asked (`--docs`, `make docs-results`): `make
+    peers OUT=<folder>` leaves the clone's tracked files alone."""
+    from critbatch.peers import cli
+
+    calls = []
+    monkeypatch.setattr(cli, "run", lambda *args: calls.append(args))
+    cli.main(["--out", "elsewhere"])
+    cli.main(["--docs", "docs/results/peers.md"])
+    assert calls[0][1] == "elsewhere" and calls[0][2] is None
+    assert calls[1][2] == "docs/results/peers.md"
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    peers_recipe = makefile.split("\npeers:", 1)[1].split("\n\n", 1)[0]
+    assert "--docs" not in peers_recipe and "--docs docs/results/peers.md" in makefile

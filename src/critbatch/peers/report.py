@@ -2,7 +2,8 @@
 
 For each source: find the file (`sources.locate`: PEERS_DIR, else a sha256-checked download
 pinned by commit), analyse it (`steplaw`, `zhang`), and write OUT/peers.md, OUT/peers.json,
-the figures (`plots`), and the same page to docs/results/peers.md with its figures beside it.
+the figures (`plots`), and with `docs` (`make docs-results`) the same page to docs/results/peers.md
+with its figures beside it.
 Step Law's grid also goes through critbatch's own table path (steplaw_table.csv in the
 download cache, never beside the report: the grid has no license) to the joint model, for
 B_crit(L) beside Kaplan's, and to the recommend of a user's sweep.
@@ -110,7 +111,7 @@ def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
     plots.zhang(z, out / plots.ZHANG)
     elapsed = time.perf_counter() - t0
     document = json_clean({"steplaw": step, "zhang": z, "provenance": provenance(
-        grid, boot, peers_dir, elapsed)})
+        grid, boot, peers_dir, elapsed, docs)})
     write_json_atomic(out / JSON_FILE, document)
     text = markdown(document)
     write_text_atomic(out / REPORT_FILE, text)
@@ -128,11 +129,12 @@ def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
     return document
 
 
-def provenance(grid: Path, boot: Path, peers_dir, elapsed: float) -> dict:
+def provenance(grid: Path, boot: Path, peers_dir, elapsed: float, docs=None) -> dict:
     rev = short_revision()
     return {"date": datetime.date.today().isoformat(), "git_revision": rev,
             "elapsed_s": elapsed, "load_average": os.getloadavg()[0],
-            "command": "make peers" + (" PEERS_DIR=<a folder holding the pinned files>"
+            "command": ("make docs-results" if docs else "make peers")
+            + (" PEERS_DIR=<a folder holding the pinned files>"
                                        if peers_dir else ""),
             "files": {s.key: {"url": s.url, "sha256": s.sha256, "license": s.license}
                       for s in (SOURCES["steplaw"], SOURCES["steplaw_bootstrap"])},
