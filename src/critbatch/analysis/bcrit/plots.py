@@ -121,7 +121,7 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
         colors = plt.cm.cividis(np.linspace(0, 0.9, max(1, len(g["pareto"]))))
         for color, p in zip(colors, g["pareto"], strict=False):
             ax.plot(p["tokens"], p["steps"], "o", color=color,
-                    label=f"L*={p['target_loss']:.3f}, B_crit={fmt(p['b_crit'], '.3g')}")
+                    label=f"{p['target_loss']:.3f}: {fmt(p['b_crit'], '.3g')}")
             if p["s_min"] and p["e_min"] and p["s_min"] > 0 and p["e_min"] > 0:
                 b = np.geomspace(min(p["batch_sizes"]) / 3, max(p["batch_sizes"]) * 3, 60)
                 s = p["s_min"] + p["e_min"] / b
@@ -129,6 +129,9 @@ def plot_pareto(groups: list[dict], path: Path) -> None:
         plotting.log_axes(ax, x=True, y=True)
         plotting.label_axes(ax, "tokens E to reach the target loss", "optimizer steps S",
                             g["name"], legend=bool(g["pareto"]))
+        if g["pareto"]:
+            ax.get_legend().set_title("target loss L* (nats/token):\nB_crit (sequences)",
+                                      prop={"size": 7})
     plotting.save_figure(fig, path)
 
 
