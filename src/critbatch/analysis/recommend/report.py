@@ -75,9 +75,16 @@ def answer_lines(doc: dict) -> list[str]:
     lr = f"lr {lr_range(doc['lr'], doc['lr_low'], doc['lr_high'])}"
     if doc.get("beta2") is not None:
         lr += f", AdamW beta2 {doc['beta2']:.4g}"
+    low, high = doc["batch_low"], doc["batch_high"]
+    interval = fmt_range(low, high, ",.0f")
+    if low is not None and not low <= doc["batch_size"] <= high:
+        # the interval is the largest batch within the promise's; the answer is kept below it
+        interval = (f" (below{interval}, the 95% interval of the largest batch within the "
+                    "promise: kept below it so that the promise holds over the refits and "
+                    "leaves room for the lr's miss)")
     lines.append(
         f"{prefix}batch {batch_words(doc['batch_size'], doc['seq_len'])}"
-        f"{fmt_range(doc['batch_low'], doc['batch_high'], ',.0f')} at {lr}, for {size} on "
+        f"{interval} at {lr}, for {size} on "
         f"{count_words(doc['tokens'])} tokens ({doc['steps']:,} steps)")
     loss = ("" if doc.get("predicted_loss") is None else
             f"; predicted loss {doc['predicted_loss']:.4f}"
@@ -216,7 +223,7 @@ def plot(docs: list[dict], fitted: dict[str, engine.Fitted], path: Path) -> None
         for color, c in zip(colors, near, strict=False):
             b, loss = c.profile()
             ax.plot(b, loss - c.best, "s-", color=color, ms=3, lw=0.8,
-                    label=f"measured {c.params:.3g} params, {c.tokens:.3g} tokens")
+                    label=f"measured: N {count_words(c.params)}, D {count_words(c.tokens)}")
         rows = doc.get("candidates") or []
         if fit.route == engine.ROUTE_B_CRIT and rows:
             b = [r["batch_size"] for r in rows]
@@ -224,10 +231,10 @@ def plot(docs: list[dict], fitted: dict[str, engine.Fitted], path: Path) -> None
             ax.plot(b, [r["predicted_loss"] - best for r in rows], "-o", color="k", ms=3,
                     label="predicted at the target")
         ax.axhline(doc["loss_given_up"], color="tab:red", lw=0.8, ls=":",
-                   label=f"promised: {doc['loss_given_up']:.4f} nats/token given up")
+                   label=f"promise: {doc['loss_given_up']:.4f} nats/token")
         if doc["batch_low"] is not None:
             ax.axvspan(doc["batch_low"], doc["batch_high"], color="tab:red", alpha=0.12,
-                       label="95% interval of the batch")
+                       label="95%: largest batch within")
         ax.axvline(doc["batch_size"], color="tab:red",
                    label=f"answer: {doc['batch_size']:,.0f} sequences")
         ax.axvline(doc["loss_optimal_batch"], color="tab:blue", ls="--",
@@ -257,7 +264,7 @@ def validation_plot(cases: dict[str, list[dict]], cells: dict[str, list[GridCell
                    label=f"promised: {a['loss_given_up']:.4f} nats/token")
         if a["batch_low"] is not None:
             ax.axvspan(a["batch_low"], a["batch_high"], color="tab:red", alpha=0.12,
-                       label="95% interval of the batch")
+                       label="95%: largest batch within")
         ax.axvline(a["batch_size"], color="tab:red",
                    label=f"answer {a['batch_size']:,.0f}: gives up {m['loss_given_up']:.4f}")
         ax.axvline(m["measured_largest_within"], color="tab:green", ls="--",
