@@ -133,6 +133,9 @@ def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
     rows = json.loads((tmp_path / "val" / peers_recommend.JSON_FILE).read_text())["validation"]
     assert len(rows) == 1 + len(SIZES) and all("formula" in r for r in rows)
     assert all(r["measured"]["checks"]["promise_kept"] for r in rows)
+    # the answer's plot and the held-out cases' plot, as for a sweep of one's own
+    for folder in ("rec", "val"):
+        assert (tmp_path / folder / "recommend.png").stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -13,7 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from critbatch.analysis.recommend import engine
-from critbatch.analysis.recommend.report import answer_lines, validation_lines
+from critbatch.analysis.recommend.report import (
+    PLOT_FILE,
+    answer_lines,
+    plot,
+    validation_lines,
+    validation_plot,
+)
 from critbatch.analysis.render import json_clean
 from critbatch.peers import steplaw
 from critbatch.peers.sources import SOURCES, locate
@@ -40,13 +46,20 @@ def answer(source: str, params: float, tokens: float, promise: Promise,
            peers_dir: str | None = None, cache: str | None = None,
            resamples: int | None = None) -> dict:
     """The answer document for (params, tokens) from the public grid `source`."""
+    return answer_and_fit(source, params, tokens, promise, peers_dir, cache, resamples)[0]
+
+
+def answer_and_fit(source: str, params: float, tokens: float, promise: Promise,
+                   peers_dir: str | None = None, cache: str | None = None,
+                   resamples: int | None = None) -> tuple[dict, engine.Fitted]:
+    """`answer`, and the engine's fit it came from (for the plot)."""
     cells, published = load(source, peers_dir, cache)
     fitted = engine.fit(cells, promise, steplaw.SEQ_LEN, resamples=resamples)
     doc = {"grid": source, **engine.answer(fitted, params, tokens)}
     doc["steplaw_formula"] = steplaw.formula(published, params, tokens)
     doc["units"] = ("batch in sequences of 2,048 tokens; loss in nats/token on the grid's "
                     "corpus and tokenizer; intervals: 95% prediction intervals")
-    return doc
+    return doc, fitted
 
 
 def formula_of(published: dict):
@@ -56,20 +69,22 @@ def formula_of(published: dict):
 def run(source: str, params: float | None, tokens: float | None, promise: Promise,
         peers_dir: str | None, cache: str | None, out: str | None, json_file: str | None,
         do_validate: bool) -> dict:
+    folder = Path(out or f"runs/peers/recommend-{source}")
+    folder.mkdir(parents=True, exist_ok=True)
     if do_validate:
         cells, published = load(source, peers_dir, cache)
         rows = engine.validate(cells, promise, steplaw.SEQ_LEN, formula=formula_of(published))
         doc = {"grid": source, "validation": rows,
                "summary": engine.validation_summary(rows)}
         lines = validation_lines(source, rows)
+        validation_plot({source: rows}, {source: cells}, folder / PLOT_FILE)
     else:
-        doc = answer(source, params, tokens, promise, peers_dir, cache)
+        doc, fitted = answer_and_fit(source, params, tokens, promise, peers_dir, cache)
         f = doc["steplaw_formula"]
         lines = answer_lines(doc) + [f"  Step Law's formula: batch {f['batch_size']:,.0f}, "
                                      f"lr {f['lr']:.3g}"]
+        plot([doc], {source: fitted}, folder / PLOT_FILE)
     doc = json_clean(doc)
-    folder = Path(out or f"runs/peers/recommend-{source}")
-    folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / JSON_FILE, doc)
     write_text_atomic(folder / REPORT_FILE, "```\n" + "\n".join(lines) + "\n```\n")
     if json_file:

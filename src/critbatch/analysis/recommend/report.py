@@ -47,6 +47,11 @@ def fmt_range(low, high, spec: str = ".4g") -> str:
     return "" if low is None or high is None else f" [{low:{spec}}, {high:{spec}}]"
 
 
+def short(x: float) -> str:
+    """A count in 2 significant digits, 1.1e9 rather than 1.1e+09 (legends)."""
+    return f"{x:.2g}".replace("e+0", "e").replace("e+", "e")
+
+
 def count_words(x: float) -> str:
     """A large count as 3 significant digits, 1e9 rather than 1e+09."""
     return f"{x:.3g}".replace("e+0", "e").replace("e+", "e")
@@ -223,7 +228,7 @@ def plot(docs: list[dict], fitted: dict[str, engine.Fitted], path: Path) -> None
         for color, c in zip(colors, near, strict=False):
             b, loss = c.profile()
             ax.plot(b, loss - c.best, "s-", color=color, ms=3, lw=0.8,
-                    label=f"measured: N {count_words(c.params)}, D {count_words(c.tokens)}")
+                    label=f"measured: N {short(c.params)}, D {short(c.tokens)}")
         rows = doc.get("candidates") or []
         if fit.route == engine.ROUTE_B_CRIT and rows:
             b = [r["batch_size"] for r in rows]
