@@ -19,7 +19,8 @@ batch (critbatch's sweeps) from the joint model's B_crit(L); the answer says whi
 whether the law it rests on is resolved. Intervals are 95%, from refits of the whole choice.
 --validate holds out each size's largest budget (and, with three sizes, the largest model)
 in turn and scores the answer on the held-out runs. Writes recommend.md, recommend.json and
-recommend.png to --out (default: <sweep dir>/report) and logs them to W&B (offline by
+recommend.png to --out (default: <sweep dir>/report; beside a --table; for --peers
+runs/peers/recommend-<grid>) and logs them to W&B (offline by
 default). --peers steplaw answers from Step Law's public grid alone (Li et al. 2025), the
 same engine on its runs, for users with no sweep of their own: its file is read from
 --peers-dir (or $PEERS_DIR) or downloaded at a pinned commit and checked by sha256. The work
@@ -91,7 +92,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--target-loss", type=count, help="also: steps and tokens of each "
                         "batch to reach this loss (nats/token)")
     parser.add_argument("--json", dest="json_file", help="also write the answer to this file")
-    parser.add_argument("--out", help="report folder (default: <sweep dir>/report)")
+    parser.add_argument("--out", help="report folder (default: <sweep dir>/report; with "
+                                      "--table grid.csv, grid-report beside the table; with "
+                                      "--from-wandb E/P, runs/wandb/E_P/<group or all>/report; "
+                                      "with --peers G, runs/peers/recommend-G)")
     parser.add_argument("--table", action="append", metavar="FILE",
                         help="read runs from a .csv or .jsonl table (with a params column "
                              "for several model sizes) instead of run directories")
