@@ -20,7 +20,7 @@ BIN = Path(sys.executable).parent  # .venv/bin: where `pip install -e .` put the
 
 def test_every_job_has_a_command():
     for name in ("train", "sweep", "report", "fit", "recommend", "stability", "schedules",
-                 "branch-check", "local-cbs"):
+                 "branch-check", "local-cbs", "peers", "noise"):
         assert f"critbatch-{name}" in SCRIPTS, name
     assert SCRIPTS["critbatch-report"] == "critbatch.report:main"
     for script in ANALYSIS_SCRIPTS:  # each analysis/<name>.py is a study's command: one main()
