@@ -281,3 +281,25 @@ def test_wandb_runs_of_every_job_type_but_analysis(tmp_path, monkeypatch):
     again = tables.read_table(tmp_path / "wandb.jsonl")[0]
     assert [r["run_dir"] for r in again] == [r["run"] for r in rows]
     assert all(math.isclose(a["val_loss"], r["loss"]) for a, r in zip(again, rows, strict=True))
+
+
+def test_a_table_s_warnings_speak_of_rows_not_of_a_sweep_s_config(tmp_path, capsys):
+    """Every fix a sweep's warning gets has a table counterpart that names rows and columns,
+    never `grid.*` or `train.*` keys; a thin table's printed warnings and report hold none."""
+    from critbatch.analysis import render
+    from critbatch.analysis.bcrit.cli import main
+
+    assert [p for p, _ in render.TABLE_WARNING_FIXES] == [p for p, _ in render.WARNING_FIXES]
+    assert not any("grid." in fix or "train." in fix for _, fix in render.TABLE_WARNING_FIXES)
+    table = tmp_path / "runs.csv"
+    table.write_text("batch_size,seq_len,tokens,loss,lr,warmup_steps\n"
+                     "8,64,32000,4.6,1e-3,100\n8,64,64000,4.4,1e-3,100\n8,64,128000,4.3,1e-3,100\n"
+                     "8,64,128000,4.5,2e-3,100\n16,64,64000,4.5,1e-3,100\n"
+                     "16,64,128000,4.4,1e-3,100\n")
+    main(["--table", str(table), "--out", str(tmp_path / "out"), "--wandb", "disabled"])
+    printed = capsys.readouterr().out
+    report = (tmp_path / "out" / "report.md").read_text()
+    warnings = report.split("## Warnings", 1)[1]
+    assert "warmup" in warnings and "a second seed (a seed column)" in warnings
+    assert "grid." not in warnings and "`train." not in warnings
+    assert "grid." not in printed and "`train." not in printed

@@ -143,8 +143,24 @@ def warning_kind(warning: str) -> str:
     return re.sub(r"[-+]?\d[\d,._e+-]*", "#", text).split(";")[0].split(" (")[0]
 
 
-def warning_fix(kind_warnings: list[str]) -> str | None:
-    for phrase, fix in WARNING_FIXES:
+# The same fixes for a results table (`--table`), whose user has rows, not a sweep's config
+TABLE_WARNING_FIXES = (
+    ("best lr on the high edge", "add rows at a larger lr for that batch and budget (the lr "
+     "column), so that its best lr lies inside the lrs tried"),
+    ("best lr on the low edge", "add rows at a smaller lr for that batch and budget (the lr "
+     "column), so that its best lr lies inside the lrs tried"),
+    ("warmup steps", "add rows of longer runs at those batch sizes (more steps than 3x their "
+     "warmup_steps), or leave such rows out"),
+    ("reaches a lower loss than the baseline", "`--baseline-batch auto` (the most "
+     "token-efficient batch as the baseline)"),
+    ("extrapolated beyond the baseline's budgets", "add rows of the baseline batch at smaller "
+     "and larger token budgets"),
+    ("diverged", "add rows at smaller lrs for that batch, or leave the diverged rows out"),
+)
+
+
+def warning_fix(kind_warnings: list[str], fixes: tuple = WARNING_FIXES) -> str | None:
+    for phrase, fix in fixes:
         if phrase in kind_warnings[0]:
             named = {o for w in kind_warnings for o in ("adamw", "muon") if f" {o}" in w}
             return fix.format(optimizer=named.pop() if len(named) == 1 else "<optimizer>")
@@ -159,26 +175,26 @@ def warning_kinds(warnings: list[str]) -> list[tuple[str, list[str]]]:
     return sorted(kinds.items(), key=lambda kv: -len(kv[1]))
 
 
-def warning_lines(warnings: list[str]) -> list[str]:
+def warning_lines(warnings: list[str], fixes: tuple = WARNING_FIXES) -> list[str]:
     """What a script prints: one line per kind, counted, with its first instance and fix."""
     out = []
     for _, members in warning_kinds(warnings):
-        fix = warning_fix(members)
+        fix = warning_fix(members, fixes)
         count = f" ({len(members)} like it; all in report.md)" if len(members) > 1 else ""
         out.append(f"warning: {members[0]}{count}" + (f"; fix: {fix}" if fix else ""))
     return out
 
 
-def warnings_section(warnings: list[str]) -> list[str]:
+def warnings_section(warnings: list[str], fixes: tuple = WARNING_FIXES) -> list[str]:
     """Every warning, grouped by kind (counted, the most frequent first), each kind with
-    the override that fixes it where one does."""
+    the override (or, for a table, the rows) that fixes it where one does."""
     if not warnings:
         return ["## Warnings", "", "None."]
     kinds = warning_kinds(warnings)
     lines = ["## Warnings", "", f"{len(warnings)} warning(s) of {len(kinds)} kind(s), the most "
              "frequent first.", ""]
     for kind, members in kinds:
-        fix = warning_fix(members)
+        fix = warning_fix(members, fixes)
         if len(members) == 1 and not fix:
             lines.append(f"- {members[0]}")
             continue
@@ -417,7 +433,7 @@ def run_study(study: Study, load: Callable[[], dict], inputs: list[str], out_dir
           f"{len(result['left_out'])} left out", flush=True)
     for line in study.summary_lines(result):
         print(line)
-    for line in warning_lines(result["warnings"]):
+    for line in warning_lines(result["warnings"], result.get("warning_fixes", WARNING_FIXES)):
         print(line)
     print(f"report: {out_dir / 'report.md'} ({time.perf_counter() - t0:.1f} s)", flush=True)
     return {"out": out_dir, "result": result, "document": document}

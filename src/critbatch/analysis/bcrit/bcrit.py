@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from critbatch.analysis import render
 from critbatch.analysis.bcrit.best_lr import (
     BUDGET_TOLERANCE,
     GROUP_KEYS,
@@ -74,6 +75,8 @@ class FixHints:
     pareto: str  # several budgets at a second batch size: a Pareto frontier
     lr: str  # an lr grid per batch size with its optimum inside: the lr-scaling law
     losses: str  # B_crit at several losses: Kaplan's law
+    seeds: str  # a second seed of the baseline: the seed noise the joint model weighs by
+    warning_fixes: tuple | None = None  # `render.TABLE_WARNING_FIXES` for a table
 
 
 SWEEP_HINTS = FixHints(
@@ -85,7 +88,8 @@ SWEEP_HINTS = FixHints(
     pareto="run `make sweep-batch` (with train.schedule=wsd and "
            "train.branch_budgets=[0.125,0.25,0.5] every batch size gets four budgets)",
     losses="run `make sweep-batch` (its cooldown branches give every batch size four budgets, "
-           "so B_crit at several losses)")
+           "so B_crit at several losses)",
+    seeds="train the baseline at two seeds for the seed noise (`grid.baseline_seeds`)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -557,9 +561,10 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
                             [p for p in noise if p["kind"] == "b_noise" and "loss" in p], online)
     points = one_corpus(groups, points, warnings)
     kaplan = kaplan_fits(points, warnings, hints.losses)
-    joint, joint_rows = joint_fits(out_groups, warnings)  # every cell at once: analysis.joint
+    joint, joint_rows = joint_fits(out_groups, warnings, hints.seeds)  # analysis.joint
     edge_cells = lr_edge_cells(out_groups)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
+            "warning_fixes": hints.warning_fixes or render.WARNING_FIXES,
             "warnings": warnings,
             "fits": {"per_run": per_run, "pareto": pareto, "kaplan": kaplan + joint_rows,
                      "kaplan_points": points, "lr_scaling": lr_scaling, "warnings": warnings,

@@ -452,6 +452,7 @@ def report_markdown(result: dict, inputs: list[str], plots: dict[str, str],
               "batch sizes below the largest (Adam expected 0.5 <= k <= 1).", "",
               lr_scaling_table(fits["lr_scaling"]), ""]
     lines += render.plots_section(plots, PLOTS)
-    lines += render.warnings_section(result["warnings"])
+    lines += render.warnings_section(result["warnings"],
+                                     result.get("warning_fixes", render.WARNING_FIXES))
     return "\n".join(lines) + "\n"
 

@@ -66,6 +66,7 @@ from pathlib import Path
 
 from critbatch.analysis.bcrit.bcrit import FixHints
 from critbatch.analysis.bcrit.best_lr import UNKNOWN_OPTIMIZER, group_key, model_name
+from critbatch.analysis.render import TABLE_WARNING_FIXES
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_text_atomic
 from critbatch.results.runs import (
@@ -154,7 +155,10 @@ TABLE_HINTS = FixHints(
     lr="add rows at three learning rates or more per batch size (an lr column), so that each "
        "best lr lies inside its grid",
     losses="add steps-to-target rows at several target losses (or run rows at more budgets) "
-           "for B_crit across losses")
+           "for B_crit across losses",
+    seeds="add rows of the smallest batch at a second seed (a seed column) for the seed "
+          "noise",
+    warning_fixes=TABLE_WARNING_FIXES)
 
 
 # ---------------------------------------------------------------------------------------------

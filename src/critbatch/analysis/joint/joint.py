@@ -477,8 +477,11 @@ def progress(what: str):
     return step
 
 
-def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict]]:
-    """({optimizer: the joint model's document}, its Kaplan rows: method `joint`)."""
+def joint_fits(groups: list[dict], warnings: list[str],
+               seeds_hint: str = "train the baseline at two seeds for the seed noise"
+               ) -> tuple[dict, list[dict]]:
+    """({optimizer: the joint model's document}, its Kaplan rows: method `joint`);
+    `seeds_hint` says how to add seeds in the words of the input."""
     documents, rows = {}, []
     for optimizer, mine in comparable_groups(groups).items():
         sharing, shared = sharing_of(mine)
@@ -486,7 +489,7 @@ def joint_fits(groups: list[dict], warnings: list[str]) -> tuple[dict, list[dict
         if data is None:
             warnings.append(f"joint model ({optimizer}): {len(used)} usable cells, it needs "
                             f"{MIN_CELLS}" + (f" ({'; '.join(notes)})" if notes else "")
-                            + "; train the baseline at two seeds for the seed noise")
+                            + f"; {seeds_hint}")
             continue
         seq_len = mine[0]["key"]["seq_len"]
         step = progress(f"joint model ({optimizer}), {len(used)} cells")
