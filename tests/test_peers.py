@@ -83,6 +83,12 @@ def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_pa
                for v in doc["steplaw"]["validation"])
     assert "### The answer held out in turn" in page
     assert "Step Law: critbatch" in capsys.readouterr().out
+    # the page opens with what agrees, what does not and what to take, from the numbers
+    summary = page.split("## Summary", 1)[1].split("## Step Law", 1)[0]
+    assert "**What agrees.**" in summary and "**What to take from it.**" in summary
+    v = saved["steplaw"]["validation_summary"]
+    assert (f"in {v['promise_kept']['passed']} of {v['promise_kept']['of']} cases"
+            in summary)
 
 
 def test_the_grid_as_a_table_goes_through_the_joint_model_and_gives_the_same_answer(

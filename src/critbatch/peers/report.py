@@ -350,6 +350,7 @@ def markdown(doc: dict) -> str:
         "below comes from the sources' own files, read unchanged (sha256 in peers.json); "
         "intervals are 95%.",
         "",
+        *summary_section(doc),
         "## Step Law (Li et al. 2025): the dense grid",
         "",
         f"{step['runs']} runs, {len(step['cells'])} (N, D) cells: 215M-1.07B non-embedding "
@@ -451,6 +452,52 @@ def markdown(doc: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def summary_section(doc: dict) -> list[str]:
+    """The page's opening: what agrees with the papers, what does not, what to take."""
+    step, z = doc["steplaw"], doc["zhang"]
+    rows = exponent_rows(step)
+    agree = [r[0] for r in rows if r[4] == "yes"]
+    pub, rule = step["published"], step.get("steplaw_rule") or {}
+    off = [(name, rule[key]["value"], pub[key]["interval"]) for name, key in (
+        ("the lr's size exponent", "lr_size_exponent"),
+        ("the lr's budget exponent", "lr_budget_exponent"),
+        ("B_opt's budget exponent", "batch_budget_exponent"))
+        if rule.get(key) and not pub[key]["interval"][0] <= rule[key]["value"]
+        <= pub[key]["interval"][1]]
+    v = step["validation_summary"]
+    cbs = z["cbs_law"]
+    worst = max(max(abs(s["s_min_rel_diff"]), abs(s["e_min_rel_diff"])) for s in z["sizes"])
+    holds = cbs["beta_boot_low"] <= cbs["published_beta"] <= cbs["beta_boot_high"]
+    lines = ["## Summary", "",
+             f"- **What agrees.** critbatch's intervals, fitted from the public file, overlap "
+             f"Step Law's published ones in {len(agree)} of the {len(rows)} comparisons below. "
+             "Zhang et al.'s S_min and E_min per model are reproduced within "
+             f"{100 * worst:.2f}%, and their CBS exponent {cbs['beta']:.3f} "
+             f"[{cbs['beta_boot_low']:.3f}, {cbs['beta_boot_high']:.3f}] "
+             + ("holds" if holds else "does not hold")
+             + f" the published {cbs['published_beta']:.3f}."]
+    if off:
+        lines.append("- **What does not.** Step Law's own selection rule applied to this public "
+                     "file gives " + "; ".join(
+                         f"{name} {value:.3f}, outside the published [{lo:.3f}, {hi:.3f}]"
+                         for name, value, (lo, hi) in off)
+                     + ": the public file alone does not reproduce it (it holds "
+                     f"{step['runs']:,} runs of the paper's larger set). Zhang et al.'s CBS "
+                     f"law rests on a constant offset: without it B_crit grows as N^"
+                     f"{z['b_crit_law']['beta']:.3f}.")
+    lines += [f"- **What to take from it.** Asked for each held-out budget and size, "
+              f"`make recommend PEERS=steplaw` kept its promise (at most 10% more compute) in "
+              f"{v['promise_kept']['passed']} of {v['promise_kept']['of']} cases and its "
+              f"interval held the measured batch in {v['interval_holds']['passed']} of "
+              f"{v['interval_holds']['of']}; its loss-optimal answer gave up a median "
+              f"{v['median_loss_optimal_given_up']:.4f} nats/token, Step Law's formula "
+              f"{fmt(v['median_formula_given_up'], '.4f')}. Batch and lr carry over to "
+              "another corpus better than the loss does: use the grid for the batch and lr of a "
+              "run near its sizes (215M-1.07B parameters, 4B-100B tokens), and a sweep of "
+              "your own for anything else.", ""]
+    return lines
 
 
 def summary_lines(doc: dict) -> str:
