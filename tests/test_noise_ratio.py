@@ -130,3 +130,27 @@ def test_one_b_noise_curve_across_widths_is_found_and_a_shifted_width_is_not():
     ratios = {row["width"]: row["ratio"]["ratio"] for row in shifted["widths"]}
     assert ratios[64] / ratios[128] == pytest.approx(2.0, rel=0.1)
     assert width_curves(widths_readings({64: 1.0}), doc()) is None
+
+
+def test_each_width_s_b_crit_is_predicted_from_the_other_widths_ratio():
+    """Calibrated on two widths, the third's B_noise predicts its B_crit: within the interval
+    where B_noise(L) is one curve, outside it for a width whose B_noise is twice as large."""
+    same = width_curves(widths_readings({64: 1.0, 96: 1.0, 128: 1.0}), doc(), resamples=400)
+    assert [h["width"] for h in same["held_out"]] == [64, 96, 128]
+    for h in same["held_out"]:
+        assert h["within"] and h["low"] < h["measured"] < h["high"]
+        assert h["measured"] == pytest.approx(B_STAR * h["loss"] ** -GAMMA)
+        assert h["measured_from"] == "the law the widths share"
+    shifted = width_curves(widths_readings({64: 1.0, 96: 1.0, 128: 2.0}), doc(), resamples=400)
+    wide = {h["width"]: h for h in shifted["held_out"]}
+    assert not wide[128]["within"] and wide[128]["measured"] < wide[128]["low"]
+    assert wide[128]["predicted"] == pytest.approx(2 * wide[128]["measured"], rel=0.15)
+    # a per-width law from the loss-alone test is the measured side where there is one
+    own = doc()
+    own.update(widths=["width 64 depth 2", "width 96 depth 2", "width 128 depth 2"],
+               loss_alone={"per_width_b_star": [B_STAR, B_STAR, 2 * B_STAR],
+                           "per_width_exponents": [GAMMA] * 3})
+    fitted = width_curves(widths_readings({64: 1.0, 96: 1.0, 128: 1.0}), own, resamples=400)
+    last = fitted["held_out"][-1]
+    assert last["measured"] == pytest.approx(2 * B_STAR * last["loss"] ** -GAMMA)
+    assert last["measured_from"].startswith("its own law")

@@ -268,6 +268,16 @@ def noise_ratio_section(ratios: dict) -> list[str]:
                   "its runs; one curve: no pair of widths differs, Bonferroni):", "",
                   md_table(["optimizer", "loss (nats/token)", "B_noise (sequences) [95%]",
                             "one curve?"], widths), ""]
+    held = [[opt, str(h["width"]), ", ".join(map(str, h["ratio_from"])),
+             fmt_interval(h["predicted"], h["low"], h["high"], ".3g"),
+             f"{h['measured']:.3g} ({h['measured_from']})", "yes" if h["within"] else "no"]
+            for opt, r in ratios.items() for h in (r.get("widths") or {}).get("held_out", [])]
+    if held:
+        lines += ["Each width held out: the ratio calibrated on the others times its own "
+                  "B_noise predicts its B_crit at that loss (95%), against the joint model's:",
+                  "", md_table(["optimizer", "width", "ratio from widths",
+                                "predicted B_crit (sequences) [95%]", "measured", "within?"],
+                               held), ""]
     return lines
 
 

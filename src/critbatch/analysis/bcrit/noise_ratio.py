@@ -167,7 +167,8 @@ def width_curves(readings: list[dict], doc: dict | None, seed: int = 0,
     width's runs; `one_curve`: no pair of widths differs there (each pair's difference of
     ln B_noise has a 95%/pairs interval holding 0; Bonferroni), False where one pair does,
     None without two widths of two runs each that share losses. Each width also gets its
-    own `noise_ratio` against the joint law (B_crit's ratio across widths)."""
+    own `noise_ratio` against the joint law (B_crit's ratio across widths), and with three
+    widths or more each is predicted from the others (`held_out_widths`)."""
     by_width: dict = {}
     for r in readings:
         by_width.setdefault(r.get("width"), []).append(r)
@@ -178,7 +179,7 @@ def width_curves(readings: list[dict], doc: dict | None, seed: int = 0,
         return None
     lo = max(min(r["val_loss"] for r in rows) for rows in usable.values())
     hi = min(max(r["val_loss"] for r in rows) for rows in usable.values())
-    out = {"common_loss": None, "one_curve": None, "pairs": [], "widths": []}
+    out = {"common_loss": None, "one_curve": None, "pairs": [], "widths": [], "held_out": []}
     rng = np.random.default_rng(seed)
     draws = {}
     for w, rows in sorted(usable.items()):
@@ -206,6 +207,48 @@ def width_curves(readings: list[dict], doc: dict | None, seed: int = 0,
         out["pairs"].append({"widths": [a, b], "log_ratio_low": float(d_lo),
                              "log_ratio_high": float(d_hi), "differs": bool(d_lo > 0 or d_hi < 0)})
     out["one_curve"] = not any(p["differs"] for p in out["pairs"])
+    out["held_out"] = held_out_widths(usable, doc, out["common_loss"], rng, resamples)
+    return out
+
+
+def measured_b_crit(doc: dict, width, loss: float) -> tuple[float, str]:
+    """B_crit of one width at `loss` (sequences) from the joint model: its own law where the
+    loss-alone test fitted one per width, else the law the widths share."""
+    test = doc.get("loss_alone") or {}
+    labels = [str(label).split()[1] if str(label).startswith("width ") else None
+              for label in doc.get("widths", [])]
+    if test.get("per_width_b_star") and str(width) in labels:
+        i = labels.index(str(width))
+        return (test["per_width_b_star"][i] * loss ** -test["per_width_exponents"][i],
+                "its own law (the loss-alone test's per-width fit)")
+    b_star, gamma = law_of(doc)
+    return b_star * loss**-gamma, "the law the widths share"
+
+
+def held_out_widths(usable: dict, doc: dict | None, loss: float, rng,
+                    resamples: int) -> list[dict]:
+    """Each width held out in turn: the ratio calibrated on the other widths' readings times
+    the held-out width's B_noise at `loss` predicts its B_crit there (95%: the ratio's
+    bootstrap and the width's B_noise, combined in log), against the B_crit the joint model
+    measured for it (`measured_b_crit`). Needs two other widths and a law."""
+    if doc is None or doc.get("exponent") is None or len(usable) < 3:
+        return []
+    out = []
+    for w, rows in sorted(usable.items()):
+        others = [r for v, rr in usable.items() if v != w for r in rr]
+        ratio = noise_ratio(others, doc, seed=0, resamples=resamples // 4)
+        if ratio["ratio"] is None:
+            continue
+        noise = curve_draws(rows, math.log(loss), rng, resamples)
+        sd = math.hypot(math.log(ratio["high"] / ratio["low"]) / (2 * 1.959964),
+                        float(np.std(noise)))
+        centre = ratio["ratio"] * float(np.exp(np.median(noise)))
+        low, high = centre * math.exp(-1.959964 * sd), centre * math.exp(1.959964 * sd)
+        measured, source = measured_b_crit(doc, w, loss)
+        out.append({"width": w, "loss": loss, "predicted": centre, "low": low, "high": high,
+                    "ratio_from": sorted(v for v in usable if v != w),
+                    "measured": measured, "measured_from": source,
+                    "within": bool(low <= measured <= high)})
     return out
 
 
