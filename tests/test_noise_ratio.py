@@ -154,3 +154,15 @@ def test_each_width_s_b_crit_is_predicted_from_the_other_widths_ratio():
     last = fitted["held_out"][-1]
     assert last["measured"] == pytest.approx(2 * B_STAR * last["loss"] ** -GAMMA)
     assert last["measured_from"].startswith("its own law")
+
+
+def test_the_report_section_shows_the_ratio_the_widths_and_the_held_out_widths():
+    from critbatch.analysis.bcrit.markdown import noise_ratio_section
+
+    rows = widths_readings({64: 1.0, 96: 1.0, 128: 1.0})
+    ratio = {**noise_ratio(rows, doc(), resamples=200),
+             "widths": width_curves(rows, doc(), resamples=200)}
+    text = "\n".join(noise_ratio_section({"adamw": ratio, "muon": noise_ratio([], doc())}))
+    assert "| adamw | " in text and "no peak-lr reading" in text
+    assert "one curve?" in text and "predicted B_crit (sequences) [95%]" in text
+    assert text.count("| adamw | 64 |") == 1
