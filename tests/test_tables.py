@@ -106,8 +106,10 @@ def test_cli_export_table_and_report_from_it(tmp_path):
     truth = SyntheticTruth()
     rows = [r for r in fits["per_run"] if r["b_crit"]]
     assert rows and all(r["group"] == "synthetic V2048 T64 w64 d2 adamw" for r in rows)
-    for r in rows:  # the planted world's B_crit
-        assert r["b_crit"] == pytest.approx(truth.b_crit, rel=0.35)
+    # the planted world's B_crit: recovered within 1.2% (2026-12-06); 5% still fails a
+    # per-run B_crit off by 30% (the fault this guards)
+    for r in rows:
+        assert r["b_crit"] == pytest.approx(truth.b_crit, rel=0.05)
 
 
 # ---------------------------------------------------------------------------------------------
