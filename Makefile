@@ -110,7 +110,7 @@ report: install ## re-run the analyses of every sweep under runs/ (no training)
 
 comma := ,
 recommend: install ## batch and lr for a bigger run from your sweep, or PEERS=steplaw from a public grid [RUNS= WIDTH=|PARAMS= TOKENS= OPT= OVERHEAD=|TOLERANCE= TARGET_LOSS= JSON= OUT= VALIDATE=1 PEERS= PEERS_DIR=]
-	$(PY) analysis/recommend.py $(RUNS) $(if $(WIDTH),--width $(WIDTH)) \
+	CRITBATCH_VIA_MAKE=recommend $(PY) analysis/recommend.py $(RUNS) $(if $(WIDTH),--width $(WIDTH)) \
 	  $(if $(PARAMS),--params $(PARAMS)) $(if $(TOKENS),--tokens $(TOKENS)) \
 	  $(if $(findstring $(comma),$(OPT)),,--optimizer $(OPT)) $(if $(OVERHEAD),--overhead $(OVERHEAD)) \
 	  $(if $(TOLERANCE),--tolerance $(TOLERANCE)) $(if $(TARGET_LOSS),--target-loss $(TARGET_LOSS)) \

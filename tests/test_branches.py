@@ -22,7 +22,9 @@ from critbatch.training.loop import train, train_with_branches
 TIMING_KEYS = {"wall_time_s", "tokens_per_s", "tokens_per_s_with_warmup", "warmup_s",
                "resumed_at", "checkpoint_saves", "checkpoint_time_s", "wandb_run_id",
                "git_revision"}
-BRANCH_KEYS = {"branch_of", "branch_at_tokens", "overrides", "curve"}
+# a branch keeps its trunk's peak-lr noise readings (taken at the trunk's fractions of its
+# constant phase), a separate run reads at its own: both are the tracker at the peak lr
+BRANCH_KEYS = {"branch_of", "branch_at_tokens", "overrides", "curve", "noise_readings"}
 
 # 40 steps of 8 x 32 tokens; branches of 10 and 20 steps fork at steps 8 and 16
 BRANCHED = ["train.schedule=wsd", "train.branch_budgets=[0.25,0.5]", "train.batch_size=8",

@@ -70,14 +70,15 @@ def test_help_says_what_the_command_does_with_units_before_the_config(tmp_path):
 
 
 def test_recommend_s_errors_speak_make_variables_through_make():
-    """Bare `make recommend` names WIDTH=, PARAMS=, TOKENS= (GNU make exports MAKELEVEL to its
-    recipes); the command line itself keeps its flags."""
+    """Bare `make recommend` names WIDTH=, PARAMS=, TOKENS= (its recipe sets
+    CRITBATCH_VIA_MAKE=recommend); the command line itself keeps its flags, also when run from
+    some other make recipe (MAKELEVEL set, as under `make test`)."""
     script = Path(__file__).resolve().parents[1] / "analysis" / "recommend.py"
-    env = {k: v for k, v in os.environ.items() if k != "MAKELEVEL"}
+    env = {k: v for k, v in os.environ.items() if k != "CRITBATCH_VIA_MAKE"} | {"MAKELEVEL": "1"}
     plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                            env=env, timeout=120)
     via_make = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              env={**env, "MAKELEVEL": "1"}, timeout=120)
+                              env={**env, "CRITBATCH_VIA_MAKE": "recommend"}, timeout=120)
     assert plain.returncode == via_make.returncode == 2
     assert "--width W or --params N, and --tokens D" in plain.stderr
     assert via_make.stderr.strip().splitlines() == [

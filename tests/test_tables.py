@@ -215,6 +215,13 @@ def test_sweep_folders_keep_their_sweep_hints(tmp_path):
      ["row 1", "no column steps"]),
     ("negative.jsonl", '\n{"batch_size": 16, "seq_len": 512, "target_loss": 3.0, '
      '"steps": -4}\n', ["row 2", "column steps", "not a positive number"]),
+    ("schedule.csv", "batch_size,seq_len,tokens,loss,schedule\n16,512,1000000,3.4,wsdd\n",
+     ["row 2", "column schedule", "'wsdd' is not one of wsd, constant, cosine, linear"]),
+    ("cooldown.csv", "batch_size,seq_len,tokens,loss,cooldown_fraction\n16,512,1000000,3.4,1.5\n",
+     ["row 2", "column cooldown_fraction", "is not a number in (0, 1]"]),
+    ("readings.jsonl", '{"batch_size": 16, "seq_len": 512, "tokens": 1000000, "loss": 3.4, '
+     '"noise_readings": [{"step": 10}]}\n', ["row 1", "column noise_readings",
+                                              "not a list of readings"]),
 ])
 def test_bad_table_is_one_line_with_file_row_column(tmp_path, name, content, expected):
     path = tmp_path / name

@@ -37,7 +37,10 @@ gives the same fits and intervals:
 - the B_noise measurements: `b_noise` (sequences) and `b_noise_loss` (the training loss it
   was measured at, nats/token), the online tracker's value at the end of the run; `noise`,
   the noise program's measurement (noise.json's object, as JSON); `curve`, the run's eval
-  points (summary.json's curve, as JSON), whose `b_noise` is the online B_noise(L) series.
+  points (summary.json's curve, as JSON), whose `b_noise` is the online B_noise(L) series;
+  `noise_readings`, the tracker read at the peak lr (summary.json's, as JSON: a list of
+  {step, tokens, val_loss, b_noise}); `schedule` (wsd, constant, cosine, linear) and
+  `cooldown_fraction`, which say which eval points were taken at the peak lr.
   A CSV cell holds JSON text, a JSON Lines row the object or list itself.
 - `beta2` (AdamW's beta2 as trained at the row's batch) and `beta2_scaling` (`tokens`: the
   runs kept its half-life in tokens; `none`: one beta2 at every batch): `recommend` gives the
@@ -85,7 +88,8 @@ MODEL_COLUMNS = ("data_name", "vocab_size", "width", "depth")
 EXPORT_COLUMNS = ("run", "group", "optimizer", "lr", "seed", "status", "batch_size", "seq_len",
                   "tokens", "loss", "bytes_per_token", "params", *MODEL_COLUMNS,
                   "data_fingerprint", "warmup_steps", "branch_of", "b_noise", "b_noise_loss",
-                  "noise", "curve", "beta2", "beta2_scaling", "scale")
+                  "noise", "curve", "beta2", "beta2_scaling", "scale", "schedule",
+                  "cooldown_fraction", "noise_readings")
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 DEFAULT_GROUP = "table"
 STATUSES = ("completed", "diverged")
@@ -124,11 +128,16 @@ NUMBERS = {
                                           "blank"),
     "beta2": ("a number in [0, 1)", "write AdamW's beta2 as trained at the row's batch, e.g. "
                                     "0.99, or leave it blank"),
+    "cooldown_fraction": ("a number in (0, 1]", "write the share of a wsd run's steps its "
+                                                "cooldown took, e.g. 0.2, or leave it blank"),
 }
 OPTIONAL_NUMBERS = ("lr", "seed", "bytes_per_token", "params", *MODEL_COLUMNS[1:],
-                    "warmup_steps", "b_noise", "b_noise_loss", "beta2")
-OPTIONAL_TEXTS = ("data_name", "data_fingerprint", "branch_of", "beta2_scaling", "scale")
+                    "warmup_steps", "b_noise", "b_noise_loss", "beta2", "cooldown_fraction")
+OPTIONAL_TEXTS = ("data_name", "data_fingerprint", "branch_of", "beta2_scaling", "scale",
+                  "schedule")
+SCHEDULES = ("wsd", "constant", "cosine", "linear")
 BETA2_SCALINGS = ("none", "tokens")
+READING_KEYS = ("step", "tokens", "val_loss", "b_noise")  # a noise_readings entry
 WHOLE = ("batch_size", "seq_len", "tokens", "seed", "params", "vocab_size", "width", "depth",
          "warmup_steps")
 POSITIVE = ("batch_size", "seq_len", "tokens", "target_loss", "steps", "lr", "bytes_per_token",
@@ -139,6 +148,8 @@ JSON_CELLS = {
              "it blank",
     "curve": "write the run's eval points as summary.json's curve: a list of {step, tokens, "
              "val_loss, val_loss_per_byte, b_noise (optional, sequences)}, or leave it blank",
+    "noise_readings": "write the tracker's peak-lr readings as summary.json's noise_readings: "
+                      "a list of {step, tokens, val_loss, b_noise}, or leave it blank",
 }
 
 # nats/token: no language model's loss (ln of a 1e6-token vocabulary is 13.8); a loss of 1e300
@@ -259,6 +270,11 @@ def json_cell(cell, column: str, where: str):
                                f"{how}") from None
     if column == "noise":
         return validate_noise(cell, f"{where}, column noise", how)
+    if column == "noise_readings":
+        if not isinstance(cell, list) or any(
+                not isinstance(p, dict) or any(k not in p for k in READING_KEYS) for p in cell):
+            raise ResultsError(f"{where}, column noise_readings: not a list of readings; {how}")
+        return cell
     bad = [] if malformed_curve(cell) else [
         x for p in cell for x in wrong_types(
             p, CURVE_KEYS, optional=tuple(k for k in CURVE_OPTIONAL_KEYS if k in p))]
@@ -313,6 +329,13 @@ def parse_row(record: dict, where: str, header_where: str, has_lr: bool) -> dict
     if "beta2" in row and not 0 <= row["beta2"] < 1:
         raise ResultsError(f"{where}, column beta2: {row['beta2']} is not {NUMBERS['beta2'][0]}; "
                            f"{NUMBERS['beta2'][1]}")
+    if row["schedule"] not in (None, *SCHEDULES):
+        raise ResultsError(f"{where}, column schedule: {row['schedule']!r} is not one of "
+                           f"{', '.join(SCHEDULES)}; write the lr schedule, or leave it blank")
+    if "cooldown_fraction" in row and not 0 < row["cooldown_fraction"] <= 1:
+        raise ResultsError(f"{where}, column cooldown_fraction: {row['cooldown_fraction']} is "
+                           f"not {NUMBERS['cooldown_fraction'][0]}; "
+                           f"{NUMBERS['cooldown_fraction'][1]}")
     if row["beta2_scaling"] not in (None, *BETA2_SCALINGS):
         raise ResultsError(f"{where}, column beta2_scaling: {row['beta2_scaling']!r} is not one "
                            f"of {', '.join(BETA2_SCALINGS)}; write tokens or none, or leave it "
@@ -360,7 +383,9 @@ def run_from_row(row: dict, source: str) -> dict:
         "b_noise": b_noise, "b_noise_tokens": None if b_noise is None else b_noise * seq_len,
         "b_noise_loss": row.get("b_noise_loss"), "status_reason": None, "diverged_step": None,
         "beta2": row.get("beta2"), "beta2_scaling": row.get("beta2_scaling"),
-        "scale": row.get("scale"),
+        "scale": row.get("scale"), "schedule": row.get("schedule"),
+        "cooldown_fraction": row.get("cooldown_fraction"),
+        **({"noise_readings": row["noise_readings"]} if "noise_readings" in row else {}),
         "curve": [] if row["status"] == "diverged" else row.get("curve") or [
             {"step": steps, "tokens": tokens, "val_loss": loss, "val_loss_per_byte": per_byte}]}
 
@@ -436,7 +461,9 @@ def export_rows(runs: list[dict]) -> tuple[list[dict], list[str]]:
                      "b_noise_loss": run["b_noise_loss"] if online else None,
                      "noise": run.get("noise"),
                      "beta2": run.get("beta2"), "beta2_scaling": run.get("beta2_scaling"),
-                     "scale": run.get("scale"),
+                     "scale": run.get("scale"), "schedule": run.get("schedule"),
+                     "cooldown_fraction": run.get("cooldown_fraction"),
+                     "noise_readings": run.get("noise_readings"),
                      "curve": run["curve"] if any(p.get("b_noise") is not None
                                                   for p in run["curve"]) else None})
     return rows, skipped

@@ -61,11 +61,12 @@ MAKE_VARIABLES = (("--width W", "WIDTH=W"), ("--params N", "PARAMS=N"),
 
 
 class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors, under `make recommend` (GNU make exports MAKELEVEL to
-    its recipes), name the make variables the user typed rather than the flags."""
+    """An argument parser whose errors, under `make recommend` (its recipe sets
+    CRITBATCH_VIA_MAKE=recommend), name the make variables the user typed rather than the
+    flags."""
 
     def error(self, message: str):
-        if os.environ.get("MAKELEVEL"):
+        if os.environ.get("CRITBATCH_VIA_MAKE") == "recommend":
             for flag, variable in MAKE_VARIABLES:
                 message = message.replace(flag, variable)
             self.exit(2, f"make recommend: {message} (make help lists the variables)\n")
