@@ -42,6 +42,18 @@ def sweep_fits(run_dir: Path) -> Path:
     return folder / "report" / "fits.json"
 
 
+def times_ratio(value: float, sd_log: float, ratio: dict) -> tuple[float, float | None,
+                                                                  float | None]:
+    """(value x ratio, its 95% interval): the ratio's 95% bootstrap interval (as a normal of
+    the same width in log) and `value`'s own log sd (one sigma), combined in log; no bounds
+    where `value`'s sd is infinite."""
+    sd = math.hypot(math.log(ratio["high"] / ratio["low"]) / (2 * Z95), sd_log)
+    centre = ratio["ratio"] * value
+    if not math.isfinite(sd):
+        return centre, None, None
+    return centre, centre * math.exp(-Z95 * sd), centre * math.exp(Z95 * sd)
+
+
 def estimate(b_noise: float | None, b_noise_high: float | None, loss: float, decayed: bool,
              ratio: dict | None, source: str, reason: str) -> dict:
     """noise.json's shortcut fields: `b_crit_estimate` (sequences) with its 95% interval,
@@ -59,10 +71,8 @@ def estimate(b_noise: float | None, b_noise_high: float | None, loss: float, dec
     if b_noise is None:
         out["b_crit_estimate_note"] = "B_noise is not resolved at this checkpoint (increase K)"
         return out
-    sd_ratio = math.log(ratio["high"] / ratio["low"]) / (2 * Z95)
     sd_noise = math.log(b_noise_high / b_noise) if b_noise_high else math.inf
-    sd = math.hypot(sd_ratio, sd_noise)
-    centre = ratio["ratio"] * b_noise
+    centre, low, high = times_ratio(b_noise, sd_noise, ratio)
     lo, hi = ratio["losses"]
     notes = []
     if not lo <= loss <= hi:
@@ -72,9 +82,7 @@ def estimate(b_noise: float | None, b_noise_high: float | None, loss: float, dec
         notes.append("the checkpoint was taken after its lr decayed; the ratio was measured "
                      "with B_noise at the peak lr, and a cooldown raises B_noise: measure a "
                      "checkpoint from the constant-lr phase")
-    out.update(b_crit_estimate=centre,
-               b_crit_estimate_low=centre * math.exp(-Z95 * sd) if math.isfinite(sd) else None,
-               b_crit_estimate_high=centre * math.exp(Z95 * sd) if math.isfinite(sd) else None,
+    out.update(b_crit_estimate=centre, b_crit_estimate_low=low, b_crit_estimate_high=high,
                b_crit_estimate_valid=not notes,
                b_crit_estimate_note="; ".join(notes) or None)
     return out

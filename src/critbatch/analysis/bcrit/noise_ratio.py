@@ -32,6 +32,8 @@ import numpy as np
 
 from critbatch.analysis.bcrit.online_noise import lr_phase
 from critbatch.results.runs import is_finite
+from critbatch.results.shortcut import times_ratio
+from critbatch.science.answer import percentile_interval
 
 RESAMPLES = 2000
 CONFIDENCE = 0.95
@@ -137,10 +139,9 @@ def noise_ratio(readings: list[dict], doc: dict | None, seed: int = 0,
         means.append(m)
         if s is not None:
             slopes.append(s)
-    tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.exp(np.percentile(means, [tail, 100 - tail]))
-    s_low, s_high = (np.percentile(slopes, [tail, 100 - tail]) if len(slopes) >= resamples // 2
-                     else (None, None))
+    low, high = percentile_interval(means, CONFIDENCE)
+    s_low, s_high = (percentile_interval(slopes, CONFIDENCE, log=False)
+                     if len(slopes) >= resamples // 2 else (None, None))
     same = (True if low >= 1 / ORDER and high <= ORDER
             else False if high < 1 / ORDER or low > ORDER else None)
     return {"ratio": math.exp(mean), "low": float(low), "high": float(high),
@@ -191,21 +192,19 @@ def width_curves(readings: list[dict], doc: dict | None, seed: int = 0,
         if lo < hi:
             at = math.log(math.sqrt(lo * hi))
             draws[w] = curve_draws(rows, at, rng, resamples)
-            row.update(b_noise_at=float(np.exp(np.median(draws[w]))),
-                       low=float(np.exp(np.percentile(draws[w], 2.5))),
-                       high=float(np.exp(np.percentile(draws[w], 97.5))))
+            low, high = percentile_interval(draws[w], CONFIDENCE)
+            row.update(b_noise_at=float(np.exp(np.median(draws[w]))), low=low, high=high)
     if lo >= hi:
         out["reason"] = "the widths' readings share no loss"
         return out
     out["common_loss"] = math.sqrt(lo * hi)
     names = sorted(draws)
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
-    tail = 100 * 0.05 / len(pairs) / 2
-    for a, b in pairs:
-        diff = draws[a] - draws[b]
-        d_lo, d_hi = np.percentile(diff, [tail, 100 - tail])
-        out["pairs"].append({"widths": [a, b], "log_ratio_low": float(d_lo),
-                             "log_ratio_high": float(d_hi), "differs": bool(d_lo > 0 or d_hi < 0)})
+    for a, b in pairs:  # Bonferroni: each pair at 1 - (1 - CONFIDENCE) / pairs
+        d_lo, d_hi = percentile_interval(draws[a] - draws[b], 1 - (1 - CONFIDENCE) / len(pairs),
+                                         log=False)
+        out["pairs"].append({"widths": [a, b], "log_ratio_low": d_lo, "log_ratio_high": d_hi,
+                             "differs": d_lo is not None and bool(d_lo > 0 or d_hi < 0)})
     out["one_curve"] = not any(p["differs"] for p in out["pairs"])
     out["held_out"] = held_out_widths(usable, doc, out["common_loss"], rng, resamples)
     return out
@@ -240,10 +239,8 @@ def held_out_widths(usable: dict, doc: dict | None, loss: float, rng,
         if ratio["ratio"] is None:
             continue
         noise = curve_draws(rows, math.log(loss), rng, resamples)
-        sd = math.hypot(math.log(ratio["high"] / ratio["low"]) / (2 * 1.959964),
-                        float(np.std(noise)))
-        centre = ratio["ratio"] * float(np.exp(np.median(noise)))
-        low, high = centre * math.exp(-1.959964 * sd), centre * math.exp(1.959964 * sd)
+        centre, low, high = times_ratio(float(np.exp(np.median(noise))), float(np.std(noise)),
+                                        ratio)
         measured, source = measured_b_crit(doc, w, loss)
         out.append({"width": w, "loss": loss, "predicted": centre, "low": low, "high": high,
                     "ratio_from": sorted(v for v in usable if v != w),
