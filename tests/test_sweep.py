@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -503,14 +504,21 @@ def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, ca
     that wait for a tuned lr said to be estimated at the middle lr, exit 0, and nothing
     written: no runs folder, no run, no report."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(estimate, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
+    # slow tokens/s: every part of the estimate shows in whole tenths of a minute
+    monkeypatch.setattr(estimate, "measure_tokens_per_s", lambda cfg, threads=None: 2e3)
     for experiment in ("batch", "branches"):
         with pytest.raises(SystemExit) as stop:
             sweep.main([experiment, "--scale", "smoke", "--jobs", "1", "--opt", "adamw",
                         "--dry-run", "grid.batch_sizes='4,8'"])
         assert stop.value.code == 0
         out = capsys.readouterr().out
-        assert "to train; estimated" in out and "  disk: ~" in out, out
+        assert "  disk: ~" in out, out
+        line = next(x for x in out.splitlines() if "; estimated " in x)
+        total, parts = re.search(r"estimated ([\d.]+) min: ([^;]+);", line).groups()
+        minutes = [float(part.split()[0]) for part in parts.split(" + ")]
+        assert float(total) == pytest.approx(sum(minutes), abs=0.15), line  # every part counted
+        assert ("lr search" in parts) == (experiment == "batch"), line  # the batch stage searches
+        assert re.search(r"likely [\d.]+-[\d.]+ min", line), line
         assert out.rstrip().endswith("dry run: nothing trained, no noise measured, no report "
                                      "written")
         waits = "branch_check wait for the best lr of batch: estimated here at its grid's middle lr"

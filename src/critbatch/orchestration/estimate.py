@@ -18,8 +18,14 @@ from critbatch.training import config as schema
 from critbatch.training.config import Config, micro_batch_size
 
 RUN_OVERHEAD_S = 1.0  # per run or branch: set-up, W&B, evals, checkpoints (in a warm worker)
-NOISE_OVERHEAD_S = 10.0  # per noise measurement: a process start and its W&B run
-REPORT_S = 20.0  # the analysis and its plots
+# Measured on the 2-core machine (2026-12-06; smoke and cpu batch sweeps, load 1-3): beside
+# training, the noise stage (the program at the final and the peak-lr checkpoints, both
+# optimizers side by side) and the timing of each lr-search round took 35-40 s, the analysis
+# and its plots 18-19 s; the training itself ran 6-12% slower than the tokens/s measured
+# before it.
+NOISE_S = 40.0
+REPORT_S = 20.0
+SLOWER, FASTER = 1.25, 0.9  # the range printed around the training time: the load's sway
 
 
 def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None = None) -> float:
@@ -72,9 +78,12 @@ def job_seconds(jobs: list[Job], threads: int | None = None) -> dict[Path, float
 
 
 def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
-               device: str = "cpu") -> dict[Path, float]:
-    """Print what the sweep will train and how long it should take; return each job's
-    estimated seconds (for the progress lines)."""
+               device: str = "cpu", search: tuple[float, float] = (0.0, 0.0),
+               noise: bool = True) -> tuple[dict[Path, float], float]:
+    """Print what the sweep will train and how long it should take: the training measured
+    now, the lr search's `search` = (expected, at most) tokens, the noise stage (`noise`) and
+    the report, with the range the load and the search span. Returns each job's estimated
+    seconds (for the progress lines) and the estimated total seconds (0: not estimated)."""
     todo = [j for j in jobs if not j.done]
     n_cooldown = sum(len(j.cfg.train.branch_budgets) for j in jobs)
     n_local = sum(len(j.branches) for j in jobs) - n_cooldown
@@ -88,17 +97,46 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
         print(f"  {stage:<15} optim={optimizer:<6} {len(part):>3} runs ({left} to train) "
               f"-> {part[0].run_dir.parent}")
     if not todo:
-        return {}
+        return {}, 0.0
     if hydra_launcher(todo):  # timing here would time the submitting host, not the workers
         print(f"  {sum(j.tokens_to_train for j in todo) / 1e6:,.2f}M tokens to train; no time "
               "estimate: a Hydra launcher trains them elsewhere", flush=True)
-        return {}
+        return {}, 0.0
     threads = job_threads(jobs_at_once) if device == "cpu" else None
     print(f"  timing a few training steps per model on {_device_name()} for the estimate ...",
           flush=True)
     seconds = job_seconds(todo, threads)
     training = makespan(list(seconds.values()), jobs_at_once)
     tokens = sum(j.tokens_to_train for j in todo)
+    print_shape(jobs)
+    need, kept = checkpoint_bytes(todo, jobs_at_once)
+    free = check_disk(need, Path("runs"))
+    keep = ",".join(sorted({str(j.cfg.train.keep_checkpoint) for j in todo}))
+    print(f"  disk: ~{need / 1e9:,.2f} GB of checkpoints at the peak, ~{kept / 1e9:,.2f} GB "
+          f"kept after (train.keep_checkpoint={keep}), {free / 1e9:,.0f} GB free")
+    prepare = data_to_prepare([j.cfg for j in todo])
+    per_token = training / tokens if tokens else 0.0
+    expected_search, most_search = (x * per_token for x in search)
+    rest = NOISE_S * noise + REPORT_S
+    total = prepare + training + expected_search + rest
+    low = prepare + FASTER * training + rest
+    high = prepare + SLOWER * (training + most_search) + rest
+    parts = [f"{prepare / 60:.1f} preparing data"] if prepare else []
+    parts += [f"{training / 60:.1f} training"]
+    parts += [f"{expected_search / 60:.1f} lr search"] if search[0] else []
+    parts += [f"{rest / 60:.1f} {'noise and report' if noise else 'report'}"]
+    print(f"  {tokens / 1e6:,.2f}M tokens to train"
+          + (f" (+~{search[0] / 1e6:,.1f}M expected from the lr search)" if search[0] else "")
+          + f"; estimated {total / 60:.1f} min: {' + '.join(parts)}; likely {_minutes(low)}-"
+          f"{_minutes(high)} min (tokens/s measured now on {_device_name()}, {jobs_at_once} "
+          f"job(s) at once, sway with the load"
+          + (f"; the lr search adds 0-{_minutes(most_search)} min" if search[1] else "") + ")",
+          flush=True)
+    return seconds, total
+
+
+def print_shape(jobs: list[Job]) -> None:
+    """The plan's fewest optimizer steps and its local-CBS windows, when it has them."""
     fewest = min((b.cfg for j in jobs for b in j.branches
                   if b.cfg.train.batch_schedule == "constant"), default=None,
                  key=lambda c: schema.total_steps(c))
@@ -114,18 +152,6 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
         print(f"  local-CBS windows of {window:,} tokens: {window // (t.batch_size * seq_len)} "
               f"optimizer steps of the largest branch (batch {t.batch_size}), "
               f"{window // (t.batch_size_start * seq_len)} of k = 1")
-    need, kept = checkpoint_bytes(todo, jobs_at_once)
-    free = check_disk(need, Path("runs"))
-    keep = ",".join(sorted({str(j.cfg.train.keep_checkpoint) for j in todo}))
-    print(f"  disk: ~{need / 1e9:,.2f} GB of checkpoints at the peak, ~{kept / 1e9:,.2f} GB "
-          f"kept after (train.keep_checkpoint={keep}), {free / 1e9:,.0f} GB free")
-    prepare = data_to_prepare([j.cfg for j in todo])
-    data_part = f"{prepare / 60:.1f} min to prepare data + " if prepare else ""
-    print(f"  {tokens / 1e6:,.2f}M tokens to train; estimated {data_part}{training / 60:.1f} "
-          f"min of training + ~{(NOISE_OVERHEAD_S + REPORT_S) / 60:.1f} min of noise and "
-          f"report (tokens/s measured now on {_device_name()}, {jobs_at_once} job(s) at once)",
-          flush=True)
-    return seconds
 
 
 def data_to_prepare(cfgs: list[Config]) -> float:
@@ -185,6 +211,11 @@ def check_disk(need: int, folder: Path) -> int:
                           f"{free / 1e9:,.1f} GB free; free some space or run the sweep where "
                           "there is more")
     return free
+
+
+def _minutes(seconds: float) -> str:
+    """Minutes to one decimal below ten, whole ones above."""
+    return f"{seconds / 60:.1f}" if seconds < 600 else f"{seconds / 60:.0f}"
 
 
 def _device_name() -> str:

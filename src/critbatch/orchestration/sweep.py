@@ -151,7 +151,10 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     array = submitit_array(plan, tasks)
     jobs_at_once = jobs_at_once or (1 if hydra_launcher(plan) else gpu_jobs(plan))
     device = "cuda" if scale == "gpu" else "cpu"
-    seconds = print_plan(experiment, scale, plan, jobs_at_once, device)
+    search = lr_search.extra_tokens(plan, exp.lr_search_stage)[:2] if exp.lr_search_stage \
+        else (0.0, 0.0)
+    seconds, estimated_s = print_plan(experiment, scale, plan, jobs_at_once, device, search,
+                                      noise=bool(exp.noise_stage))
     if dry_run:
         if exp.tuning_stage and any(tuned_lr(plan, exp.tuning_stage, o) is None
                                     for o in optimizers):
@@ -195,7 +198,8 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
         problems.append("the analysis failed (its message is above)")
     wall_s = time.perf_counter() - t0
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
-          f"complete in {wall_s / 60:.1f} min")
+          f"complete in {wall_s / 60:.1f} min"
+          + (f" (estimated {estimated_s / 60:.1f} min before it began)" if estimated_s else ""))
     # an array's wall time holds its queue waits: no efficiency to state
     use = workers.efficiency(outcomes, jobs_at_once, wall_s) if array is None else None
     if use:
