@@ -42,6 +42,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from critbatch.results.errors import CritbatchError
+from critbatch.results.files import atomic_open
 from critbatch.science.noise import NoiseEMA
 from critbatch.training.saved_config import run_differences
 
@@ -123,33 +124,16 @@ def save(path: Path, model: torch.nn.Module, optimizers: list, cfg_dict: dict,
         "rng": rng,
         **asdict(state),
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        with atomic_open(path) as handle:
             torch.save(payload, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
     except OSError as err:
         raise CheckpointError(
             f"cannot write the checkpoint {path} ({err.strerror or err}) at step {state.step}; "
             "free disk space or fix the folder's permissions, then start the run again "
             "(it resumes from the previous checkpoint, which is intact)"
         ) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return time.perf_counter() - t0
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename itself durable (POSIX: the directory entry lives in the folder)."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load(path: Path, cfg_dict: dict) -> dict | None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import numpy as np
 from filelock import FileLock
 
 from critbatch.results.errors import DataError
-from critbatch.results.files import write_bytes_atomic, write_json_atomic
+from critbatch.results.files import atomic_path, write_bytes_atomic, write_json_atomic
 from critbatch.training.config import DataConfig
 from critbatch.training.corpus import (
     CACHE_VERSION,
@@ -165,9 +164,8 @@ def _build_cache(directory: Path, key: str, data: DataConfig, docs, skipped: int
     directory.mkdir(parents=True, exist_ok=True)
     train_texts, val_texts = split_documents(docs, data.val_fraction)
     tok = train_tokenizer(train_texts, data.vocab_size)
-    tmp_tok = directory / f".tokenizer.{os.getpid()}.tmp"
-    tok.save(str(tmp_tok))
-    os.replace(tmp_tok, directory / "tokenizer.json")
+    with atomic_path(directory / "tokenizer.json") as tmp:
+        tok.save(str(tmp))
     train_ids = encode_documents(tok, train_texts, "encoding the train split")
     val_ids = encode_documents(tok, val_texts, "encoding the val split")
     val_bytes = sum(len(t.encode()) for t in val_texts)
