@@ -188,3 +188,31 @@ def accum_run(tiny_cfg, tmp_path_factory):
         cfg = tiny_cfg("train.batch_size=16", "train.micro_batch_size=4", "train.tokens=81920")
         _TRAINED["run"] = (run_dir, train(cfg, run_dir), cfg)
     return _TRAINED["run"]
+
+
+@pytest.fixture
+def http_folder():
+    """Serve a folder over HTTP on 127.0.0.1 (a real server in a thread, as the downloads
+    meet one): `http_folder(folder)` returns the base URL, ending in '/'."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # no request lines in the test output
+            pass
+
+    servers = []
+
+    def serve(folder: Path) -> str:
+        server = ThreadingHTTPServer(("127.0.0.1", 0),
+                                     functools.partial(Quiet, directory=str(folder)))
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/"
+
+    yield serve
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -58,12 +58,14 @@ def planted_steplaw(folder: Path, noise: float = 2e-3) -> dict[str, Path]:
 
 
 @pytest.fixture
-def planted_sources(tmp_path, monkeypatch):
-    """The planted files, with the sources' sha256 and URLs (file://) pointing at them."""
+def planted_sources(tmp_path, monkeypatch, http_folder):
+    """The planted files, with the sources' sha256 and URLs pointing at them (served over
+    HTTP from their folder)."""
     files = planted_steplaw(tmp_path / "peers")
+    base = http_folder(tmp_path / "peers")
     for key, path in files.items():
         monkeypatch.setitem(sources.SOURCES, key, dataclasses.replace(
-            sources.SOURCES[key], sha256=sources.sha256_of(path), url=path.as_uri()))
+            sources.SOURCES[key], sha256=sources.sha256_of(path), url=base + path.name))
     return tmp_path / "peers"
 
 

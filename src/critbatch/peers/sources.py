@@ -7,12 +7,9 @@ git commit into a cache folder; either way its sha256 must match the pinned one.
 from __future__ import annotations
 
 import hashlib
-import http.client
 import os
+import re
 import sys
-import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +17,7 @@ from pathlib import Path
 from critbatch.results.errors import ConfigError, ResultsError
 
 _CHUNK = 1 << 20
+RETRIES = 2  # a download that fails is tried this many more times
 
 
 @dataclass(frozen=True)
@@ -105,42 +103,37 @@ def _from_folder(source: Source, peers_dir: str | Path) -> Path:
 
 
 def _download(source: Source, cache: Path, timeout_s: float) -> Path:
-    final = cache / source.filename
+    """`source`'s file downloaded into `cache` by pooch (retried twice, its sha256 checked
+    before the file takes its name: a failed or corrupt download caches nothing)."""
+    import pooch  # only a download needs it
+    import requests
+
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=cache, prefix=f".{source.filename}.", suffix=".part")
     except OSError as err:
         raise ResultsError(
             f"cannot write the cache folder {cache} ({_one_line(err)}): set CRITBATCH_CACHE to "
             f"a writable folder, or pass PEERS_DIR=<a folder holding {source.filename}>"
         ) from err
-    tmp = Path(tmp_name)
+    fetcher = pooch.create(path=cache, base_url="", registry={
+        source.filename: f"sha256:{source.sha256}"}, urls={source.filename: source.url},
+        retry_if_failed=RETRIES)
+    downloader = pooch.HTTPDownloader(progressbar=sys.stderr.isatty(), timeout=timeout_s)
     try:
-        print(f"downloading {source.url} -> {final}", file=sys.stderr, flush=True)
-        try:
-            with (
-                os.fdopen(fd, "wb") as out,
-                urllib.request.urlopen(source.url, timeout=timeout_s) as response,
-            ):
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as err:
-            reason = err if isinstance(err, urllib.error.HTTPError) else getattr(err, "reason", err)
-            raise ResultsError(
-                f"cannot download {source.filename} from {source.url} ({_one_line(reason)}): "
-                f"offline? pass PEERS_DIR=<a folder holding {source.filename}> instead"
-            ) from err
-        got = sha256_of(tmp)
-        if got != source.sha256:
-            raise ResultsError(
-                f"{source.url}: sha256 {got} is not the pinned {source.sha256}; the source "
-                "changed or the download is corrupt; nothing was cached"
-            )
-        os.replace(tmp, final)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return final
+        return Path(fetcher.fetch(source.filename, downloader=downloader))
+    except ValueError as err:  # pooch: the hash is not the registry's, or a URL it cannot read
+        if (got := re.search(r"but got (\w+)", str(err))) is None:
+            raise ResultsError(f"cannot download {source.filename} from {source.url} "
+                               f"({_one_line(err)[:200]})") from None
+        raise ResultsError(
+            f"{source.url}: sha256 {got[1]} is not the pinned "
+            f"{source.sha256}; the source changed or the download is corrupt; nothing was cached"
+        ) from None
+    except (requests.RequestException, OSError) as err:
+        raise ResultsError(
+            f"cannot download {source.filename} from {source.url} ({_one_line(err)[:200]}): "
+            f"offline? pass PEERS_DIR=<a folder holding {source.filename}> instead"
+        ) from None
 
 
 def locate(
