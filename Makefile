@@ -28,7 +28,7 @@ $(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-install: $(STAMP) ## create .venv/ with torch (CPU build; TORCH=cuda: the CUDA build) and critbatch[dev]; fast when done
+install: $(STAMP) ## create .venv/ with torch (CPU build; TORCH=cuda: the CUDA build) and critbatch[dev,hub]; fast when done
 
 ifneq ($(TORCH_PIP),$(TORCH_HAVE))
 $(STAMP): FORCE
@@ -44,7 +44,7 @@ endif
 endif
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH_PIP)
 	@echo "critbatch: PyTorch installed; now critbatch, numpy, scipy, hydra, wandb, matplotlib, pytest ..."
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,hub]'
 	@echo '$(TORCH_PIP)' > $(TORCH_FILE)
 	@touch $(STAMP)
 	@echo "critbatch: installed; $(VENV)/ holds $$(du -sh $(VENV) 2>/dev/null | cut -f1)"

@@ -125,3 +125,54 @@ def test_functions_and_modules_fit_on_a_screen():
                     long_functions.append(f"{name}.{node.name} ({lines} lines)")
     assert not long_modules, f"modules over {MAX_MODULE_LINES} lines: {long_modules}"
     assert not long_functions, f"functions of {MAX_FUNCTION_LINES}+ lines: {long_functions}"
+
+
+EXTRAS_ONLY = {"datasets": "hub"}  # imported only on the path that needs it, named in its error
+
+
+def declared(extra: str | None = None) -> set[str]:
+    """The distributions pyproject.toml declares: its dependencies, or one extra's."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["project"]
+    specs = project["optional-dependencies"][extra] if extra else project["dependencies"]
+    return {re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0].lower().replace("_", "-")
+            for spec in specs}
+
+
+def test_every_imported_package_is_a_declared_dependency():
+    """`pip install .` brings every package the code imports (none only by chance, through
+    another's dependencies), and an extra's package is imported only where it is asked for:
+    planted fault, an import of a package no dependency names, or a private torch module."""
+    import sys
+    from importlib.metadata import packages_distributions
+
+    dists = packages_distributions()
+    third_party = {}
+    for name, path in MODULES.items():
+        for imported in imports_of(path):
+            top = imported.split(".")[0]
+            if top != "critbatch" and top not in sys.stdlib_module_names:
+                third_party.setdefault(top, set()).add(name)
+            assert not any(part.startswith("_") and part != "__future__"
+                           for part in imported.split(".")[1:]) or top == "critbatch", \
+                f"{name} imports the private module {imported}"
+    core = declared()
+    for top, users in sorted(third_party.items()):
+        dist = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+        if top in EXTRAS_ONLY:
+            assert dist & declared(EXTRAS_ONLY[top]), top
+            assert users == {"critbatch.training.corpus"}, (top, users)
+            continue
+        assert dist & core, f"{top} (imported by {sorted(users)[0]}) is no direct dependency"
+
+
+def test_one_atomic_write_helper():
+    """Files appear whole through results/files.py alone (`atomic_path`: fsync of the file and
+    of its folder): planted fault, a module renaming its own temporary file."""
+    for name, path in MODULES.items():
+        source = path.read_text()
+        if name != "critbatch.results.files":
+            assert not any(call in source for call in ("os.replace(", "os.rename(", ".rename(")), \
+                f"{name} renames a file itself: write it with results.files.atomic_path"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -173,6 +174,14 @@ def test_hub_code_path_on_a_local_parquet_dataset(tmp_path, corpus_dir):
     bad = DataConfig(name="hub", hf_path="parquet", hf_data_files=files, text_field="body")
     with pytest.raises(DataError, match="no column 'body'"):
         load_hub_documents(bad)
+
+
+def test_the_hub_path_without_its_extra_names_it(monkeypatch):
+    """`datasets` is the hub extra's (pip install 'critbatch[hub]'): without it, data=hub
+    stops in one line that names the extra."""
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(DataError, match=r"pip install 'critbatch\[hub\]'"):
+        load_hub_documents(DataConfig(name="hub", hf_path="parquet", hf_data_files=["x"]))
 
 
 def test_unreachable_hub_fails_fast_with_a_hint(monkeypatch):

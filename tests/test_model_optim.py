@@ -65,12 +65,12 @@ def test_muon_gets_exactly_the_2d_hidden_matrices():
     assert all(g["weight_decay"] == 0.0 for g in aux.param_groups)
 
 
-def _muon_steps(make, steps=4):
+def _muon_steps(make, steps=4, adjust_lr_fn="original"):
     """Parameters (one wide, one tall matrix) after `steps` Muon steps on fixed gradients."""
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(32, 96)), torch.nn.Parameter(torch.randn(96, 32))]
     opt = make(params, lr=0.02, weight_decay=0.1, momentum=0.95, nesterov=True,
-               adjust_lr_fn="original")
+               adjust_lr_fn=adjust_lr_fn)
     gen = torch.Generator().manual_seed(1)
     for _ in range(steps):
         for p in params:
@@ -99,6 +99,23 @@ def test_muon_in_bfloat16_is_torchs_step_and_float32_is_close():
     assert ns_dtype(OptimConfig(name="muon", ns_dtype="bfloat16"), "cpu") == torch.bfloat16
     muon, _ = build_optimizers(_model(), OptimConfig(name="muon"), 32, "cpu")
     assert muon.ns_dtype == torch.float32
+
+
+def test_muon_lr_scales_as_torchs_for_each_rule():
+    """`muon_lr` (critbatch's own, no private torch import) gives torch.optim.Muon's step bit
+    for bit under both lr rules: planted fault, a rule's factor or orientation swapped."""
+    from functools import partial
+
+    from critbatch.training.optim import Muon, muon_lr
+
+    for rule in ("original", "match_rms_adamw"):
+        want, _ = _muon_steps(torch.optim.Muon, adjust_lr_fn=rule)
+        got, _ = _muon_steps(partial(Muon, ns_dtype=torch.bfloat16), adjust_lr_fn=rule)
+        assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True)), rule
+    assert muon_lr(0.02, "original", torch.Size([96, 32])) == pytest.approx(0.02 * 3 ** 0.5)
+    assert muon_lr(0.02, "original", torch.Size([32, 96])) == 0.02
+    moonlight = muon_lr(0.02, "match_rms_adamw", torch.Size([32, 96]))
+    assert moonlight == pytest.approx(0.02 * 0.2 * 96 ** 0.5)
 
 
 def test_adamw_decays_only_hidden_matrices():

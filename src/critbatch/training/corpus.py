@@ -183,8 +183,12 @@ def load_hub_documents(data: DataConfig) -> list[tuple[str, str]]:
     Works for hub ids (`HuggingFaceFW/fineweb-edu`) and for local builders such as
     `hf_path=parquet` with `hf_data_files`, which is how it is tested offline.
     """
-    import datasets
-
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"data={data.name} streams through the `datasets` package, which is not "
+                        "installed: pip install 'critbatch[hub]' (make install brings it)"
+                        ) from None
     if uses_hub(data):
         check_hub_reachable(data)
     docs: list[tuple[str, str]] = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.optim._muon import _adjust_lr  # Muon's shape-dependent lr scale, as torch's step
 
 from critbatch.science.rules import decay_at, lr_multiplier
 from critbatch.training.config import OptimConfig, TrainConfig
@@ -107,8 +106,21 @@ class Muon(torch.optim.Muon):
                 update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"],
                                        group["eps"], self.ns_dtype)
                 p.mul_(1 - lr * group["weight_decay"])
-                p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+                p.add_(update, alpha=-muon_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
+
+
+def muon_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size) -> float:
+    """Muon's lr for a (rows, cols) matrix, by torch.optim.Muon's `adjust_lr_fn`: "original"
+    (Jordan et al. 2024, the default) scales by sqrt(max(1, rows/cols)); "match_rms_adamw"
+    (Liu et al. 2025, Moonlight) by 0.2 sqrt(max(rows, cols)), which gives the update AdamW's
+    RMS; anything else leaves `lr` as it is."""
+    rows, cols = shape[:2]
+    if adjust_lr_fn in (None, "original"):
+        return lr * math.sqrt(max(1.0, rows / cols))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * 0.2 * math.sqrt(max(rows, cols))
+    return lr
 
 
 def newton_schulz(grad: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
