@@ -176,3 +176,32 @@ def test_one_atomic_write_helper():
         if name != "critbatch.results.files":
             assert not any(call in source for call in ("os.replace(", "os.rename(", ".rename(")), \
                 f"{name} renames a file itself: write it with results.files.atomic_path"
+
+
+def test_no_percentile_hard_codes_a_level():
+    """Every central interval comes from science/intervals.py, which takes the confidence
+    level: planted fault, an `np.percentile(x, [2.5, 97.5])` anywhere else."""
+    import re
+
+    for name, path in MODULES.items():
+        if name == "critbatch.science.intervals":
+            continue
+        source = path.read_text()
+        assert "np.percentile(" not in source, f"{name}: use science.intervals.percentile_band"
+        assert not re.search(r"np\.quantile\([^)]*,\s*\[?\s*0?\.\d", source), \
+            f"{name}: a quantile at a literal level; name the level"
+
+
+def test_central_percentiles_take_the_level():
+    import numpy as np
+
+    from critbatch.science.intervals import central_percentiles, percentile_band
+
+    assert central_percentiles(0.95) == pytest.approx((2.5, 97.5))
+    assert central_percentiles(0.68) == pytest.approx((16.0, 84.0))
+    low, high = percentile_band(np.arange(1001.0), 0.9)
+    assert (low, high) == pytest.approx((50.0, 950.0))
+    band = percentile_band(np.outer(np.arange(101.0), [1.0, 2.0]), 0.5, axis=0)
+    assert np.allclose(band, [[25.0, 50.0], [75.0, 150.0]])
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        central_percentiles(95)

@@ -26,6 +26,7 @@ from critbatch.peers.sources import cache_dir as default_cache
 from critbatch.results.files import write_json_atomic, write_text_atomic
 from critbatch.results.runs import short_revision
 from critbatch.science.answer import Promise
+from critbatch.science.intervals import central_percentiles
 
 JSON_FILE = "peers.json"
 REPORT_FILE = "peers.md"
@@ -365,7 +366,8 @@ def markdown(doc: dict) -> str:
         "instead pools every run within 0.25% of its cell's best loss and fits those runs. "
         "Intervals: critbatch's are a bootstrap over the cells (the unit its laws are fitted "
         f"to, {laws['b_opt']['resamples']} resamples) beside the OLS t interval; Step Law's "
-        f"the 2.5-97.5 percentiles of its {step['published']['resamples']} bootstrap fits.",
+        "the {:g}-{:g} percentiles".format(*central_percentiles())
+        + f" of its {step['published']['resamples']} bootstrap fits.",
         "",
         "### Exponents, like with like",
         "",

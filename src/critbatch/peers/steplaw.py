@@ -34,6 +34,7 @@ from critbatch.science.grid_laws import (
     fit_law,
     lr_points,
 )
+from critbatch.science.intervals import percentile_band
 
 SEQ_LEN = 2048  # tokens per sequence in every Step Law run
 LOSS_COLUMN = "smooth loss"
@@ -139,7 +140,7 @@ def published(path: str | Path) -> dict:
     table = np.array([[float(r[c]) for c in BOOTSTRAP_COLUMNS] for r in rows])
 
     def summary(k):
-        lo, med, hi = np.percentile(table[:, k], [2.5, 50, 97.5])
+        (lo, hi), med = percentile_band(table[:, k]), np.median(table[:, k])
         return {"median": float(med), "interval": [float(lo), float(hi)],
                 "mean": float(table[:, k].mean())}
 
@@ -180,7 +181,7 @@ def steplaw_rule(runs: list[dict], resamples: int = BOOTSTRAP, seed: int = 0) ->
     names = ("lr_size_exponent", "lr_budget_exponent", "batch_budget_exponent")
     return {"runs": len(near), "threshold": NEAR_BEST, **{
         name: {"value": float(point[k]),
-               "interval": [float(x) for x in np.percentile(draws[:, k], [2.5, 97.5])]}
+               "interval": [float(x) for x in percentile_band(draws[:, k])]}
         for k, name in enumerate(names)}}
 
 

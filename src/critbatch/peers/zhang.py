@@ -20,7 +20,8 @@ import numpy as np
 
 from critbatch.analysis.bcrit import bcrit, best_lr
 from critbatch.analysis.bcrit.tables import load_tables
-from critbatch.science.fits import CONFIDENCE, fit_log_linear
+from critbatch.science.fits import fit_log_linear
+from critbatch.science.intervals import CONFIDENCE, central_percentiles, percentile_band
 from critbatch.science.laws import fit_pareto
 
 SEQ_LEN = 512  # tokens per sequence in every row of the sweep
@@ -156,7 +157,6 @@ def power_law(n_millions: np.ndarray, values: np.ndarray, draws: np.ndarray | No
     fit = fit_log_linear(x, np.log(values))
     if fit is None:
         return {"beta": None, "d": None, "n_points": len(values)}
-    half = CONFIDENCE / 2
     out = {"beta": fit["slope"], "d": math.exp(fit["intercept"]), "n_points": fit["n"],
            "t_dof": fit["n"] - 2, "beta_t_low": None, "beta_t_high": None,
            "beta_boot_low": None, "beta_boot_high": None, "d_boot_low": None,
@@ -170,8 +170,7 @@ def power_law(n_millions: np.ndarray, values: np.ndarray, draws: np.ndarray | No
             xc = x - x.mean()
             slopes = (good - good.mean(axis=1, keepdims=True)) @ xc / (xc @ xc)
             d = np.exp(good.mean(axis=1) - slopes * x.mean())
-            q = [100 * (0.5 - half), 100 * (0.5 + half)]
-            (blo, bhi), (dlo, dhi) = np.percentile(slopes, q), np.percentile(d, q)
+            (blo, bhi), (dlo, dhi) = percentile_band(slopes), percentile_band(d)
             out.update(beta_boot_low=float(blo), beta_boot_high=float(bhi),
                        d_boot_low=float(dlo), d_boot_high=float(dhi), resamples_used=len(good))
     if published is not None:
@@ -211,7 +210,7 @@ def analyse_zhang(path: Path | None = None, resamples: int = 1000, seed: int = 0
         if boot is not None:
             for r, col in zip(rows, boot.T, strict=True):
                 col = col[np.isfinite(col)]
-                lo, hi = np.percentile(col, [2.5, 97.5]) if len(col) else (None, None)
+                lo, hi = percentile_band(col) if len(col) else (None, None)
                 r[f"{key}_boot_low"] = None if lo is None else float(lo)
                 r[f"{key}_boot_high"] = None if hi is None else float(hi)
         if key == "cbs_20pct":  # 0.2 B_crit: b_crit_law's exponent, a fifth of its d
@@ -224,7 +223,8 @@ def analyse_zhang(path: Path | None = None, resamples: int = 1000, seed: int = 0
         "bootstrap": {"resamples": resamples, "seed": seed,
                       "method": "residual: per size, steps = fit x (1 + r*), r* redrawn from "
                                 "the relative residuals (centred, x sqrt(n/(n-2))); "
-                                "fit_pareto refitted; percentile 2.5/97.5"},
+                                "fit_pareto refitted; percentiles "
+                                "{:g}/{:g}".format(*central_percentiles(CONFIDENCE))},
         "cbs_definition": f"cbs = {CBS_OVERHEAD:g} E_min/S_min + {CBS_OFFSET:g} sequences, the "
                           "notebook's printed CBS (the offset reproduces their numbers); "
                           "cbs_20pct: without the offset",

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.science.fits import CONFIDENCE
 from critbatch.science.grid_laws import (
     D_REF,
     GridTooSmall,
@@ -55,6 +54,7 @@ from critbatch.science.grid_laws import (
     fit_loss_law,
     select_terms,
 )
+from critbatch.science.intervals import percentile_interval
 
 DEFAULT_OVERHEAD = 0.1  # compute the fastest batch may cost beyond the loss-optimal one
 # The loss-optimal batch is the centre (in ln B) of the batches within this much compute of
@@ -420,19 +420,6 @@ def chosen_terms(fit: GridFit) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------------
 # Intervals: the whole choice redone on resampled cells, and a promise kept in expectation
-
-
-def percentile_interval(values, confidence: float = CONFIDENCE, log: bool = True
-                        ) -> tuple[float | None, float | None]:
-    """The central `confidence` interval of draws (None with fewer than 20 finite ones); with
-    `log` the draws are of a logged quantity and the interval is exponentiated."""
-    values = np.asarray(values, float)
-    values = values[np.isfinite(values)]
-    if len(values) < 20:
-        return None, None
-    tail = 100 * (1 - confidence) / 2
-    lo, hi = (float(x) for x in np.percentile(values, [tail, 100 - tail]))
-    return (math.exp(lo), math.exp(hi)) if log else (lo, hi)
 
 
 def keep_promise(log_tops, steepness: float) -> float:

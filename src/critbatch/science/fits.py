@@ -10,7 +10,8 @@ from warnings import catch_warnings, simplefilter
 
 import numpy as np
 
-CONFIDENCE = 0.95  # every interval in the report is a central 95% interval
+from critbatch.science.intervals import CONFIDENCE
+
 LOG_LINEAR_END_POINTS = 3  # points nearest an end that set the log-linear extrapolation's slope
 
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from critbatch.science.fits import CONFIDENCE, least_squares, refine_best_lr
+from critbatch.science.fits import least_squares, refine_best_lr
+from critbatch.science.intervals import CONFIDENCE, percentile_band
 
 N_REF = 1e8  # parameters: the unit of the loss law's size term
 D_REF = 1e10  # tokens: the unit of the loss law's budget term
@@ -154,10 +155,9 @@ class Law:
         if column not in self.columns:
             return None
         k = 1 + self.columns.index(column)
-        tail = 100 * (1 - confidence) / 2
         out = {"value": float(self.coef[k]), "confidence": confidence}
         if len(self.boot) >= 10:
-            lo, hi = np.percentile(self.boot[:, k], [tail, 100 - tail])
+            lo, hi = percentile_band(self.boot[:, k], confidence)
             out["bootstrap"] = [float(lo), float(hi)]
         if self.dof > 0:
             half = float(t_dist.ppf(0.5 + confidence / 2, self.dof)) * math.sqrt(self.cov[k, k])
@@ -176,8 +176,7 @@ class Law:
         if math.isfinite(self.residual_sd):
             draws = np.random.default_rng(0).standard_t(max(self.dof, 1), size=len(values))
             values = values + self.residual_sd * draws
-        tail = 100 * (1 - confidence) / 2
-        lo, hi = np.percentile(values, [tail, 100 - tail])
+        lo, hi = percentile_band(values, confidence)
         return float(math.exp(lo)), float(math.exp(hi))
 
 

@@ -46,7 +46,6 @@ SHARED_FRACTION = 0.5
 NEWTON_STEPS_FIT = 3
 BISECTION_STEPS = 56  # `JointFit.predict_loss`'s halvings of its bracket
 L_N_FLOOR = -30.0  # nats/token: L_N is a curve parameter here, free to fall below 0 (see fit_joint)
-CONFIDENCE = 0.95
 MAX_NFEV_PER_PARAMETER = 400  # a fit's evaluation limit, per parameter
 FIT_FTOL = 1e-8  # a fit stops where chi2 changes by less than this share of itself (scipy's)
 # a refit from the fit's own parameters (bootstrap, simulated term test) stops at 1e-5 of its

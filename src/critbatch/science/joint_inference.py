@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from critbatch.science.intervals import CONFIDENCE, percentile_band
 from critbatch.science.joint import (
-    CONFIDENCE,
     REFIT_FTOL,
     TERM_TEST_DRAWS,
     TERM_TEST_LEVEL,
@@ -397,11 +397,9 @@ def bootstrap_joint(data: JointData, fit: JointFit, resamples: int = 200, seed: 
         return Bootstrap(None, None, None, None, len(gammas), scale, np.array(gammas),
                          f"none: {len(gammas)} of {resamples} refits converged", failed,
                          forms=forms, at_bounds=bounds)
-    tail = 100 * (1 - confidence) / 2
-    lo, hi = np.percentile(gammas, [tail, 100 - tail])
-    b_lo, b_hi = np.exp(np.percentile(log_b, [tail, 100 - tail]))
-    c_lo, c_hi = (np.exp(np.percentile(log_crit, [tail, 100 - tail])) if log_crit
-                  else (None, None))
+    lo, hi = percentile_band(gammas, confidence)
+    b_lo, b_hi = np.exp(percentile_band(log_b, confidence))
+    c_lo, c_hi = np.exp(percentile_band(log_crit, confidence)) if log_crit else (None, None)
     return Bootstrap(float(lo), float(hi), float(b_lo), float(b_hi), len(gammas), scale,
                      np.array(gammas), label, failed, reference_loss,
                      None if c_lo is None else float(c_lo), None if c_hi is None else float(c_hi),

@@ -25,7 +25,8 @@ import warnings
 
 import numpy as np
 
-from critbatch.science.fits import CONFIDENCE, fit_log_linear
+from critbatch.science.fits import fit_log_linear
+from critbatch.science.intervals import CONFIDENCE, percentile_band
 
 KAPLAN_B_STAR_TOKENS = 2e8  # Kaplan et al. 2020, GPT-2 tokenizer on WebText2
 KAPLAN_EXPONENT = 4.8  # 1/alpha_B, alpha_B ~ 0.21
@@ -202,9 +203,8 @@ def bootstrap_kaplan(losses, b_crit_tokens, units, log_sigma=None, resamples: in
     if len(names) < MIN_BOOTSTRAP_UNITS:
         out["interval"] += (f" (fewer than {MIN_BOOTSTRAP_UNITS} units: it covers less than "
                             f"{confidence:.0%})")
-    tail = 100 * (1 - confidence) / 2
-    lo, hi = np.percentile(exponents, [tail, 100 - tail])
-    b_lo, b_hi = np.percentile(log_b_stars, [tail, 100 - tail])
+    lo, hi = percentile_band(exponents, confidence)
+    b_lo, b_hi = percentile_band(log_b_stars, confidence)
     out.update(exponent_low=float(lo), exponent_high=float(hi),
                b_star_tokens_low=exp_or_none(b_lo), b_star_tokens_high=exp_or_none(b_hi),
                resamples=len(exponents))

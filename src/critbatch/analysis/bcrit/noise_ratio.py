@@ -33,10 +33,10 @@ import numpy as np
 from critbatch.analysis.bcrit.online_noise import lr_phase
 from critbatch.results.runs import is_finite
 from critbatch.results.shortcut import times_ratio
-from critbatch.science.answer import percentile_interval
+from critbatch.science.intervals import CONFIDENCE, percentile_interval
 
 RESAMPLES = 2000
-CONFIDENCE = 0.95
+
 ORDER = 10.0  # "the same order": within this factor either way
 MIN_RUNS = 2
 

@@ -13,6 +13,7 @@ import numpy as np
 from critbatch.analysis import plotting
 from critbatch.analysis.joint import report as joint_report
 from critbatch.analysis.render import fmt
+from critbatch.science.intervals import percentile_band
 from critbatch.science.laws import KAPLAN_B_STAR_TOKENS, KAPLAN_EXPONENT
 
 PLOTS = {
@@ -189,7 +190,7 @@ def power_band(x: np.ndarray, y: np.ndarray, units: list, grid: np.ndarray,
             lines.append(np.polyval(np.polyfit(lx[pick], ly[pick], 1), np.log(grid)))
     if not lines:
         return np.exp(fit), np.exp(fit), np.exp(fit)
-    lo, hi = np.percentile(lines, [2.5, 97.5], axis=0)
+    lo, hi = percentile_band(lines, axis=0)
     return np.exp(fit), np.exp(lo), np.exp(hi)
 
 
@@ -215,7 +216,7 @@ def plot_noise_ratio(groups: list[dict], ratios: dict, joint: dict, path: Path) 
         if draws:
             curves = [b * grid ** -g for b, g in zip(draws["b_star"], draws["exponent"],
                                                     strict=True)]
-            lo, hi = np.percentile(curves, [2.5, 97.5], axis=0)
+            lo, hi = percentile_band(curves, axis=0)
             ax.fill_between(grid, lo, hi, color="C0", alpha=0.2,
                             label="B_crit 95% (refits)")
         inside = [r for r in readings if min(cells) <= r["val_loss"] <= max(cells)]

@@ -34,7 +34,8 @@ from critbatch.analysis.render import (
 )
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_json_atomic
-from critbatch.science.answer import GridCell, Promise, percentile_interval
+from critbatch.science.answer import GridCell, Promise
+from critbatch.science.intervals import percentile_interval
 from critbatch.science.recommend import to_target_loss
 
 PLOT_FILE = "recommend.png"
