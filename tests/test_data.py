@@ -46,6 +46,9 @@ def test_tokenizer_round_trip_and_eot(corpus_dir):
     eot = tok.token_to_id(cache_module.EOT)
     assert ids.dtype == np.uint16
     assert list(ids).count(eot) == 2 and ids[-1] == eot
+    texts = [t for _, t in docs] + samples  # the fast encoder gives encode_batch's very ids
+    want = [i for enc in tok.encode_batch(texts) for i in [*enc.ids, eot]]
+    assert encode_documents(tok, texts).tolist() == want
 
 
 def test_cache_manifest_and_bytes_per_token(corpus_dir, tmp_path):
