@@ -268,3 +268,20 @@ def test_any_profile_gives_a_window_around_its_best_and_a_reading(profile, nats,
     best = batches[int(np.argmin(profile))]
     assert batches[0] * (1 - 1e-9) <= low <= best <= high <= batches[-1] * (1 + 1e-9)
     assert min(profile) - 1e-12 <= cell.loss_at(batch, lr) <= max(profile) + 0.01 + 1e-12
+
+
+def test_the_bootstrap_is_the_same_spread_over_processes():
+    """Each replicate draws from its own seed, so a process pool's map (`process_map`) gives
+    the very replicates of the builtin map: planted fault, one generator shared in order."""
+    from critbatch.analysis.parallel import process_map
+
+    cells = planted_grid(noise=3e-3, seed=1)
+    fit = fit_answer(cells, Promise(0.1))
+    alone = bootstrap_answer(cells, fit, 24, seed=5)
+    spread = bootstrap_answer(cells, fit, 24, seed=5, map_=process_map(2))
+    assert alone.failed == spread.failed and len(alone.fits) == len(spread.fits) > 20
+    for a, b in [(alone.top_scatter, spread.top_scatter), (alone.lr_scatter, spread.lr_scatter),
+                 (alone.log_tops(4e8, 2e10), spread.log_tops(4e8, 2e10))]:
+        assert np.array_equal(a, b)
+    assert not np.array_equal(alone.top_scatter,
+                              bootstrap_answer(cells, fit, 24, seed=6).top_scatter)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from critbatch.analysis.parallel import cores
 from critbatch.orchestration import workers
 from critbatch.orchestration.planned import Job
 from critbatch.training import branches as branching
@@ -28,7 +29,7 @@ class Placement:
 
 def job_threads(jobs_at_once: int) -> int:
     """CPU threads each of `jobs_at_once` jobs gets: the cores split between them."""
-    return max(1, workers.cores() // jobs_at_once)
+    return max(1, cores() // jobs_at_once)
 
 
 def gpu_jobs(plan: list[Job]) -> int:

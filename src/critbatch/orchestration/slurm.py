@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from critbatch.analysis.parallel import cores
 from critbatch.orchestration import pool, workers
 from critbatch.orchestration.planned import Job
 from critbatch.results import runs
@@ -124,7 +125,7 @@ def run_task(jobs: list[Job], device: str, seconds: dict[Path, float], cwd: str,
     os.chdir(cwd)  # the plan's run folders are relative to where the sweep started
     if device == "cuda":
         return pool.train_here(jobs, pool.gpu_jobs(jobs), device, seconds)
-    cpus = cpus or workers.cores()
+    cpus = cpus or cores()
     at_once = max(1, min(len(jobs), cpus))
     return pool.train_here(jobs, at_once, device, seconds, threads=max(1, cpus // at_once))
 

@@ -73,14 +73,6 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def cores() -> int:
-    """The CPU cores this process may run on (a SLURM task's allocation, a taskset), else all."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
 def runs_per_gpu(width: int) -> int:
     return next(k for limit, k in RUNS_PER_GPU if width <= limit)
 

@@ -41,7 +41,9 @@ best. numpy/scipy only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -516,25 +518,36 @@ def scatter(law: Law, rng: np.random.Generator) -> float:
 
 
 def bootstrap_answer(cells: list[GridCell], fit: GridFit, resamples: int = RESAMPLES,
-                     seed: int = 0) -> Replicates:
+                     seed: int = 0, map_: Callable = map) -> Replicates:
     """`resamples` replicates: the cells drawn with replacement and every law refitted with its
     terms chosen again (`fit_answer`), so the intervals include the choice of terms. Replicates
-    that cannot give a law (too few distinct sizes or budgets drawn) count as `failed`."""
-    rng = np.random.default_rng(seed)
-    fits, draws, failed = [], [], 0
-    for _ in range(resamples):
-        pick = [cells[i] for i in rng.integers(0, len(cells), len(cells))]
-        try:
-            again = fit_answer(pick, fit.promise, loss_start=fit.loss)
-        except (GridTooSmall, np.linalg.LinAlgError, ValueError):
-            failed += 1
-            continue
-        fits.append(again)
-        draws.append((scatter(again.b_top, rng), scatter(again.b_opt, rng),
-                      scatter(again.lr, rng)))
+    that cannot give a law (too few distinct sizes or budgets drawn) count as `failed`.
+
+    Each replicate draws from its own stream (`SeedSequence(seed).spawn`), so `map_` may run
+    them anywhere, in any order (a process pool's map spreads them over the cores) and the
+    replicates are the same."""
+    streams = np.random.SeedSequence(seed).spawn(resamples)
+    done = list(map_(partial(one_replicate, cells, fit.promise, fit.loss), streams))
+    kept = [r for r in done if r is not None]
+    draws = [r[1] for r in kept]
     top, optimum, lr = (np.array(x, float) for x in (zip(*draws, strict=True) if draws
                                                      else ([], [], [])))
-    return Replicates(fits, top, optimum, lr, failed)
+    return Replicates([r[0] for r in kept], top, optimum, lr, len(done) - len(kept))
+
+
+def one_replicate(cells: list[GridCell], promise: Promise, loss: float,
+                  stream: np.random.SeedSequence
+                  ) -> tuple[GridFit, tuple[float, float, float]] | None:
+    """One bootstrap replicate of `bootstrap_answer`: the refit on cells drawn with
+    replacement and a new cell's scatter about its batch and lr laws; None when the drawn
+    cells cannot give a law."""
+    rng = np.random.default_rng(stream)
+    pick = [cells[i] for i in rng.integers(0, len(cells), len(cells))]
+    try:
+        again = fit_answer(pick, promise, loss_start=loss)
+    except (GridTooSmall, np.linalg.LinAlgError, ValueError):
+        return None
+    return again, (scatter(again.b_top, rng), scatter(again.b_opt, rng), scatter(again.lr, rng))
 
 
 def grid_answer(fit: GridFit, replicates: Replicates, params: float, tokens: float,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from critbatch.analysis.parallel import process_map
 from critbatch.analysis.recommend.recommend import (
     RESAMPLES,
     Model,
@@ -163,7 +164,8 @@ def fit(cells: list[GridCell], promise: Promise, seq_len: int, sweep: SizedSweep
                                   "read through the joint model instead")
         if route == ROUTE_OPTIMUM:
             out.replicates = bootstrap_answer(
-                cells, out.grid, GRID_RESAMPLES if resamples is None else resamples, seed)
+                cells, out.grid, GRID_RESAMPLES if resamples is None else resamples, seed,
+                process_map())
         else:
             if sweep is None:
                 raise ResultsError("this grid's loss keeps falling towards its smallest batch, "
