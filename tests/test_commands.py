@@ -53,3 +53,17 @@ def test_a_python_without_critbatch_gets_one_line_naming_the_venv(script, tmp_pa
     assert "No module named 'critbatch'" in proc.stderr
     assert f".venv/bin/python analysis/{script.name}" in proc.stderr
     assert "make install" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_hung_test_fails_by_name(tmp_path):
+    """pytest-timeout (pyproject's `timeout`) stops a test that hangs and names it, instead of
+    CI's own limit killing the whole suite."""
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_that_hangs():\n"
+                                           "    time.sleep(60)\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--timeout", "2", str(tmp_path / "test_hang.py")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout
+    assert "Timeout" in proc.stdout and "test_that_hangs" in proc.stdout, proc.stdout[-2000:]
+    ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert 0 < ini["timeout"] <= 1800
