@@ -5,19 +5,28 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from critbatch.analysis.bcrit.synthetic import synthetic_sweep
 
-
-def report(cwd):
-    return subprocess.run([sys.executable, "-m", "critbatch.sweep", "report"], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+COMMANDS = {"sweep report": [sys.executable, "-m", "critbatch.sweep", "report"],
+            "critbatch-report": [str(Path(sys.executable).parent / "critbatch-report")]}
 
 
-def test_report_reanalyses_every_sweep_found(tmp_path):
+def report(cwd, command: str = "sweep report"):
+    return subprocess.run(COMMANDS[command], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_report_reanalyses_every_sweep_found(tmp_path, command):
+    """`make report`'s module and the installed `critbatch-report` command, end to end."""
     synthetic_sweep(tmp_path / "runs" / "batch", sweep="smoke", batch_sizes=(64, 256))
     synthetic_sweep(tmp_path / "runs" / "widths", sweep="cpu", batch_sizes=(64,))
-    proc = report(tmp_path)
+    proc = report(tmp_path, command)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
     assert (tmp_path / "runs/widths/cpu/report/fits.json").exists()
