@@ -313,3 +313,30 @@ def test_the_answer_s_intervals_hold_the_planted_values_on_planted_sweeps():
     worlds = [world_answers(seed, Promise(), resamples=100)["beyond"] for seed in range(3, 11)]
     for key in QUANTITIES:
         assert sum(bool(holds(w, key)) for w in worlds) >= 7, key
+
+
+@pytest.mark.slow
+def test_the_readme_s_make_recommend_line_on_a_sweep_s_run_folders(tmp_path):
+    """The README's `make recommend WIDTH=128 TOKENS=3e7`, end to end: make turns its variables
+    into the command (`make -n`), which, run where a sweep's run folders are, finds the latest
+    sweep under runs/, answers for width 128 at 3e7 tokens and writes its report there."""
+    from critbatch.analysis.bcrit.synthetic import synthetic_sweep
+
+    line = "make recommend WIDTH=128 TOKENS=3e7"
+    assert line in (REPO / "README.md").read_text()
+    synthetic_sweep(tmp_path / "runs", sweep="batch", all_budgets=True, widths=(64,))
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "-o", "install",
+                          *line.split()[1:]], cwd=REPO, capture_output=True, text=True,
+                         check=True)
+    command = " ".join(dry.stdout.replace("\\\n", " ").split())
+    assert command == ("CRITBATCH_VIA_MAKE=recommend .venv/bin/python analysis/recommend.py "
+                       "--width 128 --tokens 3e7"), command
+    command = command.replace(".venv/bin/python", sys.executable).replace(
+        "analysis/recommend.py", str(REPO / "analysis" / "recommend.py"))
+    proc = subprocess.run(f"{command} --wandb disabled", shell=True, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no paths given: analysing runs/batch/adamw_w64" in proc.stdout
+    doc = json.loads((tmp_path / "runs/batch/adamw_w64/report/recommend.json").read_text())
+    assert (doc["width"], doc["tokens"], doc["optimizer"]) == (128, 3e7, "adamw")
+    assert doc["batch_low"] <= doc["batch_size"] <= doc["batch_high"] and doc["lr"] > 0
