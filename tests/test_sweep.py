@@ -555,3 +555,55 @@ def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path
     prepare_data(data)
     capsys.readouterr()
     assert estimate.data_to_prepare([cfg]) == 0.0 and capsys.readouterr().out == ""
+
+
+def make_command(target: str, *variables: str) -> list[str]:
+    """The command `make <target> <variables>` runs (`make -n`, install taken as done), with
+    the venv's python as this test's."""
+    dry = subprocess.run(["make", "--no-print-directory", "-n", "-o", "install", target,
+                          *variables], cwd=REPO, capture_output=True, text=True, check=True)
+    words = dry.stdout.replace("\\\n", " ").split()
+    return [sys.executable if w == ".venv/bin/python" else w for w in words]
+
+
+@pytest.mark.slow
+def test_make_sweep_widths_trains_every_width_and_writes_the_kaplan_report(tmp_path, cache_dir):
+    """`make sweep-widths SCALE=smoke OPT=adamw`, end to end on two widths and two batches:
+    every width's runs (and the widths_seeds stage), B_noise, and a report with one group
+    per width."""
+    cmd = make_command("sweep-widths", "SCALE=smoke", "OPT=adamw", "JOBS=2")
+    assert cmd[1:6] == ["-m", "critbatch.sweep", "widths", "--scale", "smoke"], cmd
+    proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
+                           "grid.widths='16,32'", "grid.batch_sizes='4,8'",
+                           "grid.lrs.adamw='4e-3,1e-2'", "grid.widths_tokens=16384",
+                           "grid.lr_search=false"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    folder = tmp_path / "runs/widths/smoke"
+    widths = {runs.read_config(p.parent)["model"]["width"]
+              for p in folder.glob("*/summary.json")}
+    assert widths == {16, 32}
+    fits = json.loads((folder / "report/fits.json").read_text())
+    assert sorted(g["key"]["width"] for g in fits["groups"]) == [16, 32], fits["groups"]
+    assert (folder / "report/report.md").stat().st_size > 0
+    assert "noise (optim=adamw)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_make_sweep_branches_compares_branches_with_separate_runs(tmp_path, cache_dir):
+    """`make sweep-branches SCALE=smoke OPT=adamw`, end to end: the batch stage tunes the lr,
+    then separate wsd and cosine runs at the baseline batch, and the branch check's report
+    (critbatch-branch-check) compares each budget's branch with them."""
+    cmd = make_command("sweep-branches", "SCALE=smoke", "OPT=adamw", "JOBS=2")
+    assert cmd[1:6] == ["-m", "critbatch.sweep", "branches", "--scale", "smoke"], cmd
+    proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
+                           "grid.batch_sizes='4,8'", "grid.lrs.adamw='4e-3,1e-2'",
+                           "train.tokens=16384", "grid.branch_check_tokens='8192,16384'",
+                           "grid.lr_search=false"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    checks = list((tmp_path / "runs/branch_check/smoke").glob("*/summary.json"))
+    schedules = {runs.read_config(p.parent)["train"]["schedule"] for p in checks}
+    assert schedules == {"wsd", "cosine"} and len(checks) == 4
+    report = next((tmp_path / "runs").glob("branch_check/smoke/report/*.md"))
+    assert report.stat().st_size > 0
