@@ -23,11 +23,14 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def process_map(jobs: int | None = None) -> Callable:
+def process_map(jobs: int | None = None, meanwhile: Callable[[], object] | None = None
+                ) -> Callable:
     """A `map(fn, items)` over `jobs` worker processes (None: every core this process may
     use, so `taskset -c 0` makes it one), returning a list in the items' order; the builtin
     `map` for one job and inside a worker process (a coverage study's world: no pool within a
-    pool). `fn` and the items must pickle (a module-level function, or a partial of one)."""
+    pool). `fn` and the items must pickle (a module-level function, or a partial of one).
+    `meanwhile` is called in this process once the workers are busy (work that would
+    otherwise wait for them, such as importing the plotting library)."""
     jobs = cores() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
@@ -41,6 +44,10 @@ def process_map(jobs: int | None = None) -> Callable:
         workers = min(jobs, len(items))
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-            return list(pool.map(fn, items, chunksize=math.ceil(len(items) / workers)))
+            # four chunks a worker: one slow chunk does not leave the other workers idle
+            results = pool.map(fn, items, chunksize=math.ceil(len(items) / (4 * workers)))
+            if meanwhile is not None:
+                meanwhile()
+            return list(results)
 
     return spread

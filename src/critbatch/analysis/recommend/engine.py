@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from critbatch.analysis import plotting
 from critbatch.analysis.parallel import process_map
 from critbatch.analysis.recommend.recommend import (
     RESAMPLES,
@@ -165,7 +166,7 @@ def fit(cells: list[GridCell], promise: Promise, seq_len: int, sweep: SizedSweep
         if route == ROUTE_OPTIMUM:
             out.replicates = bootstrap_answer(
                 cells, out.grid, GRID_RESAMPLES if resamples is None else resamples, seed,
-                process_map())
+                process_map(meanwhile=plotting.pyplot))  # the plot's library, while they refit
         else:
             if sweep is None:
                 raise ResultsError("this grid's loss keeps falling towards its smallest batch, "
