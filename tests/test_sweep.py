@@ -569,8 +569,8 @@ def make_command(target: str, *variables: str) -> list[str]:
 @pytest.mark.slow
 def test_make_sweep_widths_trains_every_width_and_writes_the_kaplan_report(tmp_path, cache_dir):
     """`make sweep-widths SCALE=smoke OPT=adamw`, end to end on two widths and two batches:
-    every width's runs (and the widths_seeds stage), B_noise, and a report with one group
-    per width."""
+    every width's runs (and the widths_seeds stage), B_noise, and a report whose joint model
+    spans both widths."""
     cmd = make_command("sweep-widths", "SCALE=smoke", "OPT=adamw", "JOBS=2")
     assert cmd[1:6] == ["-m", "critbatch.sweep", "widths", "--scale", "smoke"], cmd
     proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
@@ -584,7 +584,8 @@ def test_make_sweep_widths_trains_every_width_and_writes_the_kaplan_report(tmp_p
               for p in folder.glob("*/summary.json")}
     assert widths == {16, 32}
     fits = json.loads((folder / "report/fits.json").read_text())
-    assert sorted(g["key"]["width"] for g in fits["groups"]) == [16, 32], fits["groups"]
+    assert fits["joint"]["adamw"]["widths"] == ["width 16 depth 2", "width 32 depth 2"]
+    assert "kaplan" in fits and fits["noise_ratio"]["adamw"]["widths"] is not None
     assert (folder / "report/report.md").stat().st_size > 0
     assert "noise (optim=adamw)" in proc.stdout
 
@@ -597,9 +598,8 @@ def test_make_sweep_branches_compares_branches_with_separate_runs(tmp_path, cach
     cmd = make_command("sweep-branches", "SCALE=smoke", "OPT=adamw", "JOBS=2")
     assert cmd[1:6] == ["-m", "critbatch.sweep", "branches", "--scale", "smoke"], cmd
     proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
-                           "grid.batch_sizes='4,8'", "grid.lrs.adamw='4e-3,1e-2'",
-                           "train.tokens=16384", "grid.branch_check_tokens='8192,16384'",
-                           "grid.lr_search=false"],
+                           "grid.batch_sizes=4", "grid.lrs.adamw='4e-3,1e-2'",
+                           "grid.branch_check_tokens='16384,32768'", "grid.lr_search=false"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     checks = list((tmp_path / "runs/branch_check/smoke").glob("*/summary.json"))
