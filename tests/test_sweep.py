@@ -537,7 +537,7 @@ def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path
                     "grid.batch_sizes='4,8'", f"data.cache_dir={tmp_path / 'cache'}"])
     out = capsys.readouterr().out
     assert "data=stdlib V" in out and "its token cache is built first" in out, out
-    assert "MB of text" in out and "min to prepare data + " in out
+    assert "MB of text" in out and " preparing data + " in out
 
     from critbatch.training.config import DataConfig
     from critbatch.training.token_cache import prepare_data
