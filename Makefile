@@ -59,8 +59,8 @@ TEST_JOBS ?= auto  # pytest workers (pytest-xdist): one per core; TEST_JOBS=0 ru
 test: install ## run every test (slow end-to-end ones included), one worker per core
 	$(PY) -m pytest -q --durations=15 -n $(TEST_JOBS) --dist worksteal
 
-test-fast: install ## run the fast tests only
-	$(PY) -m pytest -q -m "not slow"
+test-fast: install ## the tests not marked slow (none over a few seconds), one worker per core
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) --dist worksteal
 
 lint: install ## ruff check
 	$(VENV)/bin/ruff check src tests analysis sweeps

@@ -283,6 +283,7 @@ def test_one_batch_size_only_is_a_partial_report(tmp_path):
     assert "one batch size only" in warnings and "make sweep-batch" in warnings
 
 
+@pytest.mark.slow
 def test_no_baseline_with_three_budgets(tmp_path):
     synthetic_sweep(tmp_path, budgets_tokens=(2**23, 2**24))
     result = analyse_dir(tmp_path)
@@ -521,6 +522,7 @@ def test_lr_scaling_joins_budgets_that_differ_by_step_rounding(tmp_path):
     assert fit["exponent"] == pytest.approx(truth.lr_exponent, abs=0.1)
 
 
+@pytest.mark.slow
 def test_a_degenerate_pareto_fit_is_left_out_of_kaplan_and_named(tmp_path):
     """B_crit far above every batch trained, and the largest batch better than the model
     allows: its steps fall faster than 1/B, so the fit's S_min goes negative."""
@@ -540,6 +542,7 @@ def test_a_degenerate_pareto_fit_is_left_out_of_kaplan_and_named(tmp_path):
     assert any("degenerate" in w and "left out of Kaplan" in w for w in result["warnings"])
 
 
+@pytest.mark.slow
 def test_u_shaped_efficiency_warns_and_auto_picks_the_efficient_baseline(tmp_path):
     """The smallest batch pays a penalty (16/B x 0.2 nats/token): batch 64 reaches a lower loss
     at equal tokens, which McCandlish's model forbids for a good baseline."""

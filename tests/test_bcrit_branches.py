@@ -233,6 +233,7 @@ def test_pareto_falls_back_to_two_batch_sizes_with_a_warning():
     assert "two batch sizes: exact fit" in warn
 
 
+@pytest.mark.slow
 def test_the_report_has_every_table_with_units(branched, tmp_path):
     root, _, _, _ = branched
     out = run_analysis([str(root)], out=str(tmp_path / "report"), wandb_mode="disabled")["out"]

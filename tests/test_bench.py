@@ -70,6 +70,7 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     assert "| preset |" in printed and "| target |" in printed
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
 def test_peak_is_time_boxed_where_bf16_is_slow():
     """With oneDNN off, torch multiplies bf16 on its reference gemm (~1.5 GFLOP/s), as on a CPU

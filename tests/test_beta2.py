@@ -33,6 +33,7 @@ def test_the_optimizers_are_built_with_the_batch_s_beta2(name):
     assert adamw[0].defaults["betas"] == (0.9, pytest.approx(0.99**4))
 
 
+@pytest.mark.slow
 def test_the_batch_sweep_carries_beta2_to_each_batch():
     jobs = plan_stage("batch", "cpu", "adamw", [])
     grid = check_overrides(["scale=cpu"]).grid

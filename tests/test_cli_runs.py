@@ -25,6 +25,7 @@ from critbatch.training.cli import sweep_jobs
     (["-m", "train.batch_size=8,sixteen"], "bad value for 'train.batch_size'"),
     (["train.seed=0", "train.batch_size=8,16"], "add -m (--multirun)"),
 ])
+@pytest.mark.slow
 def test_multirun_mistakes_are_one_line_before_any_job(tiny_overrides, tmp_path, train_cli,
                                                        args, message):
     sweep = tmp_path / "sweep"
@@ -33,6 +34,7 @@ def test_multirun_mistakes_are_one_line_before_any_job(tiny_overrides, tmp_path,
     assert not sweep.exists()
 
 
+@pytest.mark.slow
 def test_a_multirun_whose_runs_failed_exits_non_zero_after_the_others(
         tiny_overrides, tmp_path, train_cli):
     """The batch-8 folder holds a finished run of another seed: that job fails, 16 trains."""

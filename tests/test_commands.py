@@ -55,6 +55,7 @@ def test_a_python_without_critbatch_gets_one_line_naming_the_venv(script, tmp_pa
     assert "make install" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_hung_test_fails_by_name(tmp_path):
     """pytest-timeout (pyproject's `timeout`) stops a test that hangs and names it, instead of
     CI's own limit killing the whole suite."""

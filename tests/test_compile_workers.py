@@ -4,12 +4,15 @@ cheap `eager` backend: dynamo traces and guards as with inductor, without genera
 
 from __future__ import annotations
 
+import pytest
+
 from critbatch.training.cli import check_overrides
 from critbatch.training.loop import train
 
 WIDTHS = (16, 24, 32, 40, 48, 56, 64, 72, 80, 88)  # > recompile_limit (8) shapes
 
 
+@pytest.mark.slow
 def test_a_widths_grid_in_one_process_trains_every_width_compiled(tiny_overrides, tmp_path,
                                                                    dynamo_warnings):
     """Each width's run compiles graphs of its own (dynamo's counters), not eager mode: the

@@ -130,6 +130,7 @@ def test_conf_dir_is_the_repository_conf():
     assert Path(__file__).resolve().parents[1] / "conf" == CONF_DIR
 
 
+@pytest.mark.slow
 def test_the_batch_sweep_warms_each_optimizer_up_by_its_own_key():
     """`grid.warmup_steps` is per optimizer: 10 steps for both in the cpu preset,
     `grid.warmup_steps.muon=40` changes Muon's batch sweep (and its seeded runs) alone; the

@@ -117,6 +117,7 @@ def _build_in_child(args) -> dict:
     return prepare_data(text_cfg(Path(corpus), Path(cache))).manifest
 
 
+@pytest.mark.slow
 def test_two_processes_building_at_once_end_with_one_valid_cache(corpus_dir, tmp_path):
     cache = tmp_path / "cache"
     with mp.get_context("spawn").Pool(2) as pool:

@@ -138,6 +138,7 @@ def test_readme_names_no_commit():
     assert not hashes, f"README.md names commits {hashes}"
 
 
+@pytest.mark.slow
 def test_the_noise_tracker_example_runs_as_written():
     """docs/running.md's NoiseTracker loop, run as it stands: it prints a B_noise."""
     text = (REPO / "docs" / "running.md").read_text()

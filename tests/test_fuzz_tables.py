@@ -195,6 +195,7 @@ def recommend(table: Path, out: Path, *target: str) -> str:
 # Generated tables
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=40)
 @given(table=results_tables())
 def test_fit_bcrit_reports_or_fails_in_one_line(table, tmp_path_factory):
@@ -210,6 +211,7 @@ def test_fit_bcrit_reports_or_fails_in_one_line(table, tmp_path_factory):
 @settings(FUZZ, max_examples=60)
 @given(table=results_tables(rich=True), validate=st.booleans(),
        target=st.sampled_from(((1e7, 2e9), (1073741824, 2e10), (1e5, 1e6))))
+@pytest.mark.slow
 def test_recommend_answers_or_fails_in_one_line(table, validate, target, tmp_path_factory):
     """Any generated table gives recommend's answer (recommend.md/.json/.png), for a target
     size and budget or held out (--validate), or one line on stderr: no traceback."""

@@ -4,6 +4,8 @@ workers train on the CPU, and report the GPU they were pinned to."""
 
 from __future__ import annotations
 
+import pytest
+
 from critbatch.orchestration import workers
 from critbatch.training.cli import check_overrides
 
@@ -21,6 +23,7 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
     assert workers.visible_gpus() == []
 
 
+@pytest.mark.slow
 def test_each_worker_is_pinned_to_its_own_gpu(tiny_overrides, tmp_path):
     jobs = []
     for i in range(4):

@@ -124,6 +124,7 @@ def test_verdict_says_unresolved_when_the_law_leans_on_cells_above_the_baseline(
     assert "unresolved" not in verdict(doc)
 
 
+@pytest.mark.slow
 def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
     root, _ = sweep
     out = tmp_path / "report"
@@ -375,6 +376,7 @@ def test_seed_noise_is_pooled_without_a_trend_and_follows_the_tokens_with_one(sw
     assert nu == pytest.approx(split.by_key[64].effective_dof(0.5))
 
 
+@pytest.mark.slow
 def test_a_precisely_recovered_law_is_resolved(tmp_path):
     """Two optimizers planted with Kaplan's exponent (AdamW 4.8) and another (Muon 3.5), each
     at 4 sizes x 5 budgets x 10 batches x 5 lrs x 2 seeds: both laws come back within a

@@ -90,6 +90,7 @@ def test_a_local_cbs_branch_trained_alone_drops_its_own_and_the_base_keeps_its_o
         assert checkpoints(base) == ({""} if keep == "final" else set())
 
 
+@pytest.mark.slow
 def test_the_plan_estimates_the_peak_disk_of_each_policy(tmp_path, monkeypatch):
     """A job holds the checkpoints of its run and branches until all are finished: the peak
     is what the jobs keep plus what the `jobs_at_once` largest hold meanwhile."""
@@ -106,6 +107,7 @@ def test_the_plan_estimates_the_peak_disk_of_each_policy(tmp_path, monkeypatch):
     assert peaks["all"][0] > peaks["final"][0] > peaks["none"][0]
 
 
+@pytest.mark.slow
 def test_the_sweep_holds_the_noise_programs_checkpoints_under_none_until_it_has_read_them(
         tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -349,6 +349,7 @@ def test_replicated_ladders_cancel_the_data_order(tmp_path):
     assert "### muon, lr none" in text and "### muon, lr sqrt" in text
 
 
+@pytest.mark.slow
 def test_the_sweep_draws_the_batch_sweep_of_the_same_scale_when_it_exists(tmp_path):
     """`python -m critbatch.sweep local_cbs` analyses with --batch-sweep runs/batch/<scale>
     when that report exists, and without it otherwise."""

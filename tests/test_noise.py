@@ -53,6 +53,7 @@ def micro_gradients(g_true, var, k: int, b: int, gen, trials: int = 1) -> torch.
     return g_true + (noise * var.sqrt()).mean(2)
 
 
+@pytest.mark.slow
 def test_both_estimates_are_unbiased_on_synthetic_gradients():
     """Mean over 4,000 trials of K = 8 micro-batches of b = 4 (B = 32 << B_noise = 100).
 

@@ -96,6 +96,7 @@ def test_b_full_weighs_the_noise_by_the_hessian():
     assert abs(math.log(est.b_noise / truth)) < 3 * math.log(est.b_noise_high / est.b_noise)
 
 
+@pytest.mark.slow
 def test_the_online_tracker_recovers_the_planted_b_noise_in_a_plain_loop():
     """The parameters held still (no optimizer step): 3,000 steps of 4 micro-batches of 4,
     averaged with a slow EMA, give B_simple to within 10%."""

@@ -69,6 +69,7 @@ def planted_sources(tmp_path, monkeypatch, http_folder):
     return tmp_path / "peers"
 
 
+@pytest.mark.slow
 def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_path, capsys):
     """(The joint model on the grid's table: `test_the_grid_as_a_table_...` below.)"""
     doc = report.run(str(planted_sources), tmp_path / "out", tmp_path / "docs" / "peers.md",
@@ -93,6 +94,7 @@ def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_pa
             in summary)
 
 
+@pytest.mark.slow
 def test_the_grid_as_a_table_goes_through_the_joint_model_and_gives_the_same_answer(
         planted_sources, tmp_path):
     """Three sizes of the planted grid through critbatch's table path: the joint model's
@@ -113,6 +115,7 @@ def test_the_grid_as_a_table_goes_through_the_joint_model_and_gives_the_same_ans
     assert doors["table"]["batch_size"] == pytest.approx(peers_doc["batch_size"], rel=0.05)
 
 
+@pytest.mark.slow
 def test_the_download_path_fills_the_cache_and_then_reads_it(planted_sources, tmp_path):
     cache = tmp_path / "cache"
     report.run(None, tmp_path / "out", None, resamples=20, cache=cache, joint=False)
@@ -120,6 +123,7 @@ def test_the_download_path_fills_the_cache_and_then_reads_it(planted_sources, tm
                                                  if k.startswith("steplaw")}
 
 
+@pytest.mark.slow
 def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
     from critbatch.analysis.recommend.cli import main
 
@@ -163,6 +167,7 @@ def test_recommend_peers_argument_errors_are_one_line(argv, message, capsys):
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_offline_without_peers_dir_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sources.SOURCES, "steplaw", dataclasses.replace(
         sources.SOURCES["steplaw"], url="http://127.0.0.1:9/dense_lr_bs_loss.csv"))
@@ -258,6 +263,7 @@ def test_step_law_and_zhang_reproduced_from_their_own_files(tmp_path):
 @given(sizes=st.integers(1, 4), budgets=st.integers(1, 3), batches=st.integers(2, 5),
        lrs=st.integers(1, 4), bowl=st.floats(-0.02, 0.05), nan_share=st.floats(0, 0.5),
        seed=st.integers(0, 2**16))
+@pytest.mark.slow
 def test_any_grid_answers_or_stops_in_one_line(sizes, budgets, batches, lrs, bowl, nan_share,
                                                seed):
     """Generated grids of any shape (one size, one budget, two batches, one lr, losses flat,

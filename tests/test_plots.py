@@ -160,6 +160,7 @@ def bcrit_report_of(root: Path, design: str) -> dict:
                                      wandb_mode="disabled")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("design", ["branched", "narrow"])
 def test_every_bcrit_plot_reads_at_any_range(tmp_path, saved_figures, design):
     bcrit_report_of(tmp_path, design)
@@ -171,6 +172,7 @@ def test_every_bcrit_plot_reads_at_any_range(tmp_path, saved_figures, design):
     assert all("\n" not in ax.title.get_text() for ax in lr.axes)  # short enough for one line
 
 
+@pytest.mark.slow
 def test_every_stability_and_schedules_plot_reads(tmp_path, saved_figures):
     write_stability_study(tmp_path / "runs", optimizers=("adamw", "muon"))
     stability_report.run_analysis([str(tmp_path / "runs")], str(tmp_path / "stab"),
@@ -213,6 +215,7 @@ def check_loss_units(markdown: str) -> int:
     return len(headers)
 
 
+@pytest.mark.slow
 def test_every_report_table_states_losses_in_nats_per_token(tmp_path):
     bcrit = bcrit_report_of(tmp_path / "b", "narrow")
     text = (bcrit["out"] / "report.md").read_text()

@@ -125,6 +125,7 @@ def test_the_answer_for_a_larger_model_lands_on_the_planted_one(tmp_path, seed):
     assert doc["headline"][-1].startswith("EXTRAPOLATED: 4x the largest model's params")
 
 
+@pytest.mark.slow
 def test_an_unresolved_law_warns_first_and_widens_the_interval(tmp_path):
     """The same sweep and bootstrap, its law called unresolved by the sweep report: the answer
     says so before its numbers, its interval also spans the answer without extrapolating
@@ -146,6 +147,7 @@ def test_an_unresolved_law_warns_first_and_widens_the_interval(tmp_path):
     assert "two short runs" in unresolved["check"]
 
 
+@pytest.mark.slow
 def test_the_smoke_scale_says_pipeline_test_on_every_answer(tmp_path):
     rows = [{**r, "scale": "smoke"} for r in planted_rows(truth(), SWEEP_SIZES,
                                                           np.random.default_rng(2))]
@@ -160,6 +162,7 @@ def test_the_smoke_scale_says_pipeline_test_on_every_answer(tmp_path):
     assert doc["verdict"] == "pipeline test"
 
 
+@pytest.mark.slow
 def test_cli_answers_with_the_recommend_json_fields_and_a_far_target_warns_first(tmp_path):
     table = write_csv(planted_rows(truth(), SWEEP_SIZES, np.random.default_rng(3)),
                       tmp_path / "grid.csv")
@@ -183,6 +186,7 @@ def test_cli_answers_with_the_recommend_json_fields_and_a_far_target_warns_first
     assert (tmp_path / "out" / "recommend.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_promise_in_nats_is_kept_in_nats(tmp_path):
     table = write_csv(planted_rows(truth(), SWEEP_SIZES, np.random.default_rng(5)),
                       tmp_path / "grid.csv")
@@ -195,6 +199,7 @@ def test_a_promise_in_nats_is_kept_in_nats(tmp_path):
     assert "within 0.02 nats/token of the best" in proc.stdout
 
 
+@pytest.mark.slow
 def test_validate_on_a_u_shaped_grid_reads_its_optimum_and_scores_on_the_held_out_runs(
         tmp_path):
     """A grid of four sizes from another codebase where small batches lose too (B_s = 12): the

@@ -208,6 +208,7 @@ SAVE_THEN_DIE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_kill_between_write_and_rename_leaves_the_previous_checkpoint(tmp_path):
     path = tmp_path / "checkpoint.pt"
     proc = subprocess.run([sys.executable, "-c", SAVE_THEN_DIE, str(path)], timeout=120)
@@ -318,6 +319,7 @@ LOCK_AND_SLEEP = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_process_is_recovered(corpus_dir, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

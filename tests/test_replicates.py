@@ -104,6 +104,7 @@ def test_draw_of_reads_the_grid_seed_override():
     assert draw_of({}) == 0  # a table row or an older run folder: the default draw
 
 
+@pytest.mark.slow
 def test_two_draws_in_fits_json(tmp_path):
     """Run folders of two draws (the second's runs carry `grid.seed=10` and seeds 10-11, as
     `make sweep-batch ARGS="grid.seed=10 ..."` writes them) analysed together: the joint

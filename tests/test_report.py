@@ -35,6 +35,7 @@ def fit_bcrit(*args, cwd=REPO):
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_writes_every_output(tmp_path):
     synthetic_sweep(tmp_path / "runs", batch_sizes=(64, 256, 1024, 2048), all_budgets=False,
                     optimizers=("adamw", "muon"))
@@ -237,6 +238,7 @@ def test_wandb_group_follows_the_trainer(tmp_path):
     assert majority_logged_group(result["groups"]) == "batch-cpu"
 
 
+@pytest.mark.slow
 def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(64,))
     code = "\n".join([

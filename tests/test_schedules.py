@@ -373,6 +373,7 @@ def no_nan(text: str) -> None:
     raise AssertionError(f"non-strict JSON constant {text}")
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_writes_the_report(tmp_path):
     study = write_study(tmp_path / "runs" / "schedules" / "cpu")
     write_run(study, "arm=broken,optim=adamw", [16] * 4, 3.9)
@@ -458,6 +459,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, monkeypatch, capsys, analysis_c
                             runs_root=str(tmp_path / "runs"))
 
 
+@pytest.mark.slow
 def test_analysis_never_imports_the_trainer_or_torch(tmp_path):
     write_study(tmp_path, optimizers=("adamw",))
     code = "\n".join([

@@ -166,6 +166,7 @@ def test_noise_trend_recovers_a_planted_slope_and_pools_a_flat_noise():
     assert flat.sd(1e5) == pytest.approx(np.sqrt(np.mean(v)))
 
 
+@pytest.mark.slow
 def test_noise_split_keeps_per_batch_trends_only_where_the_batches_differ():
     """Three batches' sample variances (2 dof per budget, 5 budgets, as the cpu sweep's three
     seeds): one batch 10x noisier (AdamW at cpu scale: 0.006 against 0.125 at 1.5M tokens) is

@@ -41,6 +41,7 @@ def test_outside_the_ratio_s_losses_or_after_a_cooldown_it_is_not_trusted():
     assert unresolved["b_crit_estimate"] is None and unresolved["ratio_source"] is not None
 
 
+@pytest.mark.slow
 def test_make_noise_writes_the_estimate_from_the_sweep_s_report(accum_run, tmp_path, capsys):
     run_dir, summary, cfg = accum_run
     fits = tmp_path / "fits.json"

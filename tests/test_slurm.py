@@ -37,6 +37,7 @@ LOCAL = ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
          "hydra.launcher.cpus_per_task=1"]
 
 
+@pytest.mark.slow
 def test_tasks_auto_give_each_worker_about_four_runs(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     plan = stages.plan_stage("widths", "smoke", "adamw",
@@ -56,6 +57,7 @@ def test_tasks_auto_give_each_worker_about_four_runs(monkeypatch, tmp_path):
                                                  ["hydra/launcher=joblib"])) is None  # a multirun
 
 
+@pytest.mark.slow
 def test_the_slurm_launcher_fields_become_the_sbatch_script(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     plan = stages.plan_stage("batch", "smoke", "adamw", [
@@ -119,6 +121,7 @@ def test_a_folder_without_flock_stops_the_sweep_before_it_submits(tmp_path, monk
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_task_that_dies_leaves_its_state_in_the_folders_of_its_runs(tmp_path, monkeypatch):
     """A task killed before it could report (here it exits at once, as on a lost node): its
     runs say so in their failed.txt, with the task and its log."""
@@ -199,6 +202,7 @@ def test_make_sweep_on_submitit_local_reports_the_failed_run_from_its_folder(
     assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
 
 
+@pytest.mark.slow
 def test_a_dry_run_shows_the_split_and_submits_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", "/nonexistent")  # no SLURM here: the plan needs none

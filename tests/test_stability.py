@@ -348,6 +348,7 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_writes_the_report(tmp_path):
     runs = tmp_path / "runs"
     write_study(runs, optimizers=("adamw", "muon"))
@@ -390,6 +391,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
         assert part in text, part
 
 
+@pytest.mark.slow
 def test_default_paths_and_no_torch(tmp_path):
     """No PATHS: the latest scale's stages, report in runs/stability/<scale>/report; and the
     analysis imports neither torch nor the trainer."""

@@ -87,6 +87,7 @@ def test_grids_are_consistent_at_every_scale(scale):
             assert {j.run_dir.parent for j in repeats} == {jobs[0].run_dir.parent}
 
 
+@pytest.mark.slow
 def test_plan_names_run_dirs_by_their_overrides():
     jobs = plan_stage("batch", "smoke", "muon", ["train.seed=3"])
     assert len(jobs) == 15
@@ -104,6 +105,7 @@ def test_plan_names_run_dirs_by_their_overrides():
     assert {j.cfg.optim.lr_scaling for j in adamw} == {"sqrt"}
 
 
+@pytest.mark.slow
 def test_a_new_draw_of_the_sweep_is_grid_seed_and_a_swept_key_is_refused():
     """`train.seed=10` would win over the seeds stage's own seeds (it trained 4 runs at seed
     10 for 8 at seeds 1 and 2): a one-line error that names the grid keys. grid.seed moves
@@ -229,6 +231,7 @@ def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():
         parse_jobs("0", "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
 def test_stability_plan_at_every_scale(scale):
     tuning = plan_stage("stability_lr", scale, "adamw", [])
@@ -258,6 +261,7 @@ def measured_fits(tmp_path) -> str:
     return f"grid.schedules.measured_fits={path}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", ["smoke", "cpu", "gpu"])
 def test_schedule_arms_train_equal_tokens(scale, measured_fits):
     for optimizer in ("adamw", "muon"):
@@ -499,6 +503,7 @@ def test_the_plan_states_checkpoint_disk_and_stops_when_it_is_short(tmp_path, mo
         estimate.check_disk(10**18, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, capsys):
     """`--dry-run` (make sweep-* DRY=1): the plan with its tokens, time and disk, the stages
     that wait for a tuned lr said to be estimated at the middle lr, exit 0, and nothing
@@ -526,6 +531,7 @@ def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, ca
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path, monkeypatch,
                                                                        capsys):
     """A corpus whose token cache is not built yet: the plan names it with its size and an

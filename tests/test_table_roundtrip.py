@@ -97,6 +97,7 @@ def differences(a, b, path: str = "") -> list[str]:
     return [] if a == b and type(a) is type(b) else [f"{path}: {a!r} against {b!r}"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
 def test_exported_table_gives_the_same_fits_and_intervals(sweep, tmp_path, suffix):
     table = tmp_path / f"sweep{suffix}"

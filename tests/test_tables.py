@@ -91,6 +91,7 @@ def test_export_then_table_gives_the_same_fits(tmp_path, suffix):
         d["reason"] == "diverged" for d in direct["left_out"]) > 0
 
 
+@pytest.mark.slow
 def test_cli_export_table_and_report_from_it(tmp_path):
     synthetic_sweep(tmp_path / "runs")
     proc = fit_bcrit(tmp_path / "runs", "--export-table", tmp_path / "runs.csv")
@@ -159,6 +160,7 @@ def test_steps_to_target_warnings_name_rows_to_add(tmp_path):
 # The peer study
 
 
+@pytest.mark.slow
 def test_zhang2024_published_fits_are_reproduced(tmp_path):
     """S_min and E_min per model within 2% of Zhang et al.'s (their fit: unweighted least
     squares of log S; ours: relative errors, weights 1/S). B in sequences of 512 tokens."""
