@@ -23,6 +23,30 @@ def test_param_count_matches_closed_form(width, depth):
     assert params - nonemb == (1000 + 64) * width
 
 
+@pytest.mark.parametrize(("width", "depth", "seq_len"), [(32, 2, 16), (48, 3, 24)])
+def test_flops_per_token_is_torch_s_count_in_kaplan_s_convention(width, depth, seq_len):
+    """`flops_per_token` against torch.utils.flop_counter on one training step (attention on
+    the math kernel, whose matmuls it counts): the same integer once the two conventions are
+    set side by side. torch counts every matmul, attention's full T x T scores included (12 L T
+    d a token over forward and backward); Kaplan et al.'s 6 N + 6 L T d counts half the scores
+    (the causal mask's) and counts N's gains as multiply-adds (6 (2 L d + d)). Planted fault:
+    a factor or a term of the closed form changed."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from critbatch.science.model_size import flops_per_token
+
+    vocab, batch = 100, 2
+    model = GPT(ModelConfig(width=width, depth=depth, heads=2, seq_len=seq_len), vocab)
+    idx = torch.randint(0, vocab, (batch, seq_len))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(idx, idx).backward()
+    per_token = counter.get_total_flops() // (batch * seq_len)
+    assert per_token == 6 * (12 * depth * width**2 + vocab * width) + 12 * depth * seq_len * width
+    kaplan = per_token - 6 * depth * seq_len * width + 6 * (2 * depth * width + width)
+    assert flops_per_token(width, depth, seq_len, vocab) == kaplan
+
+
 def test_model_is_causal_and_output_is_tied():
     torch.manual_seed(0)
     model = GPT(ModelConfig(width=32, depth=2, heads=2, seq_len=16), vocab_size=50)
