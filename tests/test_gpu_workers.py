@@ -47,3 +47,30 @@ def test_the_initializer_takes_one_gpu_from_the_queue(monkeypatch):
     assert workers.visible_gpus() == ["2"]
     workers.init_worker(None, slots)
     assert workers.visible_gpus() == ["3"]
+
+
+@pytest.mark.slow
+def test_the_cuda_decisions_run_on_the_cpu(monkeypatch):
+    """What a GPU machine decides, checked here with CUDA's presence faked (nothing touches a
+    device): auto picks cuda, bfloat16 autocast and torch.compile; an explicit dtype or compile
+    setting wins; a bad compile backend is one line; JOBS=auto packs each visible GPU by the
+    widest model (gpu scale: width 256, two a GPU)."""
+    import torch
+
+    from critbatch.orchestration.pool import gpu_jobs
+    from critbatch.orchestration.stages import plan_stage
+    from critbatch.results.errors import ConfigError
+    from critbatch.training.step import autocast_for, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device, dtype, compiled = resolve_device(check_overrides(["scale=gpu"]))
+    assert (device.type, dtype, compiled) == ("cuda", torch.bfloat16, True)
+    assert resolve_device(check_overrides(["scale=gpu", "train.dtype=float32",
+                                           "train.compile=false"]))[1:] == (torch.float32, False)
+    assert isinstance(autocast_for(torch.device("cpu"), dtype), torch.autocast)  # bf16: on
+    with pytest.raises(ConfigError, match="compile_backend=nope is not one of"):
+        resolve_device(check_overrides(["scale=gpu", "train.compile_backend=nope"]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    plan = plan_stage("batch", "gpu", "adamw", [])
+    assert max(j.cfg.model.width for j in plan) == 256
+    assert gpu_jobs(plan) == 2 * workers.runs_per_gpu(256) == 4
