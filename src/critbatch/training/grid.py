@@ -74,6 +74,15 @@ class LocalCbsGrid:
 
 
 @dataclass
+class CpuTask:
+    """One SLURM array task on a CPU cluster (`hydra/launcher=slurm_cpu`): the CPUs its worker
+    pool trains on (one run per CPU) and the memory it asks for, sized to this scale's runs."""
+
+    cpus: int = 8
+    mem_gb: int = 16
+
+
+@dataclass
 class GridConfig:
     """What the sweeps in `sweeps/` vary at this scale, in Hydra's sweep syntax ("8,32,128").
 
@@ -145,3 +154,4 @@ class GridConfig:
     stability: StabilityGrid = field(default_factory=StabilityGrid)
     schedules: SchedulesGrid = field(default_factory=SchedulesGrid)
     local_cbs: LocalCbsGrid = field(default_factory=LocalCbsGrid)
+    cpu_task: CpuTask = field(default_factory=CpuTask)
