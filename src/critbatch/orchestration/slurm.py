@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import math
 import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from critbatch.analysis.parallel import cores
-from critbatch.orchestration import pool, workers
+from critbatch.orchestration import pool, scheduler, workers
 from critbatch.orchestration.planned import Job
 from critbatch.results import runs
 from critbatch.results.errors import ConfigError
@@ -63,7 +64,12 @@ class Array:
 
     launcher: dict  # hydra.launcher, resolved (submitit_folder, timeout_min, partition, ...)
     tasks: int | None = None  # array tasks per array; None: `task_count` decides
-    poll_s: float = POLL_S
+    # seconds between looks at the tasks, and before a task gone from the queue with no result
+    # is failed (scheduler.GONE_GRACE_S); the environment may shorten both (the tests do)
+    poll_s: float = field(default_factory=lambda: float(os.environ.get("CRITBATCH_POLL_S",
+                                                                       POLL_S)))
+    gone_grace_s: float = field(default_factory=lambda: float(
+        os.environ.get("CRITBATCH_GONE_GRACE_S", scheduler.GONE_GRACE_S)))
 
     @property
     def cluster(self) -> str:
@@ -156,52 +162,89 @@ def train_array(todo: list[Job], array: Array, device: str,
         for folder in [job.run_dir, *(b.run_dir for b in job.branches if not b.done)]:
             failures.clear(folder)
     cpus = array.launcher.get("cpus_per_task")
-    tasks = executor.map_array(run_task, shards, [device] * len(shards),
-                               [{j.run_dir: seconds.get(j.run_dir, 0.0) for j in s}
-                                for s in shards],
-                               [os.getcwd()] * len(shards), [cpus] * len(shards))
+    tasks = submit(executor, run_task, shards, [device] * len(shards),
+                   [{j.run_dir: seconds.get(j.run_dir, 0.0) for j in s} for s in shards],
+                   [os.getcwd()] * len(shards), [cpus] * len(shards))
     logs = array.folder.parent if "%" in array.folder.name else array.folder
     print(f"\n== {len(todo)} runs in {len(tasks)} array task(s) (submitit {array.cluster}, job "
           f"{tasks[0].job_id.split('_')[0]}); each task's log is under {logs}", flush=True)
     for line in lines:
         print(f"  {line}", flush=True)
-    wait(tasks, shards, array.poll_s)
-    return [o for task, part in zip(tasks, shards, strict=True) for o in task_outcomes(task, part)]
+    ended = wait(tasks, shards, array)
+    return [o for task, part, state in zip(tasks, shards, ended, strict=True)
+            for o in task_outcomes(task, part, state)]
 
 
-def task_outcomes(task, part: list[Job]) -> list[workers.Outcome]:
-    """What an ended task reports; a task that died (time limit, memory, a lost node) reports
-    nothing, so each of its runs not done and without a reason of its own gets the task's
-    state and log as its failed.txt."""
+def submit(executor, fn, *args: list) -> list:
+    """`executor.map_array(fn, *args)`; sbatch's refusal becomes one line naming the launcher
+    field to change (scheduler.explain_sbatch)."""
+    from submitit.core.utils import FailedJobError
+
     try:
-        return task.result()
-    except Exception as err:
-        why = last_line(err)
-        for job in part:
-            if not job.done and job.failure is None:
-                failures.record(job.run_dir, f"its array task {task.job_id} ended ({task.state}) "
-                                f"before the run finished: {why}; the task's log: "
-                                f"{task.paths.stdout}")
-        return []
+        return executor.map_array(fn, *args)
+    except FailedJobError as err:
+        raise ConfigError(scheduler.explain_sbatch(str(err))) from None
 
 
-def wait(tasks: list, shards: list[list[Job]], poll_s: float) -> None:
+def task_outcomes(task, part: list[Job], state: scheduler.TaskState) -> list[workers.Outcome]:
+    """What an ended task reports. A task that died (cancelled, out of memory or time, a lost
+    node) reports nothing: each of its runs not done and without a reason of its own gets the
+    task's state (exit code or signal), the error it raised if any, and its log as failed.txt."""
+    why = ""
+    if task.paths.result_pickle.exists():
+        try:
+            return task.result()
+        except Exception as err:
+            why = f": {last_line(err)}"
+    for job in part:
+        if not job.done and job.failure is None:
+            failures.record(job.run_dir, f"its array task {task.job_id} ended "
+                            f"{state.describe()} before the run finished{why}; the task's log: "
+                            f"{task.paths.stdout}")
+    return []
+
+
+def ended_tasks(tasks: list, array: Array, gone_since: dict[int, float]
+                ) -> dict[int, scheduler.TaskState]:
+    """The tasks that have ended, with their states: on SLURM as the scheduler says now
+    (`scheduler.job_states`; a task gone from its lists ends `gone_grace_s` after it was
+    first missed, unless its result appears), on the local executor as submitit says."""
+    if array.cluster != "slurm":
+        return {i: scheduler.TaskState(task.state) for i, task in enumerate(tasks) if task.done()}
+    states = scheduler.job_states([task.job_id for task in tasks])
+    ended, now = {}, time.monotonic()
+    for i, task in enumerate(tasks):
+        state = states[task.job_id]
+        if state.state == scheduler.GONE and not task.paths.result_pickle.exists():
+            if now - gone_since.setdefault(i, now) < array.gone_grace_s:
+                continue
+        elif not state.ended and task.paths.result_pickle.exists():
+            state = scheduler.TaskState("COMPLETED")  # the state lags the result file
+        if state.ended:
+            ended[i] = state
+    return ended
+
+
+def wait(tasks: list, shards: list[list[Job]], array: Array) -> list[scheduler.TaskState]:
     """Wait for every task, printing a line per run finished (from its folder) and per task
-    ended; Ctrl-C cancels the tasks."""
+    ended; returns each task's final state. Ctrl-C cancels the tasks."""
     left = [j for part in shards for j in part]
-    total, ended = len(left), set()
+    total, ended, gone_since = len(left), {}, {}
+    fold = scheduler.FoldRepeats()
+    logging.getLogger("submitit").addFilter(fold)
     try:
         while True:
-            for i, task in enumerate(tasks):
-                if i not in ended and task.done():
-                    ended.add(i)
-                    print(f"== array task {i} ({task.job_id}) ended: {task.state}", flush=True)
+            for i, state in ended_tasks(tasks, array, gone_since).items():
+                if i not in ended:
+                    ended[i] = state
+                    print(f"== array task {i} ({tasks[i].job_id}) ended: {state.describe()}",
+                          flush=True)
             for job in [j for j in left if j.done]:
                 left.remove(job)
                 print(f"[{total - len(left)}/{total}] {run_line(job)}", flush=True)
             if len(ended) == len(tasks):
-                return
-            time.sleep(poll_s)
+                return [ended[i] for i in range(len(tasks))]
+            time.sleep(array.poll_s)
     except KeyboardInterrupt:
         for task in tasks:
             with contextlib.suppress(Exception):
@@ -209,6 +252,11 @@ def wait(tasks: list, shards: list[list[Job]], poll_s: float) -> None:
         print("interrupted: the array tasks are cancelled; start the sweep again to train what "
               "is left (the runs resume from their checkpoints)", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    finally:
+        logging.getLogger("submitit").removeFilter(fold)
+        if fold.folded():
+            print(f"note: submitit repeated {fold.folded()} log line(s), each shown once",
+                  flush=True)
 
 
 def run_line(job: Job) -> str:
@@ -229,11 +277,21 @@ def last_line(err: BaseException) -> str:
 
 
 def noise_task(run_dir: str, cwd: str) -> int:
-    """`python -m critbatch.noise <run_dir>` on a node, its output in the run's noise.log."""
+    """`python -m critbatch.noise <run_dir>` on a node, then again at the run's peak-lr
+    checkpoint where it kept one (as the sweep does on its own machine), their output in the
+    run's noise.log; the first non-zero exit code, or 0."""
+    from critbatch.training.loop import PEAK_CHECKPOINT
+
     os.chdir(cwd)
     with open(Path(run_dir) / "noise.log", "w") as log:
-        return subprocess.call([sys.executable, "-m", "critbatch.noise", run_dir],
+        code = subprocess.call([sys.executable, "-m", "critbatch.noise", run_dir],
                                stdout=log, stderr=subprocess.STDOUT)
+    if code == 0 and (Path(run_dir) / PEAK_CHECKPOINT).exists():
+        with open(Path(run_dir) / "noise.log", "a") as log:
+            code = subprocess.call([sys.executable, "-m", "critbatch.noise", run_dir,
+                                    "--checkpoint", "peak_lr"],
+                                   stdout=log, stderr=subprocess.STDOUT)
+    return code
 
 
 def measure_noise(array: Array, run_dirs: list[Path]) -> list[bool]:
@@ -241,13 +299,14 @@ def measure_noise(array: Array, run_dirs: list[Path]) -> list[bool]:
     whether each succeeded."""
     if not run_dirs:
         return []
-    tasks = array.executor().map_array(noise_task, [str(d) for d in run_dirs],
-                                       [os.getcwd()] * len(run_dirs))
+    tasks = submit(array.executor(), noise_task, [str(d) for d in run_dirs],
+                   [os.getcwd()] * len(run_dirs))
     print(f"== noise: {len(tasks)} array task(s) of job {tasks[0].job_id}", flush=True)
+    wait(tasks, [[] for _ in tasks], array)  # the scheduler's states: none waited on forever
     done = []
     for task in tasks:
         try:
-            done.append(task.result() == 0)
+            done.append(task.paths.result_pickle.exists() and task.result() == 0)
         except Exception:
             done.append(False)
     return done

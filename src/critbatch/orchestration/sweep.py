@@ -174,7 +174,15 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
                                device, seconds, array)
         plan, problems = replan_after_tuning(exp, scale, optimizers, extra, plan)
     outcomes += train_jobs(plan, jobs_at_once, device, seconds, array)
-    if exp.lr_search_stage:
+    searches = exp.lr_search_stage and lr_search.settings(plan, exp.lr_search_stage)
+    if searches and (failed := [j for j in plan if not j.done]):
+        # a failed run leaves a hole the search would fill with a near-duplicate of it
+        problems.append(f"the lr search did not start: {len(failed)} run(s) of the grid "
+                        "failed; rerun the sweep to train them (they resume from their "
+                        "checkpoints), and the search follows")
+        print(f"== lr search: not started, {len(failed)} run(s) of the grid failed; rerun the "
+              "sweep to train them", flush=True)
+    elif searches:
         def train_round(new: list[Job]) -> None:
             timed = {} if hydra_launcher(new) else job_seconds(
                 new, job_threads(jobs_at_once) if device == "cpu" else None)
@@ -185,7 +193,11 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
     failed = [j for j in plan if not j.done]
     problems += [f"run did not complete: {j.run_dir} ({j.failure or 'no reason recorded'}; "
                  "see its train.log)" for j in failed]
-    problems += measure_noise(exp, plan, optimizers, jobs_at_once, array)
+    if failed and exp.noise_stage:  # its run is the best of a grid not all in
+        problems.append(f"the noise measurement did not start: {len(failed)} run(s) failed; "
+                        "rerun the sweep to train them, and it follows")
+    else:
+        problems += measure_noise(exp, plan, optimizers, jobs_at_once, array)
     release_after_noise(held)
 
     notes = [f"{folder} holds {len(extra_runs)} finished run(s) outside this plan (e.g. "
@@ -256,19 +268,21 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
         print(f"== noise (optim={target.optimizer}): B_noise "
               + (f"{b:,.0f} tokens" if b else "not resolved")
               + f" at val_loss {noise.get('val_loss', float('nan')):.4f} nats/token")
-        if array is None and (target.run_dir / PEAK_CHECKPOINT).exists():
-            problems += noise_at_peak_lr(target, env)
+        if (target.run_dir / PEAK_CHECKPOINT).exists():  # an array task measured it too
+            problems += noise_at_peak_lr(target, env if array is None else None)
     return problems
 
 
-def noise_at_peak_lr(target: Job, env: dict) -> list[str]:
+def noise_at_peak_lr(target: Job, env: dict | None) -> list[str]:
     """The noise program again at the run's peak-lr checkpoint (`train.gns.peak_checkpoint`),
-    beside the online tracker's reading there (noise_peak_lr.json); returns the problems."""
-    with open(target.run_dir / "noise.log", "a") as log_file:
-        done = subprocess.run([sys.executable, "-m", "critbatch.noise", str(target.run_dir),
-                               "--checkpoint", "peak_lr"], stdout=log_file,
-                              stderr=subprocess.STDOUT, env=env)
-    if done.returncode != 0:
+    beside the online tracker's reading there (noise_peak_lr.json), here with `env` (None: an
+    array task has run it); returns the problems."""
+    if env is not None:
+        with open(target.run_dir / "noise.log", "a") as log_file:
+            subprocess.run([sys.executable, "-m", "critbatch.noise", str(target.run_dir),
+                            "--checkpoint", "peak_lr"], stdout=log_file,
+                           stderr=subprocess.STDOUT, env=env)
+    if not (target.run_dir / "noise_peak_lr.json").exists():
         return [f"the noise measurement at the peak lr failed on {target.run_dir} (see its "
                 "noise.log)"]
     doc = json.loads((target.run_dir / "noise_peak_lr.json").read_text())
