@@ -238,6 +238,7 @@ def build_summary(
     world_size: int, wandb_run_id: str | None, noise: NoiseEMA, gns_ema: float | None,
     checkpoint_saves: int, checkpoint_time_s: float, git_revision: str,
     versions: dict[str, str], branch_of: str | None = None, branch_at_tokens: int | None = None,
+    backend: str | None = None,
 ) -> dict:
     """summary.json's dict: `SUMMARY_KEYS` first, then the rest, from plain values.
 
@@ -324,6 +325,7 @@ def build_summary(
         "gns_skipped": noise.skipped,  # gradient spikes left out of the averages
         "gns_ema": gns_ema,
         "world_size": world_size,
+        "backend": backend,  # torchrun's process group (gloo, nccl); null in one process
         "resumed_at": resumed_at,  # steps this run was resumed from (killed before)
         "checkpoint_saves": checkpoint_saves,  # by this process, the final one included
         "checkpoint_time_s": checkpoint_time_s,  # their total time

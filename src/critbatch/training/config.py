@@ -10,6 +10,7 @@ in training/config_checks.py; a run's saved config is read back in training/save
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -213,7 +214,8 @@ class TrainConfig:
     # adaptive: half of it, since B_noise needs >= 2 micro-batches a step; switch: see below)
     micro_batch_size: int | None = None
     # constant batch (switch: its first batch), micro_batch_size null: split each step into
-    # this many micro-batches (>= 2 turns on the online B_noise, which needs two or more a step)
+    # this many micro-batches (>= 2 turns on the online B_noise, which needs two or more a step);
+    # under torchrun at least one per rank (`micro_batch_size`)
     micro_batches: int = 1
     tokens: int = 4_000_000  # token budget; steps = tokens // (batch_size * seq_len)
     steps: int | None = None  # optimizer steps; when set, tokens = steps x batch_size x seq_len
@@ -308,13 +310,20 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="critbatch_schema", node=Config)
 
 
+def launched_world() -> int:
+    """The processes torchrun started for this run (WORLD_SIZE; 1 without torchrun)."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def micro_batch_size(cfg: Config) -> int:
-    """Sequences per forward/backward (see `TrainConfig.micro_batch_size`)."""
+    """Sequences per forward/backward (see `TrainConfig.micro_batch_size`). A constant batch
+    under torchrun splits into at least one micro-batch per rank: batch 16 on 2 ranks is two
+    of 8 whether train.micro_batches is 1 or 2."""
     t = cfg.train
     if t.micro_batch_size:
         return t.micro_batch_size
     if t.batch_schedule == "constant" or not t.batch_size_start:
-        return max(1, t.batch_size // max(1, t.micro_batches))
+        return max(1, t.batch_size // max(launched_world(), t.micro_batches))
     if t.batch_schedule == "adaptive":
         return max(1, t.batch_size_start // 2)
     if t.batch_schedule == "switch":

@@ -31,6 +31,11 @@ class Ranks:
     def parallel(self) -> bool:
         return self.world > 1
 
+    @property
+    def backend(self) -> str | None:
+        """The process group's backend (nccl on GPUs, gloo on CPUs); None for one process."""
+        return dist.get_backend() if self.parallel and dist.is_initialized() else None
+
 
 def launched_ranks() -> Ranks:
     """The ranks torchrun announces in the environment (one process: rank 0 of 1)."""

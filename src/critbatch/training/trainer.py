@@ -94,7 +94,8 @@ def build_trainer(cfg: Config, run_dir: Path, overrides: list[str]) -> Trainer:
     if t.batch_size % (ranks.world * micro):
         raise ConfigError(
             f"train.batch_size={t.batch_size} does not split into {ranks.world} ranks x "
-            f"micro-batches of {micro}; pick a batch size divisible by {ranks.world * micro}"
+            f"micro-batches of {micro}; pick a batch size divisible by {ranks.world * micro}, "
+            f"or set train.micro_batches (a multiple of {ranks.world}) or train.micro_batch_size"
         )
     # gradient noise scale: the step's batch is the big batch; the small one is each rank's
     # share under torchrun, else each micro-batch of gradient accumulation
@@ -168,7 +169,8 @@ def log_start(tr: Trainer) -> None:
         log.info(f"data: each step's batch is chunks of {t.data_chunk} sequences, numbered by the "
                  "sequences trained so far (train.data_chunk)")
     if tr.ranks.parallel:
-        log.info(f"data-parallel: {tr.ranks.world} ranks x {local} sequences")
+        log.info(f"data-parallel: {tr.ranks.world} ranks x {local} sequences, "
+                 f"{tr.ranks.backend} backend")
     log.info(f"gns: B_noise tracked from small batches of {tr.gns.b} (ema {t.gns.ema})"
              if tr.gns_on else "gns: off (needs train.gns.enabled and >= 2 micro-batches a step)")
     if tr.resumed:
