@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 
@@ -29,7 +30,10 @@ def fail(message: str, code: int = EXIT_USER_ERROR) -> None:
     """Print `critbatch: error: <message>` as one line on stderr and exit with status `code`
     (2, a user error, unless told otherwise)."""
     one_line = " ".join(str(message).split())
-    print(f"critbatch: error: {one_line}", file=sys.stderr, flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 alone says it
+        ranks = int(os.environ.get("WORLD_SIZE", "1"))
+        after = f" (torchrun's report on its {ranks} ranks follows)" if ranks > 1 else ""
+        print(f"critbatch: error: {one_line}{after}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 

@@ -323,7 +323,8 @@ def micro_batch_size(cfg: Config) -> int:
     if t.micro_batch_size:
         return t.micro_batch_size
     if t.batch_schedule == "constant" or not t.batch_size_start:
-        return max(1, t.batch_size // max(launched_world(), t.micro_batches))
+        world = launched_world() if t.batch_size % launched_world() == 0 else 1
+        return max(1, t.batch_size // max(world, t.micro_batches))
     if t.batch_schedule == "adaptive":
         return max(1, t.batch_size_start // 2)
     if t.batch_schedule == "switch":

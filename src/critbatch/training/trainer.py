@@ -91,6 +91,9 @@ def build_trainer(cfg: Config, run_dir: Path, overrides: list[str]) -> Trainer:
     if ranks.parallel and plan.kind != "constant":
         raise ConfigError(f"train.batch_schedule={t.batch_schedule} runs in one process; "
                           "use train.batch_schedule=constant under torchrun")
+    if t.batch_size % ranks.world:
+        raise ConfigError(f"train.batch_size={t.batch_size} does not split into {ranks.world} "
+                          f"ranks; pick a multiple of {ranks.world}")
     if t.batch_size % (ranks.world * micro):
         raise ConfigError(
             f"train.batch_size={t.batch_size} does not split into {ranks.world} ranks x "
