@@ -21,7 +21,7 @@ TORCH_PIP := $(if $(TORCH)$(TORCH_INDEX),$(TORCH_ASKED),$(or $(TORCH_HAVE),torch
 $(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (or give TORCH_INDEX=<wheel index url>)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
+.PHONY: help install slurm test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
         sweep-schedules sweep-local-cbs report recommend recommend-coverage coverage peers docs-results \
         wandb-sync clean data
 
@@ -56,8 +56,20 @@ TEST_JOBS ?= auto  # pytest workers (pytest-xdist): one per core; TEST_JOBS=0 ru
 # worksteal: a worker that runs out of tests takes half of another's queue, so the suite does not
 # end on one worker running out a queue of minute-long sweeps
 
-test: install ## run every test (slow end-to-end ones included), one worker per core
+test: install slurm ## run every test (slow end-to-end ones included), one worker per core
 	$(PY) -m pytest -q --durations=15 -n $(TEST_JOBS) --dist worksteal
+
+SLURM_PKGS := slurm-wlm munge
+# the real-SLURM tests (tests/test_slurm_real.py) start their own munged, slurmctld and slurmd
+slurm: ## install Debian's SLURM for the real-SLURM tests where it is missing (root, apt-get)
+	@if PATH="$$PATH:/usr/sbin:/sbin" command -v slurmctld >/dev/null && command -v sbatch >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "critbatch: installing SLURM for its tests ($(SLURM_PKGS), about 10 s)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $(SLURM_PKGS) >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $(SLURM_PKGS) >/dev/null; } \
+	  || echo "critbatch: warning: SLURM did not install; the real-SLURM tests will skip"; \
+	else echo "critbatch: no SLURM here and no apt-get as root: the real-SLURM tests will skip"; fi
 
 test-fast: install ## the tests not marked slow (none over a few seconds), one worker per core
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) --dist worksteal
