@@ -14,12 +14,16 @@ from critbatch.results.errors import ResultsError
 
 
 def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str,
-                  force: bool = False) -> bool:
+                  force: bool = False, wandb_mode: str | None = None) -> bool:
     """Run the experiment's analysis script over `folders` into `out`, unless (without
     `force`) the report there was written from the same inputs (`report_inputs`); True if it
-    succeeded or was up to date."""
+    succeeded or was up to date. `wandb_mode`: how the report goes to W&B (the runs'
+    logger.mode: a sweep trained with W&B disabled logs no report either); None: the
+    script's default."""
     script = ANALYSIS_DIR / exp.analysis
     args = [*folders, "--out", str(out)]
+    if wandb_mode:
+        args += ["--wandb", wandb_mode]
     if exp.compare_with:  # out is <runs>/<stage>/<scale>/report
         other = out.parents[2] / exp.compare_with / out.parent.name
         if (other / "report" / "fits.json").is_file():

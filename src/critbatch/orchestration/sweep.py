@@ -206,7 +206,9 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
                  [j for j in plan if j.stage != exp.tuning_stage]).items()]  # its own folders
     report_dir = Path("runs") / exp.report_stage / scale / "report"
     sweep_dirs = sorted({str(j.run_dir.parent) for j in plan if j.run_dir.parent.exists()})
-    if not analyse_sweep(exp, sweep_dirs, report_dir, "analysis"):
+    modes = {str(j.cfg.logger.mode) for j in plan}
+    if not analyse_sweep(exp, sweep_dirs, report_dir, "analysis",
+                         wandb_mode=modes.pop() if len(modes) == 1 else None):
         problems.append("the analysis failed (its message is above)")
     wall_s = time.perf_counter() - t0
     print(f"\nsweep-{experiment} scale={scale}: {len(plan) - len(failed)}/{len(plan)} runs "
