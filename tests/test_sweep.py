@@ -106,6 +106,35 @@ def test_plan_names_run_dirs_by_their_overrides():
 
 
 @pytest.mark.slow
+def test_the_plan_composed_once_per_stage_equals_hydra_composing_every_job(monkeypatch,
+                                                                          measured_fits):
+    """Planning composes each stage's config groups once and applies each job's values to a
+    copy (stages.ValueComposer); every job's config, task overrides and run folder equal
+    Hydra's full composition of that job, over value overrides, group overrides (scale,
+    optim, a launcher, the schedules' arms) and hydra.* values."""
+    from dataclasses import asdict
+
+    from critbatch.orchestration import stages
+
+    cases = [("batch", "smoke", "muon", ["train.tokens=65536", "grid.batch_sizes='4,16'"]),
+             ("batch_seeds", "cpu", "adamw", ["hydra/launcher=slurm_cpu",
+                                              "hydra.launcher.partition=cpu"]),
+             ("widths", "smoke", "muon", ["hydra.sweep.dir=elsewhere", "grid.widths='16,32'"]),
+             ("schedules", "smoke", "adamw", [measured_fits]),
+             ("stability_accum", "smoke", "adamw", ["optim.lr=0.003"])]
+    real = stages.sweep_composer
+    for stage, scale, optimizer, extra in cases:
+        fast = plan_stage(stage, scale, optimizer, extra)
+        monkeypatch.setattr(stages, "sweep_composer", lambda cached=True: real(False))
+        full = plan_stage(stage, scale, optimizer, extra)
+        monkeypatch.setattr(stages, "sweep_composer", real)
+        assert len(fast) == len(full) > 0, stage
+        for a, b in zip(fast, full, strict=True):
+            assert (a.run_dir, a.overrides) == (b.run_dir, b.overrides), stage
+            assert asdict(a.cfg) == asdict(b.cfg), (stage, a.run_dir)
+
+
+@pytest.mark.slow
 def test_a_new_draw_of_the_sweep_is_grid_seed_and_a_swept_key_is_refused():
     """`train.seed=10` would win over the seeds stage's own seeds (it trained 4 runs at seed
     10 for 8 at seeds 1 and 2): a one-line error that names the grid keys. grid.seed moves
