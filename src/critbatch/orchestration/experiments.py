@@ -26,6 +26,7 @@ class Experiment:
     compare_with: str | None = None
     # the stage whose lrs the adaptive lr search extends (`grid.lr_search`; lr_search.py)
     lr_search_stage: str | None = None
+    wandb: bool = True  # the analysis logs its report to W&B (and takes --wandb)
 
     @property
     def report_stage(self) -> str:
@@ -41,7 +42,7 @@ EXPERIMENTS = {
                             tuning_stage="stability_lr", report="stability"),
     "schedules": Experiment(("schedules",), "schedules.py"),
     "branches": Experiment(("batch", "branch_check"), "branch_check.py", tuning_stage="batch",
-                           report="branch_check"),
+                           report="branch_check", wandb=False),
     "local_cbs": Experiment(("local_cbs",), "local_cbs.py", middle_lr=True,
                             compare_with="batch"),
 }

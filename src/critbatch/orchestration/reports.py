@@ -22,7 +22,7 @@ def analyse_sweep(exp: Experiment, folders: list[str], out: Path, title: str,
     script's default."""
     script = ANALYSIS_DIR / exp.analysis
     args = [*folders, "--out", str(out)]
-    if wandb_mode:
+    if wandb_mode and exp.wandb:
         args += ["--wandb", wandb_mode]
     if exp.compare_with:  # out is <runs>/<stage>/<scale>/report
         other = out.parents[2] / exp.compare_with / out.parent.name

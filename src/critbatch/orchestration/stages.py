@@ -47,10 +47,11 @@ def sweep_composer(cached: bool = True) -> Iterator[Callable[[str, list[str]], D
 class ValueComposer:
     """Hydra's composition in two parts: the defaults list (the config groups an override
     chooses: `scale=`, `optim=`, `hydra/launcher=`, `arm=`) composed once per stage and choice
-    of groups, then the value overrides (`train.batch_size=8`, `hydra.sweep.dir=...`) applied
-    in order to a copy, with Hydra's own function, and the job's override lists and
-    `override_dirname` set as Hydra sets them. Equal to a full compose for every stage at every
-    scale (tests/test_sweep.py); ten to a hundred times faster for a stage of many jobs."""
+    of groups, then each plain value override (`train.batch_size=8`, `hydra.sweep.dir=...`)
+    set in order on a copy, and the job's override lists and `override_dirname` written as
+    Hydra writes them. Equal to a full compose for every stage at every scale
+    (tests/test_sweep.py), and several times faster for a stage of many jobs; an override it
+    cannot set (a key the schema lacks) is left to a full compose, which says why."""
 
     def __init__(self, full: Callable[[str, list[str]], DictConfig], search: list[str]) -> None:
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -61,10 +62,11 @@ class ValueComposer:
 
     @staticmethod
     def chooses_groups(override: str) -> bool:
-        """The override picks a config group (or the search path), so the defaults list
-        depends on it; anything else only sets values."""
-        key = override.split("=", 1)[0].lstrip("+~@")
-        if "/" in key or key.startswith("hydra.searchpath") or "=" not in override:
+        """The override picks a config group, sets the search path or adds or deletes a key
+        (`+`, `~`): it goes to the defaults-list composition; any other only sets a value."""
+        key = override.split("=", 1)[0]
+        if key.startswith(("+", "~", "@")) or "/" in key or "=" not in override \
+                or key.startswith("hydra.searchpath"):
             return True
         folder = key.replace(".", "/")
         return any((root / folder).is_dir() for root in (SWEEPS_DIR, schema.CONF_DIR))
@@ -72,7 +74,8 @@ class ValueComposer:
     def __call__(self, stage: str, overrides: list[str]) -> DictConfig:
         import copy
 
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
 
         groups = [o for o in overrides if self.chooses_groups(o)]
         key = (stage, tuple(groups))
@@ -80,16 +83,18 @@ class ValueComposer:
             self.bases[key] = self.full(stage, groups)
         cfg = copy.deepcopy(self.bases[key])
         parsed = self.parser.parse_overrides(self.search + overrides)
-        values = [p for p, line in zip(parsed, self.search + overrides, strict=True)
-                  if not self.chooses_groups(line)]
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        try:
+            for override, line in zip(parsed, self.search + overrides, strict=True):
+                if not self.chooses_groups(line):
+                    OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True)
+        except OmegaConfBaseException:
+            return self.full(stage, overrides)  # Hydra's own message for what is wrong
         task = [p for p in parsed if not p.is_hydra_override()]
         cfg.hydra.overrides.task = [p.input_line for p in task]
         cfg.hydra.overrides.hydra = [p.input_line for p in parsed if p.is_hydra_override()]
         names = cfg.hydra.job.config.override_dirname
-        cfg.hydra.job.override_dirname = get_overrides_dirname(
-            overrides=task, kv_sep=names.kv_sep, item_sep=names.item_sep,
-            exclude_keys=names.exclude_keys)
+        lines = sorted(p.input_line for p in task if p.key_or_group not in names.exclude_keys)
+        cfg.hydra.job.override_dirname = names.item_sep.join(lines).replace("=", names.kv_sep)
         return cfg
 
 
