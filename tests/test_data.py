@@ -238,3 +238,27 @@ def test_the_sweep_builds_the_token_cache_first_and_says_so(tiny_cfg, tmp_path, 
     assert is_prepared(cfg.data)
     prepare_data_first([cfg])  # already there: nothing to say
     assert capsys.readouterr().out == ""
+
+
+def test_the_corpus_fingerprint_is_read_once_and_again_when_a_file_changes(tmp_path,
+                                                                           monkeypatch):
+    """Every run and branch of a sweep worker asks for its corpus's fingerprint: the files are
+    read and hashed once per process, and again after any of them changes (a stale
+    fingerprint would train on a token cache of the old text)."""
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.txt").write_text(f"the text of {name}\n" * 50)
+    cfg = text_cfg(tmp_path, tmp_path / "cache")
+    reads = []
+    real = corpus_module._read_local
+    monkeypatch.setattr(corpus_module, "_read_local",
+                        lambda files, strict_utf8: reads.append(1) or real(files, strict_utf8))
+    first = corpus_module.local_fingerprint(cfg)
+    docs, _ = real(corpus_module.local_files(cfg), True)
+    assert first == corpus_module.corpus_fingerprint(docs)
+    assert corpus_module.local_fingerprint(cfg) == first and len(reads) == 1
+    with open(tmp_path / "b.txt", "a") as handle:
+        handle.write("one more line\n")
+    changed = corpus_module.local_fingerprint(cfg)
+    assert changed != first and len(reads) == 2
+    (tmp_path / "c.txt").write_text("a new file\n")
+    assert corpus_module.local_fingerprint(cfg) not in (first, changed)

@@ -29,6 +29,7 @@ from critbatch.training.corpus import (
     corpus_fingerprint,
     load_hub_documents,
     load_local_documents,
+    local_fingerprint,
     split_documents,
     uses_hub,
 )
@@ -203,24 +204,20 @@ def prepare_data(data: DataConfig) -> TokenData:
     lock and then reuse the result. A truncated or mismatched entry is rebuilt. A hub
     corpus whose entry exists is read offline; one whose entry is missing needs the hub.
     """
-    if data.name in HUB_CORPORA:
-        docs, skipped, content_sha = None, 0, None
-    else:
-        docs, skipped = load_local_documents(data)
-        if not docs:
-            raise DataError(f"the {data.name} corpus is empty; point data at non-empty files")
-        content_sha = corpus_fingerprint(docs)
+    content_sha = None if data.name in HUB_CORPORA else local_fingerprint(data)
+    if data.name not in HUB_CORPORA and content_sha is None:
+        raise DataError(f"the {data.name} corpus is empty; point data at non-empty files")
     key, directory = cache_entry(data, content_sha)
     manifest = _manifest_ok(directory, key)
     if manifest is None:
-        if docs is None and uses_hub(data):
+        if content_sha is None and uses_hub(data):
             check_hub_reachable(data)  # before the lock: an offline run creates nothing
         try:
             with file_lock(directory.with_name(f"{directory.name}.lock")):
                 manifest = _manifest_ok(directory, key)  # another process may have built it
                 if manifest is None:
-                    if docs is None:
-                        docs = load_hub_documents(data)
+                    docs, skipped = (load_hub_documents(data), 0) if content_sha is None \
+                        else load_local_documents(data)
                     manifest = _build_cache(directory, key, data, docs, skipped)
         except PermissionError as err:
             raise DataError(
@@ -234,11 +231,7 @@ def prepare_data(data: DataConfig) -> TokenData:
 
 def is_prepared(data: DataConfig) -> bool:
     """Whether `data`'s token cache exists and is complete (a hub corpus is not fetched)."""
-    if data.name in HUB_CORPORA:
-        content_sha = None
-    else:
-        docs, _ = load_local_documents(data)
-        content_sha = corpus_fingerprint(docs) if docs else None
+    content_sha = None if data.name in HUB_CORPORA else local_fingerprint(data)
     key, directory = cache_entry(data, content_sha)
     return _manifest_ok(directory, key) is not None
 
