@@ -161,7 +161,10 @@ def test_the_documented_cpu_cluster_sweep_survives_a_cancelled_task(cluster, tmp
     and no lr search on the holed grid; the rerun trains what is left, and its report equals
     the same sweep's trained on this machine without SLURM."""
     env = {**cluster.env, "CRITBATCH_POLL_S": "1", "CRITBATCH_GONE_GRACE_S": "5"}
-    cmd = _documented(f"data.cache_dir={cache_dir}", *TINY, "--tasks", "2")
+    # one CPU a task (the preset's smoke task asks for 2, the test node has 2): both tasks run
+    # at once, as on a cluster with room for them
+    cmd = _documented(f"data.cache_dir={cache_dir}", *TINY, "--tasks", "2",
+                      "hydra.launcher.cpus_per_task=1")
     first = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
