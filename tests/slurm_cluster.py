@@ -94,6 +94,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def processes_of(conf: Path) -> list[int]:
+    """The processes (job steps, tasks) started under this cluster: SLURM_CONF=conf in their
+    environment; this process and its parents aside."""
+    wanted, mine = f"SLURM_CONF={conf}".encode(), {os.getpid(), os.getppid()}
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            pid = int(environ.parent.name)
+            if pid not in mine and wanted in environ.read_bytes().split(b"\0"):
+                found.append(pid)
+    return found
+
+
 def pid_of(path: Path) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         return int(path.read_text().split()[0])
@@ -146,3 +159,6 @@ def local_cluster(root: Path, cpus: int | None = None) -> Iterator[Cluster]:
             if pid and alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        for pid in processes_of(conf):  # a job step slurmd left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -88,6 +88,7 @@ def test_the_launchers_write_the_documented_sbatch_scripts(cluster, tmp_path, mo
     assert "gpus_per_node" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_a_task_killed_or_cancelled_without_a_result_is_failed_with_its_state(
         cluster, tmp_path, monkeypatch):
     """Task 0 is killed outright (SIGKILL, as the OOM killer would): FAILED with signal 9.
@@ -154,6 +155,7 @@ def _numbers(value, path: str = "") -> dict[str, float]:
     return {path: value} if is_number else {}
 
 
+@pytest.mark.slow
 def test_the_documented_cpu_cluster_sweep_survives_a_cancelled_task(cluster, tmp_path,
                                                                      cache_dir):
     """`make sweep-batch ARGS="hydra/launcher=slurm_cpu hydra.launcher.partition=cpu"` on the
