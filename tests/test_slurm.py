@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,41 @@ def test_a_dry_run_shows_the_split_and_submits_nothing(tmp_path, monkeypatch, ca
     assert "SLURM array (submitit slurm) task 0: " in out and "task 1: " in out
     assert "task 2: " not in out and "of the FLOPs" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_task_gone_from_the_queue_with_no_result_fails_after_the_grace_time(tmp_path,
+                                                                             monkeypatch):
+    """SLURM forgets a task (cancelled while pending, or ended long ago) and it left no result:
+    the wait does not hang on it, it ends GONE once the grace time has passed; a result file
+    that appears meanwhile ends it COMPLETED."""
+    from types import SimpleNamespace
+
+    def task(job_id: str) -> SimpleNamespace:
+        paths = SimpleNamespace(result_pickle=tmp_path / f"{job_id}_result.pkl")
+        return SimpleNamespace(job_id=job_id, paths=paths)
+
+    tasks = [task("5_0"), task("5_1")]
+    monkeypatch.setattr(scheduler, "job_states",
+                        lambda ids: dict.fromkeys(ids, scheduler.TaskState(scheduler.GONE)))
+    array = slurm.Array({"_target_": slurm.PLUGIN + "submitit_launcher.SlurmLauncher"},
+                        poll_s=0.0, gone_grace_s=0.3)
+    gone_since = {}
+    assert slurm.ended_tasks(tasks, array, gone_since) == {}  # just missed: not yet
+    tasks[1].paths.result_pickle.write_bytes(b"")  # its result arrives late: it ended well
+    assert slurm.ended_tasks(tasks, array, gone_since) == {1: scheduler.TaskState("COMPLETED")}
+    time.sleep(0.35)
+    ended = slurm.ended_tasks(tasks, array, gone_since)
+    assert ended[0].state == scheduler.GONE and "no result" in ended[0].describe()
+
+
+def test_submitit_s_repeated_warnings_are_folded_into_one_line():
+    import logging
+
+    fold = scheduler.FoldRepeats()
+    record = logging.LogRecord("submitit", logging.WARNING, __file__, 1,
+                               "Call #%d - Bypassing sacct error", (3,), None)
+    other = logging.LogRecord("submitit", logging.WARNING, __file__, 1, "another", (), None)
+    assert fold.filter(record) and fold.filter(other)
+    record.args = (4,)
+    assert not fold.filter(record) and not fold.filter(record)
+    assert fold.folded() == 2

@@ -215,11 +215,12 @@ def ended_tasks(tasks: list, array: Array, gone_since: dict[int, float]
     ended, now = {}, time.monotonic()
     for i, task in enumerate(tasks):
         state = states[task.job_id]
-        if state.state == scheduler.GONE and not task.paths.result_pickle.exists():
-            if now - gone_since.setdefault(i, now) < array.gone_grace_s:
-                continue
-        elif not state.ended and task.paths.result_pickle.exists():
-            state = scheduler.TaskState("COMPLETED")  # the state lags the result file
+        if task.paths.result_pickle.exists() and (state.state == scheduler.GONE
+                                                  or not state.ended):
+            state = scheduler.TaskState("COMPLETED")  # the state lags (or forgot) the result
+        elif state.state == scheduler.GONE \
+                and now - gone_since.setdefault(i, now) < array.gone_grace_s:
+            continue
         if state.ended:
             ended[i] = state
     return ended
