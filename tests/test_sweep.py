@@ -448,7 +448,8 @@ def test_the_lr_search_adds_lrs_beyond_an_edge_and_a_rerun_trains_nothing(tmp_pa
            "adamw", "--jobs", "2", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
            "train.tokens=8192", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
            "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_batch_sizes=4",
-           "grid.lr_search_rounds=2", "grid.lr_search_budget=2.0"]
+           "grid.lr_search_rounds=2", "grid.lr_search_budget=2.0",
+           "train.gns.peak_checkpoint=false"]  # the peak-lr noise: the kill test above
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "== lr search round 1: 2 lr(s) added" in proc.stdout
@@ -479,7 +480,8 @@ def test_a_hydra_launcher_takes_the_stages_as_multiruns(tmp_path, cache_dir):
            "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
            "train.tokens=8192", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
            "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_lrs.adamw=2e-4",
-           "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0", "hydra/launcher=joblib"]
+           "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0", "hydra/launcher=joblib",
+           "train.gns.peak_checkpoint=false"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "--config-name batch" in proc.stdout and "[1/" not in proc.stdout
@@ -611,6 +613,7 @@ def test_make_sweep_widths_trains_every_width_and_writes_the_kaplan_report(tmp_p
     proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
                            "grid.widths='16,32'", "grid.batch_sizes='4,8'",
                            "grid.lrs.adamw='4e-3,1e-2'", "grid.widths_tokens=16384",
+                           "train.gns.peak_checkpoint=false",
                            "grid.lr_search=false"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
