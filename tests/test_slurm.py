@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from critbatch.orchestration import launch, scheduler, slurm, stages, sweep, workers
 from critbatch.results.errors import ConfigError
@@ -254,3 +256,13 @@ def test_submitit_s_repeated_warnings_are_folded_into_one_line():
     record.args = (4,)
     assert not fold.filter(record) and not fold.filter(record)
     assert fold.folded() == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789_-[],%|=: \nJobIdArayTskStaeExCCANCELD", max_size=80))
+def test_the_scheduler_s_output_of_any_shape_parses_without_a_traceback(text):
+    """sacct and scontrol lines cut short or garbled (a range "1-", "2-x", a field with no
+    value) are skipped, never a traceback that would stop the sweep's wait."""
+    for states in (scheduler.parse_sacct(text), scheduler.parse_scontrol(text)):
+        assert all(isinstance(s, scheduler.TaskState) for s in states.values())
+    assert all(i >= 0 for i in scheduler.task_ids(text))

@@ -58,7 +58,7 @@ def task_ids(text: str) -> list[int]:
     ids = []
     for part in text.strip("[]").split("%")[0].split(","):
         low, _, high = part.partition("-")
-        if low.isdigit():
+        if low.isdigit() and (high.isdigit() or not high):
             ids += range(int(low), int(high or low) + 1)
     return ids
 
