@@ -277,6 +277,12 @@ def last_line(err: BaseException) -> str:
     return lines[-1] if len(lines) > 1 and "trace" in lines[0] else lines[0]
 
 
+def noise_command(run_dir: str | Path, checkpoint: str | None = None) -> list[str]:
+    """`python -m critbatch.noise <run_dir>` (at `--checkpoint <name>` when given)."""
+    return [sys.executable, "-m", "critbatch.noise", str(run_dir),
+            *(["--checkpoint", checkpoint] if checkpoint else [])]
+
+
 def noise_task(run_dir: str, cwd: str) -> int:
     """`python -m critbatch.noise <run_dir>` on a node, then again at the run's peak-lr
     checkpoint where it kept one (as the sweep does on its own machine), their output in the
@@ -285,13 +291,11 @@ def noise_task(run_dir: str, cwd: str) -> int:
 
     os.chdir(cwd)
     with open(Path(run_dir) / "noise.log", "w") as log:
-        code = subprocess.call([sys.executable, "-m", "critbatch.noise", run_dir],
-                               stdout=log, stderr=subprocess.STDOUT)
+        code = subprocess.call(noise_command(run_dir), stdout=log, stderr=subprocess.STDOUT)
     if code == 0 and (Path(run_dir) / PEAK_CHECKPOINT).exists():
         with open(Path(run_dir) / "noise.log", "a") as log:
-            code = subprocess.call([sys.executable, "-m", "critbatch.noise", run_dir,
-                                    "--checkpoint", "peak_lr"],
-                                   stdout=log, stderr=subprocess.STDOUT)
+            code = subprocess.call(noise_command(run_dir, "peak_lr"), stdout=log,
+                                   stderr=subprocess.STDOUT)
     return code
 
 

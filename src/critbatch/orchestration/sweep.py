@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -256,7 +255,7 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
         for target in targets:
             with open(target.run_dir / "noise.log", "w") as log_file:
                 started.append(subprocess.Popen(
-                    [sys.executable, "-m", "critbatch.noise", str(target.run_dir)],
+                    slurm.noise_command(target.run_dir),
                     stdout=log_file, stderr=subprocess.STDOUT, env=env))
         succeeded = [proc.wait() == 0 for proc in started]
     problems = []
@@ -281,8 +280,7 @@ def noise_at_peak_lr(target: Job, env: dict | None) -> list[str]:
     array task has run it); returns the problems."""
     if env is not None:
         with open(target.run_dir / "noise.log", "a") as log_file:
-            subprocess.run([sys.executable, "-m", "critbatch.noise", str(target.run_dir),
-                            "--checkpoint", "peak_lr"], stdout=log_file,
+            subprocess.run(slurm.noise_command(target.run_dir, "peak_lr"), stdout=log_file,
                            stderr=subprocess.STDOUT, env=env)
     if not (target.run_dir / "noise_peak_lr.json").exists():
         return [f"the noise measurement at the peak lr failed on {target.run_dir} (see its "

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from critbatch.training.config import launched_world
+
 
 @dataclass(frozen=True)
 class Ranks:
@@ -41,7 +43,7 @@ def launched_ranks() -> Ranks:
     """The ranks torchrun announces in the environment (one process: rank 0 of 1)."""
     return Ranks(
         rank=int(os.environ.get("RANK", 0)),
-        world=int(os.environ.get("WORLD_SIZE", 1)),
+        world=launched_world(),
         local_rank=int(os.environ.get("LOCAL_RANK", 0)),
     )
 
