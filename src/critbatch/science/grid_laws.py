@@ -191,6 +191,8 @@ def between_variance(x: np.ndarray, y: np.ndarray, var: np.ndarray) -> float:
     """The scatter tau^2 of the points about the law beyond their own variances `var`
     (Paule and Mandel 1982): the tau^2 >= 0 at which the weighted residuals' sum of squares,
     weights 1 / (var + tau^2), equals its degrees of freedom."""
+    from scipy.optimize import brentq
+
     dof = len(y) - x.shape[1]
     if dof <= 0:
         return 0.0
@@ -204,11 +206,10 @@ def between_variance(x: np.ndarray, y: np.ndarray, var: np.ndarray) -> float:
         return 0.0
     low, high = 0.0, max(float(np.var(y)), 1e-12)
     while excess(high) > 0:
-        high *= 4
-    for _ in range(30):  # tau^2 to 1e-9 of its bracket: far below any law's own uncertainty
-        mid = (low + high) / 2
-        low, high = (mid, high) if excess(mid) > 0 else (low, mid)
-    return (low + high) / 2
+        low, high = high, high * 4
+    # the excess falls as tau^2 grows: Brent's root to 1e-9 of the bracket (far below any
+    # law's own uncertainty) in about ten refits, where halving the bracket took thirty
+    return float(brentq(excess, low, high, xtol=1e-9 * high, rtol=1e-12))
 
 
 def weighted_least_squares(x: np.ndarray, y: np.ndarray, var
@@ -262,10 +263,10 @@ def bootstrap_law(law: Law, y, params, tokens, cell, batch=None, resamples: int 
     coefs = []
     for _ in range(resamples):
         pick = np.concatenate([members[i] for i in rng.integers(0, len(ids), len(ids))])
-        if np.linalg.matrix_rank(x[pick]) < x.shape[1]:
-            continue
         w = weight[pick][:, None]
-        coefs.append(np.linalg.lstsq(x[pick] * w, y[pick] * w[:, 0], rcond=None)[0])
+        coef, _, rank, _ = np.linalg.lstsq(x[pick] * w, y[pick] * w[:, 0], rcond=None)
+        if rank == x.shape[1]:
+            coefs.append(coef)
     law.boot = np.array(coefs).reshape(len(coefs), x.shape[1])
     return law
 
@@ -297,9 +298,10 @@ def held_out_rms(columns: tuple[str, ...], y, params, tokens, batch=None, var=No
          1.0 / np.sqrt(np.asarray(var, float) + between_variance(x, ly, np.asarray(var, float))))
     errors: dict[str, list[float]] = {"budget": [], "size": []}
     for name, held in held_out_folds(params, tokens):
-        if np.linalg.matrix_rank(x[~held]) < x.shape[1] or (~held).sum() <= x.shape[1]:
+        coef, _, rank, _ = np.linalg.lstsq(x[~held] * w[~held, None], ly[~held] * w[~held],
+                                           rcond=None)
+        if rank < x.shape[1] or (~held).sum() <= x.shape[1]:
             return {"budget": math.inf, "size": math.inf, "mean": math.inf}
-        coef = np.linalg.lstsq(x[~held] * w[~held, None], ly[~held] * w[~held], rcond=None)[0]
         errors["size" if name.startswith("size") else "budget"] += (x[held] @ coef
                                                                     - ly[held]).tolist()
 
