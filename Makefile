@@ -56,7 +56,12 @@ TEST_JOBS ?= auto  # pytest workers (pytest-xdist): one per core; TEST_JOBS=0 ru
 # worksteal: a worker that runs out of tests takes half of another's queue, so the suite does not
 # end on one worker running out a queue of minute-long sweeps
 
+# the tests start a few hundred Python processes: their bytecode is compiled once here, not in
+# each (where PYTHONDONTWRITEBYTECODE is set, nothing else would write it)
+BYTECODE := $(PY) -m compileall -q src analysis
+
 test: install slurm ## run every test (slow end-to-end ones included), one worker per core
+	@$(BYTECODE)
 	$(PY) -m pytest -q --durations=15 -n $(TEST_JOBS) --dist worksteal
 
 SLURM_PKGS := slurm-wlm munge
@@ -72,6 +77,7 @@ slurm: ## install Debian's SLURM for the real-SLURM tests where it is missing (r
 	else echo "critbatch: no SLURM here and no apt-get as root: the real-SLURM tests will skip"; fi
 
 test-fast: install ## the tests not marked slow (none over a few seconds), one worker per core
+	@$(BYTECODE)
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) --dist worksteal
 
 lint: install ## ruff check
