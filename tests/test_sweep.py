@@ -192,47 +192,68 @@ def test_a_tiny_sweep_through_submitit_local(corpus_dir, cache_dir, tmp_path):
 def _sweep(cwd: Path, cache_dir: Path, **kw) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
            "adamw", "--jobs", "1", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
-           # 9 runs, 27 branches; short runs: what is checked is which runs train, not how well
+           # 6 grid runs, 18 branches; short runs: what is checked is which runs train, not
+           # how well. A grid far below the optimum (1e-4, 2e-4): every cell's best lr is the
+           # highest tried, so the lr search's one round adds 4e-4 to both batches
            "train.tokens=16384", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
-           "grid.lr_search=false"]
+           "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_batch_sizes=4",
+           "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0"]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True, **kw)
 
 
 @pytest.mark.slow
-def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_dir):
-    """Kill the sweep mid-way, restart it, then run it again: 9 valid runs with their 27
-    branches, no duplicates."""
+def test_smoke_sweep_survives_a_kill_searches_the_lr_and_a_rerun_trains_nothing(tmp_path,
+                                                                                 cache_dir):
+    """Kill the sweep while its grid trains, restart it: the grid's 6 runs complete, the lr
+    search adds 4e-4 to both batches and says why, 8 valid runs with their 24 branches, no
+    duplicates; the record, the report and a third run (which trains nothing, the round found
+    done) agree."""
     first = _sweep(tmp_path, cache_dir)
     deadline = time.time() + 300
-    while time.time() < deadline and len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 4:
+    while time.time() < deadline and len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 3:
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
-    assert len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 9
+    assert len(list(tmp_path.glob("runs/*/smoke/*/summary.json"))) < 6
 
     second = _sweep(tmp_path, cache_dir)
     out, _ = second.communicate(timeout=900)
     assert second.returncode == 0, out[-3000:]
     run_dirs = [p for p in tmp_path.glob("runs/*/smoke/*") if p.is_dir() and p.name != "report"]
-    assert len(run_dirs) == 9, sorted(p.name for p in run_dirs)
+    assert len(run_dirs) == 8, sorted(p.name for p in run_dirs)
     for run_dir in run_dirs:
         summary = runs.read_summary(run_dir)
         assert len(runs.read_metrics(run_dir)) == summary["steps"]  # no step written twice
         for branch in run_dir.glob("branches/*"):
             assert runs.read_summary(branch)["branch_of"] == run_dir.name
-    assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 27
+    assert len(list(tmp_path.glob("runs/batch/smoke/*/branches/*/summary.json"))) == 24
     assert "already complete" in out
-    noise = list(tmp_path.glob("runs/batch/smoke/*/noise.json"))
+
+    # the lr search: its round, the runs it added (named as the grid names them), its record
+    assert "== lr search round 1: 2 lr(s) added" in out
+    assert "batch 4: lr 0.0004, because best lr 0.0002 is the highest lr tried" in out
+    folder = tmp_path / "runs/batch/smoke"
+    for batch in (4, 8):
+        added = next(folder.glob(f"*optim.lr=0.0004,*train.batch_size={batch},*"))
+        assert runs.read_config(added)["optim"]["lr"] == 4e-4  # the base lr, as in the name
+        assert "lr_search" not in added.name  # more search on a rerun reuses these runs
+    (record,) = json.loads((folder / "lr_search.json").read_text()).values()
+    assert [a["lr"] for a in record["rounds"][0]["added"]] == [4e-4, 4e-4]
+    assert record["search_runs"] == 2
+    fits = json.loads((folder / "report/fits.json").read_text())
+    assert set(fits["lr_edge_cells"]) == {"adamw"} and len(fits["lr_search"]) == 1
+    assert "lr search (`grid.lr_search`)" in (folder / "report/report.md").read_text()
+
+    # B_noise at the best run, and at the same run's peak-lr checkpoint beside the online
+    # tracker's reading there
+    noise = list(folder.glob("*/noise.json"))
     assert len(noise) == 1 and runs.read_noise(noise[0].parent)["micro_batches"] >= 2
-    assert "train.batch_size=4" in noise[0].parent.name
-    # and at the same run's peak-lr checkpoint, beside the online tracker's reading there
+    assert "optim.lr=0.0004," in noise[0].parent.name
     peak = json.loads((noise[0].parent / "noise_peak_lr.json").read_text())
     assert peak["checkpoint"] == "peak_lr" and peak["online_b_noise"] is not None
     assert "at the peak lr, step" in out
-    assert (tmp_path / "runs/batch/smoke/report/report.md").exists()
     # B_crit over B_noise per optimizer, from the tracker's peak-lr readings of every run
-    fits = json.loads((tmp_path / "runs/batch/smoke/report/fits.json").read_text())
     assert fits["noise_ratio"] and all({"ratio", "low", "high", "losses"} <= set(v)
                                        for v in fits["noise_ratio"].values())
     assert all(len(runs.read_summary(d)["noise_readings"]) == 4 for d in run_dirs
@@ -243,7 +264,8 @@ def test_smoke_sweep_survives_a_kill_and_a_rerun_trains_nothing(tmp_path, cache_
     out, _ = third.communicate(timeout=300)
     assert third.returncode == 0, out[-3000:]
     assert time.perf_counter() - start < 30
-    assert "9 already complete, 0 to train" in out
+    assert "6 already complete, 0 to train" in out
+    assert "2 lr(s) added (2 trained already)" in out
     assert "step:" not in out  # nothing was trained
     assert "report.md is up to date" in out  # nor analysed again
 
@@ -437,38 +459,6 @@ def test_efficiency_is_the_wall_time_the_runs_would_take_side_by_side_over_the_r
     assert use["efficiency"] == pytest.approx((10 + 1 + 10) / 2 / 14.0)
     assert use["steady_tokens_per_s"] == pytest.approx(200.0)
     assert efficiency([Outcome("c", False, 1.0, error="boom")], 2, 5.0) is None
-
-
-@pytest.mark.slow
-def test_the_lr_search_adds_lrs_beyond_an_edge_and_a_rerun_trains_nothing(tmp_path, cache_dir):
-    """A grid far below the optimum (1e-4, 2e-4): every cell's best lr is the highest tried,
-    so round 1 adds 4e-4 to both batches and says why; the record, the report and a rerun
-    (which trains nothing, the rounds found done) agree."""
-    cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
-           "adamw", "--jobs", "2", f"data.cache_dir={cache_dir}", "logger.mode=disabled",
-           "train.tokens=8192", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
-           "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_batch_sizes=4",
-           "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0",
-           "train.gns.peak_checkpoint=false"]  # the peak-lr noise: the kill test above
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "== lr search round 1: 2 lr(s) added" in proc.stdout
-    assert "batch 4: lr 0.0004, because best lr 0.0002 is the highest lr tried" in proc.stdout
-    folder = tmp_path / "runs/batch/smoke"
-    for batch in (4, 8):
-        added = next(folder.glob(f"*optim.lr=0.0004,*train.batch_size={batch},*"))
-        assert runs.read_config(added)["optim"]["lr"] == 4e-4  # the base lr, as in the name
-        assert "lr_search" not in added.name  # more search on a rerun reuses these runs
-    (record,) = json.loads((folder / "lr_search.json").read_text()).values()
-    assert [a["lr"] for a in record["rounds"][0]["added"]] == [4e-4, 4e-4]
-    assert record["search_runs"] == sum(len(r["added"]) for r in record["rounds"]) >= 2
-    fits = json.loads((folder / "report/fits.json").read_text())
-    assert set(fits["lr_edge_cells"]) == {"adamw"} and len(fits["lr_search"]) == 1
-    assert "lr search (`grid.lr_search`)" in (folder / "report/report.md").read_text()
-
-    again = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:]
-    assert "2 lr(s) added (2 trained already)" in again.stdout and "step:" not in again.stdout
 
 
 @pytest.mark.slow
