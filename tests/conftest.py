@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -120,17 +121,30 @@ def train_cli(monkeypatch, capsys):
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
-    """A small corpus of real UTF-8 text files (copied from the stdlib)."""
+    """A small corpus of real UTF-8 text files (copied from the stdlib); under `make test`'s
+    workers one folder for all of them (written whole, then renamed into place), so its
+    token cache in `cache_dir` is built once."""
     root = tmp_path_factory.mktemp("corpus")
     for package in SAMPLE_PACKAGES:
         for path in sorted((stdlib_dir() / package).glob("*.py")):
             shutil.copy(path, root / f"{package}_{path.stem}.txt")
-    return root
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return root
+    shared = tmp_path_factory.getbasetemp().parent / "corpus"
+    with contextlib.suppress(OSError):  # another worker's is in place: the same files
+        root.rename(shared)
+    return shared
 
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    """One token cache for the whole session (building it is the slow part)."""
+    """One token cache for the whole session (building it is the slow part), shared by
+    `make test`'s workers: each cache is built under its file lock (`token_cache`), so the
+    first worker to need one builds it and the others read it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("cache")
 
 
