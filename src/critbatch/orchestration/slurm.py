@@ -9,7 +9,8 @@ Hydra as a multirun of one job per run:
   nothing was timed -- a login node times nothing -- by the FLOPs left, `Job.flops_to_train`);
 - the shards are the tasks of one job array (`executor.map_array`); each task is a worker
   pool on its node (`pool.train_here`: k workers on each of its GPUs by width, or one per CPU
-  of the task), so a queue wait is paid per task and Python, torch and CUDA start once per
+  of the task), so a queue wait is paid per task, torch is imported once per task (the
+  workers fork from a server that has it, `workers.worker_context`) and CUDA starts once per
   worker, not once per run;
 - the sweep waits for the array, printing a line per finished run (read from its folder) and
   per ended task. Everything the experiment can train at once is one array; stages that carry
