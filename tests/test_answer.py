@@ -174,6 +174,33 @@ def test_the_between_cell_scatter_is_recovered(tau, seed):
     assert math.sqrt(between_variance(x, y, var)) == pytest.approx(tau, rel=0.25, abs=0.02)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(5, 40), st.floats(0.0, 2.0), st.floats(1e-4, 1e-1), st.integers(0, 10_000))
+def test_the_scatter_is_where_the_weighted_residuals_equal_their_degrees_of_freedom(
+        n, tau, sd, seed):
+    """tau^2 is the root of its definition (Paule and Mandel): the weighted sum of squared
+    residuals crosses the degrees of freedom within the root finder's tolerance of it; at 0
+    (no scatter beyond the variances) it is already at most that. The fault guarded: a root
+    finder stopped short or off its bracket (30% off fails it)."""
+    rng = np.random.default_rng(seed)
+    x = np.column_stack([np.ones(n), rng.uniform(-2, 2, n)])
+    var = (sd * rng.uniform(0.5, 2.0, n)) ** 2
+    y = x @ [1.0, 0.5] + rng.normal(0, np.sqrt(var + tau**2))
+
+    def chi2(tau2: float) -> float:
+        w = 1.0 / (var + tau2)
+        coef = np.linalg.lstsq(x * np.sqrt(w)[:, None], y * np.sqrt(w), rcond=None)[0]
+        return float(w @ (y - x @ coef) ** 2)
+
+    tau2 = between_variance(x, y, var)
+    assert tau2 >= 0
+    if tau2 == 0:
+        assert chi2(0.0) <= n - 2
+    else:  # the root is bracketed within the finder's tolerance, 1e-9 of its bracket
+        step = 1e-8 * max(float(np.var(y)), tau2)
+        assert chi2(max(tau2 - step, 0.0)) >= n - 2 >= chi2(tau2 + step), tau2
+
+
 def test_a_noiseless_planted_grid_gives_back_its_answer():
     """test_grid_laws' grid: B_opt = 300 (N/4e8)^-0.3 (D/2e10)^0.6, a loss kappa ln(B/B_opt)^2
     above L*, lr*(B) = 2e-3 (B/256)^0.35 (N/4e8)^-0.7. The window's top is read linearly
