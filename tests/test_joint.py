@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from critbatch.science.joint import SHARED_FRACTION, Form, JointData, above_baseline
-from critbatch.science.joint_fit import fit_joint
+from critbatch.science.joint_fit import finite, fit_joint
 from critbatch.science.joint_inference import (
     bootstrap_joint,
     extra_term_test,
@@ -527,3 +527,16 @@ def test_chi2_range_is_chi_square_s_with_known_sigmas_and_a_planted_outlier_fail
     moved[len(moved) // 2] += 8 * data.sigma[len(moved) // 2]
     out = data.with_loss(moved)
     assert not chi2_range(out, fit_joint(out), seed=2)["largest_residual_holds"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1,
+                max_size=20),
+       st.floats(-1e7, 1e7), st.floats(1.0, 1e300))
+def test_finite_is_nan_to_num_then_clip(values, nan, cap):
+    """The fits' in-place cleaning gives numpy's two-step answer for any values, NaN and
+    infinities included (the fault guarded: an infinity or NaN left through, or the cap's
+    sign lost)."""
+    x = np.array(values, float)
+    want = np.clip(np.nan_to_num(x, nan=nan), -cap, cap)
+    assert np.array_equal(finite(x.copy(), nan, cap), want)
