@@ -18,6 +18,7 @@ from critbatch.science.grid_laws import (
     fit_grid,
     fit_law,
     held_out_folds,
+    held_out_rms,
     select_terms,
 )
 
@@ -145,3 +146,22 @@ def test_select_terms_never_fails_on_any_scatter(scale):
     law = select_terms("y", np.array(scale) * 100, n, d, resamples=20)
     assert law.held_out["chosen"] in ("constant", "N", "D", "N+D")
     assert np.isfinite(law.coef).all()
+
+
+def test_held_out_error_is_zero_on_an_exact_law_and_infinite_where_a_fold_cannot_fit_it():
+    """On points of an exact law in N and D every fold predicts its held-out points to
+    rounding; a fold whose remaining points cannot determine the law (one size left for the
+    N term, or fewer points than coefficients) gives inf, not a fit through noise (the
+    faults guarded: the rank or the count check dropped)."""
+    params = np.array([n for n in SIZES for _ in BUDGETS[n]])
+    tokens = np.array([d for n in SIZES for d in BUDGETS[n]])
+    y = 3.0 * (params / 1e8) ** -0.3 * (tokens / 1e10) ** 0.6
+    exact = held_out_rms(("N", "D"), y, params, tokens)
+    assert max(exact.values()) < 1e-12, exact
+    two = np.isin(params, (2e8, 3e8))  # holding out 3e8's largest budget keeps both sizes
+    assert held_out_rms(("N", "D"), y[two], params[two], tokens[two])["mean"] < 1e-12
+    d = np.array([4e9, 1e10, 3e10, 5e10, 8e10])  # one size: no fold can fit an N term
+    n = np.full(len(d), 2e8)
+    assert held_out_rms(("N", "D"), 3.0 * (d / 1e10) ** 0.6, n, d)["mean"] == math.inf
+    few = np.isin(params, (6e8, 1e9))  # 4 points: each budget fold leaves 3 for 3 terms
+    assert held_out_rms(("N", "D"), y[few], params[few], tokens[few])["mean"] == math.inf

@@ -297,11 +297,14 @@ def held_out_rms(columns: tuple[str, ...], y, params, tokens, batch=None, var=No
     w = (np.ones(len(ly)) if var is None else
          1.0 / np.sqrt(np.asarray(var, float) + between_variance(x, ly, np.asarray(var, float))))
     errors: dict[str, list[float]] = {"budget": [], "size": []}
+    unfit = {"budget": math.inf, "size": math.inf, "mean": math.inf}
     for name, held in held_out_folds(params, tokens):
+        if (~held).sum() <= x.shape[1]:
+            return unfit
         coef, _, rank, _ = np.linalg.lstsq(x[~held] * w[~held, None], ly[~held] * w[~held],
                                            rcond=None)
-        if rank < x.shape[1] or (~held).sum() <= x.shape[1]:
-            return {"budget": math.inf, "size": math.inf, "mean": math.inf}
+        if rank < x.shape[1]:
+            return unfit
         errors["size" if name.startswith("size") else "budget"] += (x[held] @ coef
                                                                     - ly[held]).tolist()
 
