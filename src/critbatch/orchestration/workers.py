@@ -224,7 +224,10 @@ def worker_context() -> multiprocessing.context.BaseContext:
     """How the workers start: forked from a fork server that has imported this module (torch,
     the training loop) once, so a stage's workers are ready in a fraction of a second instead
     of each importing torch (~2 s of a core apiece). The server is a fresh single-threaded
-    process: never a fork of this one, which may hold threads (torch's, W&B's)."""
+    process: never a fork of this one, which may hold threads (torch's, W&B's). Where there is
+    no fork server (Windows), each worker is spawned and imports them itself."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
     return context
