@@ -270,6 +270,27 @@ def test_smoke_sweep_survives_a_kill_searches_the_lr_and_a_rerun_trains_nothing(
     assert "report.md is up to date" in out  # nor analysed again
 
 
+def test_the_workers_fork_from_a_server_that_imported_the_training_loop():
+    """A stage's workers start as forks of a server that imported torch and the training
+    loop once (the fault guarded: each worker spawned, importing torch again, ~2 s a core)."""
+    import multiprocessing
+
+    from critbatch.orchestration import workers
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork server on this platform: the workers are spawned")
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = workers.worker_context()
+    assert context.get_start_method() == "forkserver"
+    with ProcessPoolExecutor(1, mp_context=context) as pool:
+        parent = pool.submit(os.getppid).result(timeout=120)
+        # before any job of its own, the worker holds the loop the server imported
+        loaded = pool.submit(eval, "'critbatch.training.loop' in __import__('sys').modules")
+        assert loaded.result(timeout=120)
+    assert parent != os.getpid()  # a fork of the server, not a child of this process
+
+
 def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():
     from critbatch.orchestration.sweep import parse_jobs
     from critbatch.results.errors import ConfigError
