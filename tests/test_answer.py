@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_grid_laws import BATCHES, BUDGETS, LR_STEPS, SIZES, planted
 
@@ -176,6 +176,7 @@ def test_the_between_cell_scatter_is_recovered(tau, seed):
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(5, 40), st.floats(0.0, 2.0), st.floats(1e-4, 1e-1), st.integers(0, 10_000))
+@example(35, 0.0, 1e-4, 0)  # a root near 1e-10 beside variances near 1e-8
 def test_the_scatter_is_where_the_weighted_residuals_equal_their_degrees_of_freedom(
         n, tau, sd, seed):
     """tau^2 is the root of its definition (Paule and Mandel): the weighted sum of squared
@@ -196,7 +197,7 @@ def test_the_scatter_is_where_the_weighted_residuals_equal_their_degrees_of_free
     assert tau2 >= 0
     if tau2 == 0:
         assert chi2(0.0) <= n - 2
-    else:  # the root is bracketed within the finder's tolerance, 1e-9 of its bracket
+    else:  # the root is bracketed within the finder's tolerance, 1e-9 of itself
         step = 1e-8 * max(float(np.var(y)), tau2)
         assert chi2(max(tau2 - step, 0.0)) >= n - 2 >= chi2(tau2 + step), tau2
 

@@ -207,9 +207,12 @@ def between_variance(x: np.ndarray, y: np.ndarray, var: np.ndarray) -> float:
     low, high = 0.0, max(float(np.var(y)), 1e-12)
     while excess(high) > 0:
         low, high = high, high * 4
-    # the excess falls as tau^2 grows: Brent's root to 1e-9 of the bracket (far below any
-    # law's own uncertainty) in about ten refits, where halving the bracket took thirty
-    return float(brentq(excess, low, high, xtol=1e-9 * high, rtol=1e-12))
+    # the excess falls as tau^2 grows: Brent's root to 1e-9 of itself (far below any law's
+    # own uncertainty) in about ten refits, where halving the bracket took thirty. The
+    # absolute tolerance is set by the smallest variance, not the bracket: a root of 1e-10
+    # beside variances of 1e-8 and a bracket of 1 would otherwise come back as 0
+    smallest = float(var[var > 0].min()) if (var > 0).any() else high
+    return float(brentq(excess, low, high, xtol=1e-9 * min(high, smallest), rtol=1e-9))
 
 
 def weighted_least_squares(x: np.ndarray, y: np.ndarray, var
