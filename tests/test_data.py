@@ -20,6 +20,7 @@ from critbatch.training.corpus import (
     load_hub_documents,
     load_local_documents,
     split_documents,
+    stdlib_dir,
 )
 from critbatch.training.data import sample_batch, val_windows
 from critbatch.training.token_cache import encode_documents, prepare_data, train_tokenizer
@@ -137,6 +138,32 @@ def test_stdlib_listing_excludes_site_packages_and_holds_out_two_percent():
     assert "json/decoder.py" in rels
     share = sum(is_val_document(rel, 0.02) for rel in rels) / len(rels)
     assert 0.01 < share < 0.035
+
+
+def _rglob_listing(root: Path) -> tuple:
+    """The stdlib listing by its definition: every *.py under `root` as pathlib's rglob
+    finds them (into no linked folder), in path order, those of installed packages left out."""
+    return tuple((p.relative_to(root).as_posix(), p) for p in sorted(root.rglob("*.py"))
+                 if not any(s in p.relative_to(root).as_posix()
+                            for s in ("site-packages", "dist-packages")))
+
+
+def test_the_stdlib_listing_is_rglob_s_without_walking_installed_packages(tmp_path):
+    """The walk that skips installed packages' folders lists what rglob lists, in its order
+    (path parts, not strings: a/b.py before a-b/c.py), on a planted tree and on this
+    Python's stdlib. The fault guarded: a listing in another order or with other files
+    changes the corpus fingerprint, and so the token cache every run reads."""
+    for rel in ("a/b.py", "a-b/c.py", "x.py", "y.txt", "lib/site-packages/pkg/m.py",
+                "lib/dist-packages/n.py", "lib/ok/site-packages-ish/o.py", "deep/e/f/g.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("pass\n")
+    (tmp_path / "linked").symlink_to(tmp_path / "deep")  # a linked folder: not walked
+    listing = corpus_module._stdlib_listing.__wrapped__
+    assert listing(tmp_path) == _rglob_listing(tmp_path)
+    assert [rel for rel, _ in listing(tmp_path)] == ["a/b.py", "a-b/c.py", "deep/e/f/g.py",
+                                                     "x.py"]
+    root = stdlib_dir()
+    assert listing(root) == _rglob_listing(root)
 
 
 def test_missing_empty_and_non_utf8_corpora_are_data_errors(tmp_path):

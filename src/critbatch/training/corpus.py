@@ -75,16 +75,24 @@ def _read_local(files: list[tuple[str, Path]], strict_utf8: bool) -> tuple[list,
     return docs, skipped
 
 
+THIRD_PARTY = ("site-packages", "dist-packages")  # installed packages: not the stdlib
+
+
 @functools.cache
 def _stdlib_listing(root: Path) -> tuple[tuple[str, Path], ...]:
-    """The stdlib's *.py files under `root`, listed once per process (a walk of ~50,000 paths,
-    half a second: the stdlib does not change while a process runs)."""
+    """The stdlib's *.py files under `root`, in path order, listed once per process (the
+    stdlib does not change while a process runs). The walk skips the installed packages'
+    folders rather than listing them: a venv's site-packages held ~50,000 paths, which took
+    0.7 s to list where the stdlib alone takes a few hundredths."""
+    paths = []
+    for folder, dirs, names in os.walk(root):  # as rglob: into no linked folder
+        dirs[:] = [d for d in dirs if not any(part in d for part in THIRD_PARTY)]
+        paths += [Path(folder, name) for name in names if name.endswith(".py")]
     files = []
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(paths):
         rel = path.relative_to(root).as_posix()
-        if "site-packages" in rel or "dist-packages" in rel:
-            continue
-        files.append((rel, path))
+        if not any(part in rel for part in THIRD_PARTY):
+            files.append((rel, path))
     return tuple(files)
 
 
