@@ -272,8 +272,10 @@ def test_smoke_sweep_survives_a_kill_searches_the_lr_and_a_rerun_trains_nothing(
 
 
 def test_the_workers_fork_from_a_server_that_imported_the_training_loop():
-    """A stage's workers start as forks of a server that imported torch and the training
-    loop once (the fault guarded: each worker spawned, importing torch again, ~2 s a core)."""
+    """A stage's workers start as forks of a server that imported torch, the training loop
+    and torch._dynamo (which the first optimizer built imports) once. The fault guarded: each
+    worker spawned, importing torch again (~2 s a core), or importing torch._dynamo for its
+    first optimizer (1.4-1.9 s a core)."""
     import multiprocessing
 
     from critbatch.orchestration import workers
@@ -287,7 +289,8 @@ def test_the_workers_fork_from_a_server_that_imported_the_training_loop():
     with ProcessPoolExecutor(1, mp_context=context) as pool:
         parent = pool.submit(os.getppid).result(timeout=120)
         # before any job of its own, the worker holds the loop the server imported
-        loaded = pool.submit(eval, "'critbatch.training.loop' in __import__('sys').modules")
+        loaded = pool.submit(eval, "{'critbatch.training.loop', 'torch._dynamo'} <= "
+                                   "set(__import__('sys').modules)")
         assert loaded.result(timeout=120)
     assert parent != os.getpid()  # a fork of the server, not a child of this process
 

@@ -229,7 +229,9 @@ def worker_context() -> multiprocessing.context.BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    # torch._dynamo too: torch's optimizers import it when the first one is built (1.4-1.9 s
+    # of a core in each worker of each stage)
+    context.set_forkserver_preload([__name__, "torch._dynamo"])
     return context
 
 
