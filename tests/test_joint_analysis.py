@@ -261,6 +261,25 @@ def test_the_scale_comes_from_the_summary_before_the_config(tmp_path):
     assert scale_of([{"run_dir": None}]) is None
 
 
+def test_the_smoke_scale_refits_its_bootstrap_fewer_times(sweep):
+    """At the smoke scale (a pipeline test, which the report says measures nothing) the joint
+    model's bootstrap refits SMOKE_RESAMPLES times, at any other RESAMPLES times, and the
+    interval's label says how many. The fault guarded: every smoke sweep's report spending
+    100 refits (most of its time) on numbers it calls no measurement."""
+    from critbatch.analysis.joint.joint import RESAMPLES
+    from critbatch.science.intervals import SMOKE_RESAMPLES
+
+    root, result = sweep
+    runs = load_runs([root], progress=False)["runs"]
+    smoke = bcrit.analyse([{**run, "scale": "smoke"} for run in runs])
+    for doc, count in ((result["fits"]["joint"], RESAMPLES),
+                       (smoke["fits"]["joint"], SMOKE_RESAMPLES)):
+        assert set(doc) == set(OPTIMIZERS)
+        for joint in doc.values():
+            assert joint["failed_refits"]["bootstrap_tried"] == count
+            assert f"refitted {joint['resamples']} times" in joint["interval"]
+
+
 def test_a_missed_held_out_set_gets_the_refit_s_spread():
     """Largest-budget losses pushed 0.06 nats/token up miss the seed-sigma test; then each
     prediction carries the refit's bootstrap spread, which can only make more cells agree."""

@@ -154,6 +154,18 @@ def read_config(run_dir: str | Path) -> dict | None:
         return None
 
 
+def scale_of(runs: list[dict]) -> str | None:
+    """The `scale` preset the runs were trained at: the first run's summary.json (or table
+    row) that says, else its config.json."""
+    for run in runs:
+        if run.get("scale"):
+            return str(run["scale"])
+        config = read_config(run["run_dir"]) if run.get("run_dir") else None
+        if config and config.get("scale"):
+            return str(config["scale"])
+    return None
+
+
 def read_noise(run_dir: str | Path) -> dict | None:
     """Load and validate `<run_dir>/noise.json`; None when the run has none."""
     path = Path(run_dir) / "noise.json"

@@ -9,6 +9,9 @@ import numpy as np
 
 CONFIDENCE = 0.95  # every interval in the report is a central 95% interval
 MIN_DRAWS = 20  # fewer finite draws than this give no interval
+# a bootstrap's refits at the smoke scale, a pipeline test whose runs of a few dozen steps
+# measure nothing (its report and every answer say so): enough to run every path
+SMOKE_RESAMPLES = 20
 
 
 def central_percentiles(confidence: float = CONFIDENCE) -> tuple[float, float]:

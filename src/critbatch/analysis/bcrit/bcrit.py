@@ -57,6 +57,7 @@ from critbatch.analysis.bcrit.noise_ratio import constant_lr_readings, noise_rat
 from critbatch.analysis.bcrit.online_noise import noise_points, online_noise_rows
 from critbatch.analysis.bcrit.pareto import pareto_frontiers, pareto_row
 from critbatch.analysis.joint.joint import joint_fits
+from critbatch.results.runs import scale_of
 from critbatch.science.fits import LossCurve, fit_lr_scaling, nominal_budgets
 from critbatch.science.laws import bcrit_corrected, bcrit_naive
 
@@ -561,7 +562,8 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None,
                             [p for p in noise if p["kind"] == "b_noise" and "loss" in p], online)
     points = one_corpus(groups, points, warnings)
     kaplan = kaplan_fits(points, warnings, hints.losses)
-    joint, joint_rows = joint_fits(out_groups, warnings, hints.seeds)  # analysis.joint
+    joint, joint_rows = joint_fits(out_groups, warnings, hints.seeds,  # analysis.joint
+                                   pipeline_test=scale_of(runs) == "smoke")
     edge_cells = lr_edge_cells(out_groups)
     return {"groups": out_groups, "left_out": left_out, "noise": noise, "n_runs": len(runs),
             "warning_fixes": hints.warning_fixes or render.WARNING_FIXES,

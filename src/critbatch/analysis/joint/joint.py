@@ -44,6 +44,7 @@ from critbatch.analysis.joint.verdict import (  # noqa: F401 (the verdict's name
     passes,
 )
 from critbatch.science.fits import NoiseSplit, Sharing, fit_noise_split, trunk_sharing
+from critbatch.science.intervals import SMOKE_RESAMPLES
 from critbatch.science.joint import (
     SHARED_FRACTION,
     Form,
@@ -379,13 +380,13 @@ def reference_loss(data: JointData) -> float:
 
 
 def interval_of(data: JointData, fit: JointFit, optimizer: str,
-                fit_range: dict | None = None) -> dict:
+                fit_range: dict | None = None, resamples: int = RESAMPLES) -> dict:
     """The parametric bootstrap's interval, each refit choosing its own form
     (`bootstrap_joint`), and B_crit's at `reference_loss`. It redraws the noise of every cell
     rather than resampling units, so it needs no minimum number of runs; its coverage on
     planted worlds of several kinds is measured by `make coverage` (docs/results/coverage.md)."""
     loss = reference_loss(data)
-    boot = bootstrap_joint(data, fit, resamples=RESAMPLES, seed=sum(map(ord, optimizer)),
+    boot = bootstrap_joint(data, fit, resamples=resamples, seed=sum(map(ord, optimizer)),
                            reference_loss=loss, fit_range=fit_range)
     return {"exponent_low": boot.exponent_low, "exponent_high": boot.exponent_high,
             "b_star_low": boot.b_star_low, "b_star_high": boot.b_star_high,
@@ -478,10 +479,12 @@ def progress(what: str):
 
 
 def joint_fits(groups: list[dict], warnings: list[str],
-               seeds_hint: str = "train the baseline at two seeds for the seed noise"
-               ) -> tuple[dict, list[dict]]:
+               seeds_hint: str = "train the baseline at two seeds for the seed noise",
+               pipeline_test: bool = False) -> tuple[dict, list[dict]]:
     """({optimizer: the joint model's document}, its Kaplan rows: method `joint`);
-    `seeds_hint` says how to add seeds in the words of the input."""
+    `seeds_hint` says how to add seeds in the words of the input. A `pipeline_test` (the
+    smoke scale) refits its bootstrap SMOKE_RESAMPLES times, not RESAMPLES."""
+    resamples = SMOKE_RESAMPLES if pipeline_test else RESAMPLES
     documents, rows = {}, []
     for optimizer, mine in comparable_groups(groups).items():
         sharing, shared = sharing_of(mine)
@@ -500,10 +503,10 @@ def joint_fits(groups: list[dict], warnings: list[str],
             warnings.append(f"joint model ({optimizer}): no fit on its {len(data)} cells: "
                             f"{fit.message}")
             continue
-        step(f"{RESAMPLES} bootstrap refits")
+        step(f"{resamples} bootstrap refits")
         # the noise alone's range of chi2/dof: the bootstrap's widening and the verdict's check
         fit_range = chi2_range(data, fit, seed=sum(map(ord, optimizer)))
-        interval = interval_of(data, fit, optimizer, fit_range)
+        interval = interval_of(data, fit, optimizer, fit_range, resamples)
         step("the loss-alone test, the held-out refits and the range check")
         # the per-width law and the held-out refits start from the fit (as the range check
         # does): a fresh start's grid search cost three times as much for the same optimum

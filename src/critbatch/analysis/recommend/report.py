@@ -24,7 +24,6 @@ from critbatch.analysis.recommend.recommend import (
     sized_sweeps,
     width_params,
 )
-from critbatch.analysis.recommend.summary import scale_of
 from critbatch.analysis.render import (
     fmt,
     json_clean,
@@ -34,14 +33,14 @@ from critbatch.analysis.render import (
 )
 from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_json_atomic
+from critbatch.results.runs import scale_of
 from critbatch.science.answer import GridCell, Promise
-from critbatch.science.intervals import percentile_interval
+from critbatch.science.intervals import SMOKE_RESAMPLES, percentile_interval
 from critbatch.science.recommend import to_target_loss
 
 PLOT_FILE = "recommend.png"
 JSON_FILE = "recommend.json"
 REPORT_FILE = "recommend.md"
-SMOKE_RESAMPLES = 20  # bootstrap refits at the smoke scale: it measures nothing anyway
 
 
 def fmt_range(low, high, spec: str = ".4g") -> str:

@@ -20,23 +20,11 @@ from critbatch.analysis.recommend import engine
 from critbatch.analysis.recommend.recommend import beta2_of, sized_sweeps
 from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.results.errors import ResultsError
-from critbatch.results.runs import read_config
+from critbatch.results.runs import scale_of
 from critbatch.science.answer import Promise
+from critbatch.science.intervals import SMOKE_RESAMPLES
 
 MISFIT = 2.0  # chi2/dof above which the model does not describe the losses
-SMOKE_RESAMPLES = 20  # bootstrap refits at smoke scale
-
-
-def scale_of(runs: list[dict]) -> str | None:
-    """The `scale` preset the runs were trained at: the first run's summary.json (or table
-    row) that says, else its config.json."""
-    for run in runs:
-        if run.get("scale"):
-            return str(run["scale"])
-        config = read_config(run["run_dir"]) if run.get("run_dir") else None
-        if config and config.get("scale"):
-            return str(config["scale"])
-    return None
 
 
 def held_out_verdict(doc: dict | None) -> tuple[str, bool | None]:
