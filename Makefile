@@ -43,9 +43,10 @@ ifneq ($(TORCH_PIP),$(TORCH_HAVE))
 endif
 endif
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile $(TORCH_PIP)
-	@# torch's bytecode on every core (pip compiles on one: 29 s against 18 s in all here);
-	@# the few files of newer Pythons' syntax are skipped, as pip skips them
-	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/torch" >/dev/null || true
+	@# the bytecode of torch and its dependencies (sympy, networkx, ...) on every core: pip
+	@# compiles on one (29 s against 18 s in all here); the few files of newer Pythons' syntax
+	@# are skipped, as pip skips them
+	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	@echo "critbatch: PyTorch installed; now critbatch, numpy, scipy, hydra, wandb, matplotlib, pytest ..."
 	@# by uv where it installs (the same packages in ~20 s where pip took ~70 s), else by pip
 	$(PY) -m pip install --quiet --disable-pip-version-check uv \
