@@ -313,6 +313,14 @@ def test_the_noise_program_and_the_tracker_meet_at_a_peak_lr_checkpoint(tiny_cfg
     assert not (tmp_path / "run" / "noise.json").exists()  # the final one is left alone
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--checkpoint", "peak_lr"])
+    # both checkpoints in one process (as the sweep measures them): the same peak-lr record
+    # and the final one beside it
+    (tmp_path / "run" / "noise_peak_lr.json").unlink()
+    main([str(tmp_path / "run"), "--checkpoint", "final", "--checkpoint", "peak_lr", "-K", "64",
+          "-b", "4"])
+    again = json.loads((tmp_path / "run" / "noise_peak_lr.json").read_text())
+    assert again["b_noise"] == record["b_noise"] and again["step"] == 80
+    assert runs.read_noise(tmp_path / "run")["step"] == summary["steps"]
 
 
 def test_gns_off_without_accumulation_or_when_disabled(tiny_cfg, tmp_path):

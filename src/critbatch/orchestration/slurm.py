@@ -278,26 +278,23 @@ def last_line(err: BaseException) -> str:
     return lines[-1] if len(lines) > 1 and "trace" in lines[0] else lines[0]
 
 
-def noise_command(run_dir: str | Path, checkpoint: str | None = None) -> list[str]:
-    """`python -m critbatch.noise <run_dir>` (at `--checkpoint <name>` when given)."""
+def noise_command(run_dir: str | Path) -> list[str]:
+    """`python -m critbatch.noise <run_dir>`, and in the same process at the run's peak-lr
+    checkpoint where it kept one (`--checkpoint final --checkpoint peak_lr`: torch, the data
+    and the model loaded once)."""
+    from critbatch.training.loop import PEAK_CHECKPOINT
+
+    peak = (Path(run_dir) / PEAK_CHECKPOINT).exists()
     return [sys.executable, "-m", "critbatch.noise", str(run_dir),
-            *(["--checkpoint", checkpoint] if checkpoint else [])]
+            *(["--checkpoint", "final", "--checkpoint", "peak_lr"] if peak else [])]
 
 
 def noise_task(run_dir: str, cwd: str) -> int:
-    """`python -m critbatch.noise <run_dir>` on a node, then again at the run's peak-lr
-    checkpoint where it kept one (as the sweep does on its own machine), their output in the
-    run's noise.log; the first non-zero exit code, or 0."""
-    from critbatch.training.loop import PEAK_CHECKPOINT
-
+    """`noise_command` on a node (as the sweep runs it on its own machine), its output in the
+    run's noise.log; its exit code."""
     os.chdir(cwd)
     with open(Path(run_dir) / "noise.log", "w") as log:
-        code = subprocess.call(noise_command(run_dir), stdout=log, stderr=subprocess.STDOUT)
-    if code == 0 and (Path(run_dir) / PEAK_CHECKPOINT).exists():
-        with open(Path(run_dir) / "noise.log", "a") as log:
-            code = subprocess.call(noise_command(run_dir, "peak_lr"), stdout=log,
-                                   stderr=subprocess.STDOUT)
-    return code
+        return subprocess.call(noise_command(run_dir), stdout=log, stderr=subprocess.STDOUT)
 
 
 def measure_noise(array: Array, run_dirs: list[Path]) -> list[bool]:

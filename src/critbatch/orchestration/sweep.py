@@ -260,7 +260,8 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
         succeeded = [proc.wait() == 0 for proc in started]
     problems = []
     for target, ok in zip(targets, succeeded, strict=True):
-        if not ok:
+        # the final checkpoint's B_noise stands where the peak-lr one after it failed
+        if not ok and not (target.run_dir / "noise.json").exists():
             problems.append(f"the noise measurement failed on {target.run_dir} (see its "
                             "noise.log)")
             continue
@@ -269,19 +270,15 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
         print(f"== noise (optim={target.optimizer}): B_noise "
               + (f"{b:,.0f} tokens" if b else "not resolved")
               + f" at val_loss {noise.get('val_loss', float('nan')):.4f} nats/token")
-        if (target.run_dir / PEAK_CHECKPOINT).exists():  # an array task measured it too
-            problems += noise_at_peak_lr(target, env if array is None else None)
+        if (target.run_dir / PEAK_CHECKPOINT).exists():  # measured there too
+            problems += noise_at_peak_lr(target)
     return problems
 
 
-def noise_at_peak_lr(target: Job, env: dict | None) -> list[str]:
-    """The noise program again at the run's peak-lr checkpoint (`train.gns.peak_checkpoint`),
-    beside the online tracker's reading there (noise_peak_lr.json), here with `env` (None: an
-    array task has run it); returns the problems."""
-    if env is not None:
-        with open(target.run_dir / "noise.log", "a") as log_file:
-            subprocess.run(slurm.noise_command(target.run_dir, "peak_lr"), stdout=log_file,
-                           stderr=subprocess.STDOUT, env=env)
+def noise_at_peak_lr(target: Job) -> list[str]:
+    """What the noise program read at the run's peak-lr checkpoint
+    (`train.gns.peak_checkpoint`), beside the online tracker's reading there
+    (noise_peak_lr.json); returns the problems."""
     if not (target.run_dir / "noise_peak_lr.json").exists():
         return [f"the noise measurement at the peak lr failed on {target.run_dir} (see its "
                 "noise.log)"]

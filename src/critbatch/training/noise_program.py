@@ -317,21 +317,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ratio-from", type=Path, default=None, metavar="FITS",
                         help="a sweep's report/fits.json whose noise_ratio turns B_noise into "
                              "B_crit (default: the run's own sweep's report)")
-    parser.add_argument("--checkpoint", choices=sorted(CHECKPOINTS), default="final",
-                        help="final (checkpoint.pt, writes noise.json) or peak_lr "
+    parser.add_argument("--checkpoint", choices=sorted(CHECKPOINTS), action="append",
+                        help="final (the default: checkpoint.pt, writes noise.json) or peak_lr "
                              "(checkpoint_peak_lr.pt of train.gns.peak_checkpoint, writes "
-                             "noise_peak_lr.json beside the online tracker's reading)")
+                             "noise_peak_lr.json beside the online tracker's reading); given "
+                             "twice, both in this order in one process")
     parser.add_argument("--full", type=int, default=0, metavar="N",
                         help="also B_full = tr(H Sigma) / G'HG, the Hessian on N other "
                              "windows (e.g. 64; K Hessian-vector products: several times "
                              "the cost of B_noise)")
     args = parser.parse_args(argv)
     with user_errors():
-        record = measure_run(args.run_dir, args.micro_batches, args.micro_batch_size,
-                             args.seed, args.device, args.cache_dir, args.full,
-                             args.ratio_from, args.checkpoint)
-        if args.full:
-            print(full_line(record))
+        for which in args.checkpoint or ["final"]:
+            record = measure_run(args.run_dir, args.micro_batches, args.micro_batch_size,
+                                 args.seed, args.device, args.cache_dir, args.full,
+                                 args.ratio_from, which)
+            if args.full:
+                print(full_line(record))
 
 
 if __name__ == "__main__":
