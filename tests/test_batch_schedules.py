@@ -72,6 +72,7 @@ def test_the_plan_follows_a_planted_curve(tiny_cfg, tmp_path):
     assert plan.curve == [[2048.0, 8.0], [8192.0, 64.0]]
 
 
+@pytest.mark.slow
 def test_a_measured_run_trains_its_plan_and_scales_the_lr(tiny_cfg, tmp_path):
     fits = write_fits(tmp_path / "fits.json",
                       rows() + rows(optimizer="muon") + rows(lr_scaling="linear",

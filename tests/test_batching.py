@@ -78,6 +78,7 @@ def test_adaptive_controller_follows_clips_and_waits():
     assert all(8 <= b <= 128 and math.log2(b / 4).is_integer() for b in seen.values())
 
 
+@pytest.mark.slow
 def test_adaptive_choices_do_not_depend_on_the_logging_cadence(tiny_cfg, tmp_path):
     """The controller decides on fixed steps, after bringing B_noise up to date there."""
     common = ("train.batch_schedule=adaptive", "train.batch_size_start=8",

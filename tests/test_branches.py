@@ -41,6 +41,7 @@ def comparable(run_dir: Path, leave_out: set[str] = frozenset()) -> tuple[dict, 
 
 
 @pytest.mark.parametrize("optim", ["adamw", "muon"])
+@pytest.mark.slow
 def test_a_branch_is_the_separate_run_of_its_budget(tiny_cfg, tmp_path, optim):
     """Each branch's summary and per-step metrics equal those of a run trained alone at its
     budget (same seed and batches); only the eval points before the fork differ (the
@@ -79,6 +80,7 @@ def interrupt_at(monkeypatch, step: int, nth: int = 1) -> None:
     monkeypatch.setattr(train_loop, "sample_batch", sample)
 
 
+@pytest.mark.slow
 def test_a_run_with_branches_resumes_bitwise_after_kills_in_the_run_and_in_a_branch(
         tiny_cfg, tmp_path, monkeypatch):
     """Killed in step 12 (after the first fork, last checkpoint at step 7: the fork is made

@@ -31,6 +31,7 @@ def test_every_job_has_a_command():
 
 
 @pytest.mark.parametrize("command", sorted(SCRIPTS))
+@pytest.mark.slow
 def test_each_command_answers_help_outside_the_venv(command, tmp_path):
     path = BIN / command
     assert path.exists(), f"{path} is missing: `pip install -e .` (make install) installs it"

@@ -81,6 +81,7 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_cli_error_has_no_traceback(tmp_path):
     """The real command line, as a user types it."""
     proc = subprocess.run(

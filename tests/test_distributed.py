@@ -58,6 +58,7 @@ def test_two_gloo_ranks_match_one_process_with_the_same_global_batch(
     assert ddp["gns_steps"] > 0
 
 
+@pytest.mark.slow
 def test_torchrun_without_a_run_dir_is_refused(tiny_overrides, tmp_path):
     env = dict(os.environ, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0")
     proc = subprocess.run([sys.executable, "-m", "critbatch.train", *tiny_overrides],

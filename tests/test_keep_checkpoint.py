@@ -29,6 +29,7 @@ def checkpoints(run_dir: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("keep", ["all", "final", "none"])
+@pytest.mark.slow
 def test_each_policy_keeps_what_it_promises_and_a_finished_run_stays_finished(
         tiny_cfg, tmp_path, keep):
     cfg = tiny_cfg(*BRANCHED, f"train.keep_checkpoint={keep}")

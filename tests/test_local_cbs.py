@@ -100,6 +100,7 @@ def test_a_largest_branch_within_tolerance_gives_only_a_lower_bound():
     assert result.margin == pytest.approx(result.tolerance - result.upper[-1])
 
 
+@pytest.mark.slow
 def test_false_alarm_rate_between_identical_branches_is_nominal_with_the_branch_term():
     """2000 simulated pairs of identically trained branches (same true mean, independent
     offsets of sd 0.005 nats/token, 128 sequences with per-sequence noise 0.02). For each,
@@ -313,6 +314,7 @@ def ladder_world(rng: np.random.Generator, excess_of, checkpoints: int = 6, seed
     return world
 
 
+@pytest.mark.slow
 def test_replicated_ladders_recover_a_planted_local_bcrit_despite_data_order_noise():
     """60 base runs (planted B_crit 32 ... 1024, 10 each) of 6 checkpoints with two seeds:
     the data order moves every branch by sd 0.02 nats/token, twenty times the branch noise, as

@@ -34,6 +34,7 @@ def test_report_reanalyses_every_sweep_found(tmp_path, command):
     assert not list(tmp_path.rglob("metrics.jsonl"))  # nothing trained
 
 
+@pytest.mark.slow
 def test_report_without_sweeps_is_one_line(tmp_path):
     proc = report(tmp_path)
     assert proc.returncode == 2

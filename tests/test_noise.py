@@ -87,6 +87,7 @@ def test_b_noise_within_5_percent_with_enough_micro_batches():
     assert est.b_noise_low < 100 < est.b_noise_high
 
 
+@pytest.mark.slow
 def test_jackknife_error_bar_matches_the_spread_of_repeats():
     """60 repeats of K = 128: the mean jackknife SE of log B_noise matches their actual spread.
 
@@ -253,6 +254,7 @@ def test_online_tracking_writes_metrics_and_summary(accum_run):
     assert min(r["train_loss"] for r in rows) < summary["b_noise_loss"] < rows[0]["train_loss"]
 
 
+@pytest.mark.slow
 def test_the_tracker_is_read_at_the_peak_lr_with_a_validation_loss(tiny_cfg, tmp_path):
     """A wsd run reads its online B_noise four times in its constant-lr phase, the last at
     the cooldown's start; each reading is the tracker's state after that step (its metrics
@@ -292,6 +294,7 @@ def test_the_tracker_s_interval_holds_its_level_on_independent_steps():
     assert ema_interval([-1.0, -2.0, 0.5], [1.0, 2.0, 3.0], 0.9) is None
 
 
+@pytest.mark.slow
 def test_the_noise_program_and_the_tracker_meet_at_a_peak_lr_checkpoint(tiny_cfg, tmp_path,
                                                                          capsys):
     """train.gns.peak_checkpoint keeps the state of the last peak-lr reading; the noise
@@ -401,6 +404,7 @@ def test_bad_inputs_are_one_line_errors(accum_run, tmp_path, capsys):
     assert "cannot be loaded" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_without_checkpoint_exits_2_with_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "critbatch.noise", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)

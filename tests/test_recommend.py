@@ -106,6 +106,7 @@ def test_noiseless_world_gives_back_its_law_and_its_lr(tmp_path):
 
 
 @pytest.mark.parametrize("seed", range(3))
+@pytest.mark.slow
 def test_the_answer_for_a_larger_model_lands_on_the_planted_one(tmp_path, seed):
     """Three sizes to 1.5M tokens; a 4x larger model on 4x the tokens: the batch within 10%
     of the planted world's fastest within the promise, the lr within 15% of the planted

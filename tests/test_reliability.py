@@ -96,6 +96,7 @@ def write_fits(path: Path, tokens: list[int], b_crit: list[float]) -> Path:
 
 
 @pytest.mark.parametrize("schedule", ["ramp", "adaptive", "measured"])
+@pytest.mark.slow
 def test_a_scheduled_batch_resumes_bitwise(tiny_cfg, tmp_path, monkeypatch, schedule):
     """The batch plan (tokens so far, the adaptive controller, the measured batch and its curve,
     its changes) survives a kill; a measured run resumes on the curve it started with even
@@ -277,6 +278,7 @@ def test_a_write_error_during_the_run_is_one_line(tiny_overrides, tmp_path, monk
     assert "cannot write" in err and "metrics.jsonl" in err
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_config_is_refused_naming_the_keys(
         tiny_overrides, tmp_path, monkeypatch, capsys):
     run_dir = tmp_path / "run"

@@ -75,6 +75,7 @@ def test_too_few_shared_cells_is_an_error():
         check(first, bounds)
 
 
+@pytest.mark.slow
 def test_a_shape_is_found_where_the_sigmas_are_also_too_small():
     """The residuals' correlation does not depend on the sigmas' scale: a shape of 3 run
     sigmas in draws that scatter twice what they state is still the model's error, and the
@@ -128,6 +129,7 @@ def test_two_draws_in_fits_json(tmp_path):
     assert alone["fits"]["joint"]["adamw"]["draws"] is None
 
 
+@pytest.mark.slow
 def test_draws_that_share_runs_are_not_compared(tmp_path):
     """A second draw trained at the default baseline seeds repeats the first's seeded runs
     bit for bit: not independent, so no check, and a warning says what to change."""

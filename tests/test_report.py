@@ -153,6 +153,7 @@ def test_sweep_folder_age_reads_in_words():
     assert folder.age(now=1000.0 + 3 * 86400) == "3 days ago"
 
 
+@pytest.mark.slow
 def test_a_group_from_several_sweeps_is_labelled_with_all_of_them(tmp_path):
     """The groups table names a group's sweep; when its runs come from several (an old
     folder's `baseline` stage beside the `batch` sweep), each with its count, never the
@@ -198,6 +199,7 @@ def test_only_corrupt_or_diverged_runs_is_an_error(tmp_path):
         report.run_analysis([str(tmp_path)], str(tmp_path / "r"), wandb_mode="disabled")
 
 
+@pytest.mark.slow
 def test_thin_data_gives_a_partial_report(tmp_path):
     synthetic_sweep(tmp_path, batch_sizes=(), budgets_tokens=(2**24,))
     (tmp_path / "broken").mkdir()

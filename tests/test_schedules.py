@@ -256,6 +256,7 @@ def test_steps_saved_are_read_off_the_annealed_small_batch(tmp_path):
         [{"step": 2**k, "val_loss": small_loss(2**k)} for k in range(3, 10)], LARGE_LOSS).steps
 
 
+@pytest.mark.slow
 def test_the_report_says_which_reference_steps_saved_were_read_off(tmp_path):
     annealed = report.run_analysis([str(write_annealed_study(tmp_path / "new"))],
                                    str(tmp_path / "rep_new"))
@@ -405,6 +406,7 @@ def test_cli_end_to_end_writes_the_report(tmp_path):
     assert "report:" in proc.stdout and "constant large" in proc.stdout
 
 
+@pytest.mark.slow
 def test_report_with_a_diverged_arm_and_a_missing_metrics_file(tmp_path):
     write_study(tmp_path / "runs", optimizers=("adamw",))
     (tmp_path / "runs" / "arm=ramp,optim=adamw" / "metrics.jsonl").unlink()

@@ -136,6 +136,7 @@ def test_kaplan_prediction_survives_a_wild_fit():
     assert kaplan_prediction_tokens(3.0, 1e5, None) is None
 
 
+@pytest.mark.slow
 def test_noise_trend_recovers_a_planted_slope_and_pools_a_flat_noise():
     """Sample variances drawn from sd(E) = 0.05 (E / 5e5)^-0.8 (6 dof per budget, 5 budgets):
     the slope comes back within its scatter and is kept; from a flat sd of 0.02 the test

@@ -142,6 +142,7 @@ def test_an_old_table_without_the_new_columns_still_loads(sweep, tmp_path):
     assert all(r["val_loss"] == by_run[r["run_dir"]]["val_loss"] for r in runs)
 
 
+@pytest.mark.slow
 def test_report_of_a_table_goes_beside_it_as_help_says(tmp_path, capsys):
     synthetic_sweep(tmp_path / "runs", batch_sizes=(64, 256))
     table = tmp_path / "tables" / "grid.csv"

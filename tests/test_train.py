@@ -95,6 +95,7 @@ def test_every_width_builds_and_takes_a_step(tiny_cfg, tmp_path, width):
     assert summary["width"] == width
 
 
+@pytest.mark.slow
 def test_muon_trains(tiny_cfg, tmp_path):
     summary = train(tiny_cfg("optim=muon", "train.tokens=40960", "train.batch_size=8",
                              "train.micro_batch_size=4"), tmp_path / "run")
