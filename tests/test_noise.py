@@ -324,6 +324,14 @@ def test_the_noise_program_and_the_tracker_meet_at_a_peak_lr_checkpoint(tiny_cfg
     again = json.loads((tmp_path / "run" / "noise_peak_lr.json").read_text())
     assert again["b_noise"] == record["b_noise"] and again["step"] == 80
     assert runs.read_noise(tmp_path / "run")["step"] == summary["steps"]
+    # the final checkpoint is measured and written before the peak-lr one fails (the sweep
+    # keeps a B_noise whose peak-lr reading failed after it)
+    (tmp_path / "run" / "noise.json").unlink()
+    (tmp_path / "run" / "checkpoint_peak_lr.pt").unlink()
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "run"), "--checkpoint", "final", "--checkpoint", "peak_lr", "-K",
+              "64", "-b", "4"])
+    assert runs.read_noise(tmp_path / "run")["step"] == summary["steps"]
 
 
 def test_gns_off_without_accumulation_or_when_disabled(tiny_cfg, tmp_path):

@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="final (the default: checkpoint.pt, writes noise.json) or peak_lr "
                              "(checkpoint_peak_lr.pt of train.gns.peak_checkpoint, writes "
                              "noise_peak_lr.json beside the online tracker's reading); given "
-                             "twice, both in this order in one process")
+                             "twice, both in one process, in the order given")
     parser.add_argument("--full", type=int, default=0, metavar="N",
                         help="also B_full = tr(H Sigma) / G'HG, the Hessian on N other "
                              "windows (e.g. 64; K Hessian-vector products: several times "
