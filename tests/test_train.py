@@ -62,6 +62,15 @@ def test_run_directory_is_complete_and_self_describing(tiny_cfg, tmp_path):
     assert len(summary["data_fingerprint"]) == 64
 
 
+def test_a_run_that_logs_nowhere_never_imports_wandb(tiny_cfg, tmp_path, monkeypatch):
+    """logger.mode=disabled trains without wandb: importing it and starting its disabled run
+    cost about 1 s of CPU in every training process. Fails if the run imports wandb (made
+    unimportable here)."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    summary = train(tiny_cfg("train.tokens=2048", "train.batch_size=8"), tmp_path / "run")
+    assert summary["status"] == "completed" and summary["wandb_run_id"] is None
+
+
 def test_checkpoint_reloads_to_the_same_val_loss(tiny_cfg, tmp_path):
     cfg = tiny_cfg("train.tokens=10240", "train.batch_size=8")
     summary = train(cfg, tmp_path / "run")

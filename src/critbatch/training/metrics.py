@@ -54,8 +54,11 @@ def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str]
                 run_id: str | None, main: bool, branch: bool = False):
     """The run's W&B run (offline unless logger.mode=online; disabled off rank 0); a resumed
     run continues the W&B run `run_id`. Tagged by optimizer, width, batch, scale (and
-    `branch` for a cooldown branch), its curves plotted against tokens."""
-    import wandb  # slow to import: only when a run starts
+    `branch` for a cooldown branch), its curves plotted against tokens. Where nothing is
+    logged (logger.mode=disabled, or off rank 0) a `NoRun`, without importing wandb."""
+    if cfg.logger.mode == "disabled" or not main:
+        return NoRun()
+    import wandb  # slow to import: only when a run logs
 
     name = cfg.logger.name or (",".join(o for o in overrides if not o.startswith("hydra")) or
                                "defaults")
@@ -75,6 +78,26 @@ def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str]
     )
     define_token_axis(run)
     return run
+
+
+class NoRun:
+    """The W&B run of a run that logs nowhere: every call does nothing. wandb's own disabled
+    run does the same after importing wandb and starting, about 1 s of CPU per training
+    process; the test suite and sweeps with logger.mode=disabled start hundreds."""
+
+    id = None
+
+    def __init__(self) -> None:
+        self.summary: dict = {}
+
+    def log(self, *args, **kwargs) -> None:
+        pass
+
+    def define_metric(self, *args, **kwargs) -> None:
+        pass
+
+    def finish(self, exit_code: int = 0) -> None:
+        pass
 
 
 def define_token_axis(run) -> None:
