@@ -17,9 +17,12 @@ from critbatch.analysis.bcrit import tables
 from critbatch.analysis.recommend import engine
 from critbatch.analysis.recommend.recommend import fit_model, sized_sweeps
 from critbatch.science.answer import Promise
+from critbatch.science.joint import Form
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
     fastest_within,
+    joint_vector,
+    joint_vector_derivative,
     to_target_loss,
 )
 from critbatch.science.recommend_planted import (
@@ -34,6 +37,32 @@ from critbatch.science.recommend_planted import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("form", [Form(), Form(power=True), Form(small_batch=True, power=True)])
+@pytest.mark.parametrize("n_sizes", [1, 2, 3, 5])
+def test_the_law_s_derivative_in_its_parameters_is_the_finite_difference_one(form, n_sizes):
+    """`joint_vector_derivative` (analytic, in every fit's Jacobian) against central
+    differences of `joint_vector`, at random parameters and sizes for 0, 1 and 2 size terms
+    and each optional term: the faults guarded are a wrong column (a sign, a missing factor
+    of the exponent) and a misplaced row, either of which makes the fits' steps wrong."""
+    from critbatch.science.recommend import size_terms
+
+    rng = np.random.default_rng(n_sizes)
+    terms = size_terms(n_sizes)
+    for _ in range(10):
+        theta = np.concatenate([[rng.uniform(0, 3)], rng.normal(0, 1, terms),
+                                [rng.normal(), rng.normal(-1, 0.5), rng.normal(5, 2),
+                                 rng.uniform(0, 8)], rng.uniform(0.5, 2, form.extra)])
+        sizes = np.exp(rng.uniform(math.log(1e6), math.log(1e9), n_sizes))
+        exact = joint_vector_derivative(theta, sizes, terms, form)
+        numeric = np.empty_like(exact)
+        for k in range(len(theta)):
+            step = np.zeros(len(theta))
+            step[k] = 1e-6 * max(1.0, abs(theta[k]))
+            numeric[:, k] = (joint_vector(theta + step, sizes, terms, form)
+                             - joint_vector(theta - step, sizes, terms, form)) / (2 * step[k])
+        assert exact == pytest.approx(numeric, rel=1e-6, abs=1e-8)
 
 
 def write_csv(rows: list[dict], path: Path) -> Path:

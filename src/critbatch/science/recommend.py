@@ -163,16 +163,34 @@ def scaling_jacobian(theta: np.ndarray, data: JointData, sizes: np.ndarray, term
                      form: Form, steps: int = 3) -> np.ndarray:
     """d `scaling_residuals` / d theta by the chain rule: the joint model's analytic Jacobian
     (`science.joint_fit.residual_jacobian`) at the per-width vector times that vector's
-    derivative in the law's parameters (central differences: `joint_vector` touches no
-    cell, so they cost nothing beside the cells)."""
+    derivative in the law's parameters (`joint_vector_derivative`)."""
     inner = joint_vector(theta, sizes, terms, form)
-    outer = np.empty((len(inner), len(theta)))
-    for k in range(len(theta)):
-        step = np.zeros(len(theta))
-        step[k] = 1e-6 * max(1.0, abs(theta[k]))
-        outer[:, k] = (joint_vector(theta + step, sizes, terms, form)
-                       - joint_vector(theta - step, sizes, terms, form)) / (2 * step[k])
-    return residual_jacobian(inner, data, len(sizes), False, form, steps) @ outer
+    return (residual_jacobian(inner, data, len(sizes), False, form, steps)
+            @ joint_vector_derivative(theta, sizes, terms, form))
+
+
+def joint_vector_derivative(theta: np.ndarray, sizes: np.ndarray, terms: int,
+                            form: Form) -> np.ndarray:
+    """d `joint_vector` / d theta (per-width vector x law parameters), analytic: each width's
+    l_inf = L_0 + A x^-a (x = N / N_REF, A = e^theta[1], a = e^theta[2]) moves with L_0, ln A
+    (by A x^-a) and ln a (by -A x^-a a ln x); every other entry is one of theta's own. The
+    fits ask for it at every Jacobian, where central differences took 2 x (7 to 9) more
+    `joint_vector`s."""
+    n, i = len(sizes), 1 + terms
+    outer = np.zeros((3 * n + 2 + form.extra, len(theta)))
+    outer[:n, 0] = 1.0
+    if terms:
+        x = np.asarray(sizes, float) / N_REF
+        p = unpack(theta, terms, form)
+        power = p["a_size"] * x ** -p["size_exponent"]
+        outer[:n, 1] = power
+        if terms == 2:
+            outer[:n, 2] = -power * p["size_exponent"] * np.log(x)
+    outer[n:2 * n, i] = outer[2 * n:3 * n, i + 1] = 1.0
+    outer[3 * n, i + 2] = outer[3 * n + 1, i + 3] = 1.0
+    for j in range(form.extra):
+        outer[3 * n + 2 + j, i + 4 + j] = 1.0
+    return outer
 
 
 def curve_points(joint: JointFit, tokens: np.ndarray, width: np.ndarray
