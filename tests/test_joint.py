@@ -11,7 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from critbatch.science.joint import SHARED_FRACTION, Form, JointData, above_baseline
+from critbatch.science.joint import (
+    SHARED_FRACTION,
+    Form,
+    JointData,
+    above_baseline,
+    log_tokens_at,
+    log_tokens_model,
+)
 from critbatch.science.joint_fit import finite, fit_joint
 from critbatch.science.joint_inference import (
     bootstrap_joint,
@@ -540,3 +547,25 @@ def test_finite_is_nan_to_num_then_clip(values, nan, cap):
     x = np.array(values, float)
     want = np.clip(np.nan_to_num(x, nan=nan), -cap, cap)
     assert np.array_equal(finite(x.copy(), nan, cap), want)
+
+
+@pytest.mark.parametrize("per_width", [False, True])
+@pytest.mark.parametrize("form", [Form(), Form(power=True), Form(small_batch=True),
+                                  Form(small_batch=True, power=True)])
+def test_the_bisection_s_log_tokens_are_the_model_s_bit_for_bit(per_width, form):
+    """`log_tokens_at` (the cells' parameters looked up once, for `predict_loss`'s 56
+    bisection steps) equals `log_tokens_model`'s ln E exactly, losses below l_inf and below 0
+    included: the fault guarded is a formula that drifts from the model's (a term left out,
+    another order of operations), which would move every predicted loss."""
+    rng = np.random.default_rng(7)
+    widths = 3
+    n_law = widths if per_width else 1
+    for _ in range(20):
+        theta = np.concatenate([rng.uniform(0, 2, widths), rng.normal(0, 1, widths),
+                                np.log(rng.uniform(0.05, 1, widths)), rng.normal(8, 2, n_law),
+                                rng.uniform(0, 8, n_law), rng.uniform(0.5, 2, form.extra)])
+        width, batch = rng.integers(0, widths, 40), np.exp(rng.uniform(0, 8, 40))
+        loss = rng.uniform(-1, 6, 40)
+        model = log_tokens_model(theta, widths, loss, width, batch, per_width, form)[0]
+        at = log_tokens_at(theta, widths, width, batch, per_width, form)(loss)
+        assert np.array_equal(model, at, equal_nan=True)

@@ -270,9 +270,11 @@ class JointFit:
         ok = grid.min(axis=0) < target
         # the bracket is at most 50 a wide (a < 2e9): 2^-56 of it is below 3e-8 nats/token at
         # the very worst and near machine precision where a is a few nats
+        log_e = log_tokens_at(self.as_vector(), len(self.l_inf), width, batch, self.per_width,
+                              self.form)
         for _ in range(BISECTION_STEPS):
             mid = 0.5 * (lo + hi)
-            above = self.log_tokens(mid, width, batch)[0] > target  # too many tokens: L up
+            above = log_e(mid) > target  # too many tokens: L up
             lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
         return np.where(ok, 0.5 * (lo + hi), np.nan)
 
@@ -314,6 +316,28 @@ def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: 
         log_e = log_e + np.log1p(t["b_small"] / batch)
     slope = -1 / (t["alpha"] * t["gap"]) + t["s"] * t["power"] * t["gamma"] / t["loss"]
     return log_e, slope
+
+
+def log_tokens_at(theta: np.ndarray, n_widths: int, width: np.ndarray, batch: np.ndarray,
+                  per_width: bool, form: Form = PLAIN):
+    """ln E(L) at fixed cells as a function of L alone: `log_tokens_model`'s first value, bit
+    for bit (the same operations in the same order), with each cell's parameters looked up
+    once. `JointFit.predict_loss` asks for it at 56 losses per cell; through
+    `log_tokens_model` the lookups were most of its time."""
+    t = law_terms(theta, n_widths, np.ones(np.shape(width)), width, batch, per_width, form)
+    log_batch, log_a, alpha = np.log(batch), t["log_a"], t["alpha"]
+    l_inf, gamma, power = t["l_inf"], t["gamma"], t["power"]
+    log_b_star = (theta[3 * n_widths:3 * n_widths + t["n_law"]][t["law"]] if per_width
+                  else theta[3 * n_widths])
+    small = np.log1p(t["b_small"] / batch) if form.small_batch else None
+
+    def log_e(loss: np.ndarray) -> np.ndarray:
+        gap = np.maximum(loss - l_inf, 1e-12)
+        v = log_batch + gamma * np.log(np.maximum(loss, 1e-9)) - log_b_star
+        out = math.log(E_REF) + (log_a - np.log(gap)) / alpha + np.logaddexp(0.0, power * v)
+        return out + small if small is not None else out
+
+    return log_e
 
 
 def log_tokens_gradient(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
