@@ -65,7 +65,7 @@ def start_wandb(cfg: Config, resolved: dict, run_dir: Path, overrides: list[str]
     run = wandb.init(
         id=run_id,
         resume="allow" if run_id else None,
-        mode=cfg.logger.mode if main else "disabled",
+        mode=cfg.logger.mode,
         project=cfg.logger.project,
         group=wandb_group(cfg),
         job_type=cfg.logger.job_type,
