@@ -555,8 +555,8 @@ def test_finite_is_nan_to_num_then_clip(values, nan, cap):
 def test_the_bisection_s_log_tokens_are_the_model_s_bit_for_bit(per_width, form):
     """`log_tokens_at` (the cells' parameters looked up once, for `predict_loss`'s 56
     bisection steps) equals `log_tokens_model`'s ln E exactly, losses below l_inf and below 0
-    included: the fault guarded is a formula that drifts from the model's (a term left out,
-    another order of operations), which would move every predicted loss."""
+    included: the fault guarded is a lookup of the wrong cells' parameters (a width, a
+    per-width law, the small-batch term), which would move every predicted loss."""
     rng = np.random.default_rng(7)
     widths = 3
     n_law = widths if per_width else 1

@@ -279,65 +279,69 @@ class JointFit:
         return np.where(ok, 0.5 * (lo + hi), np.nan)
 
 
-def law_terms(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
-              batch: np.ndarray, per_width: bool, form: Form) -> dict:
-    """The pieces of ln E(L) at each cell, shared by the model and its gradient: the curve's
-    parameters at the cell's width, gap = L - l_inf, v = ln(B / B_crit(L)), the overhead's
-    log p v and its logistic weight s = u / (1 + u) with u = (B / B_crit)^p (both computed
-    without overflow: a refit far from the data can put u past 1e308)."""
+def cell_terms(theta: np.ndarray, n_widths: int, width: np.ndarray, batch: np.ndarray,
+               per_width: bool, form: Form) -> dict:
+    """The pieces of ln E(L) at each cell that do not depend on L: the curve's parameters at
+    the cell's width, its law's ln B_star and gamma, ln B, the small-batch term's ln(1 + B_s
+    / B) (None without it), B_s and p."""
     w = n_widths
     law = width if per_width else np.zeros_like(width)
     n_law = w if per_width else 1
     b_small, power = form.terms(theta)
-    log_loss = np.log(np.maximum(loss, 1e-9))
     if per_width:
         gamma = theta[3 * w + n_law:3 * w + 2 * n_law][law]
         log_b_star = theta[3 * w:3 * w + n_law][law]
     else:  # one law: scalars broadcast (no per-cell indexing)
         gamma, log_b_star = theta[3 * w + 1], theta[3 * w]
-    v = np.log(batch) + gamma * log_loss - log_b_star
     return {"l_inf": theta[:w][width], "log_a": theta[w:2 * w][width],
-            "alpha": np.exp(theta[2 * w:3 * w][width]), "gamma": gamma, "law": law,
-            "n_law": n_law, "gap": np.maximum(loss - theta[:w][width], 1e-12),
-            "loss": np.maximum(loss, 1e-9), "log_loss": log_loss, "v": v,
-            "pv": power * v, "s": expit(power * v), "b_small": b_small, "power": power}
+            "alpha": np.exp(theta[2 * w:3 * w][width]), "gamma": gamma,
+            "log_b_star": log_b_star, "law": law, "n_law": n_law, "log_batch": np.log(batch),
+            "small": np.log1p(b_small / batch) if form.small_batch else None,
+            "b_small": b_small, "power": power}
+
+
+def law_terms(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
+              batch: np.ndarray, per_width: bool, form: Form, cells: dict | None = None) -> dict:
+    """The pieces of ln E(L) at each cell, shared by the model and its gradient: `cell_terms`
+    (given as `cells` where they were computed once for these cells), gap = L - l_inf,
+    v = ln(B / B_crit(L)) and the overhead's log p v (its logistic weight s = u / (1 + u),
+    u = (B / B_crit)^p, is `expit(pv)`: no overflow where a refit far from the data puts u
+    past 1e308)."""
+    c = cell_terms(theta, n_widths, width, batch, per_width, form) if cells is None else cells
+    log_loss = np.log(np.maximum(loss, 1e-9))
+    v = c["log_batch"] + c["gamma"] * log_loss - c["log_b_star"]
+    return {**c, "gap": np.maximum(loss - c["l_inf"], 1e-12), "loss": np.maximum(loss, 1e-9),
+            "log_loss": log_loss, "v": v, "pv": c["power"] * v}
+
+
+def log_e_of(t: dict) -> np.ndarray:
+    """ln E(L) from `law_terms`: ln E_min(L; N) + ln(1 + (B / B_crit(L))^p) [+ ln(1 + B_s /
+    B)]."""
+    log_e = (math.log(E_REF) + (t["log_a"] - np.log(t["gap"])) / t["alpha"]
+             + np.logaddexp(0.0, t["pv"]))
+    return log_e if t["small"] is None else log_e + t["small"]
 
 
 def log_tokens_model(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
-                     batch: np.ndarray, per_width: bool,
-                     form: Form = PLAIN) -> tuple[np.ndarray, np.ndarray]:
+                     batch: np.ndarray, per_width: bool, form: Form = PLAIN,
+                     cells: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """ln E(L) = ln E_min(L; N) + ln(1 + (B / B_crit(L))^p) [+ ln(1 + B_s / B)] and
     d ln E / dL, from the parameter vector [l_inf (W), ln a (W), ln alpha (W),
-    ln B_star (1 or W), gamma (1 or W), (B_s), (p)]."""
-    t = law_terms(theta, n_widths, loss, width, batch, per_width, form)
-    log_e = (math.log(E_REF) + (t["log_a"] - np.log(t["gap"])) / t["alpha"]
-             + np.logaddexp(0.0, t["pv"]))
-    if form.small_batch:
-        log_e = log_e + np.log1p(t["b_small"] / batch)
-    slope = -1 / (t["alpha"] * t["gap"]) + t["s"] * t["power"] * t["gamma"] / t["loss"]
-    return log_e, slope
+    ln B_star (1 or W), gamma (1 or W), (B_s), (p)] (`cells`: see `law_terms`)."""
+    t = law_terms(theta, n_widths, loss, width, batch, per_width, form, cells)
+    slope = (-1 / (t["alpha"] * t["gap"])
+             + expit(t["pv"]) * t["power"] * t["gamma"] / t["loss"])
+    return log_e_of(t), slope
 
 
 def log_tokens_at(theta: np.ndarray, n_widths: int, width: np.ndarray, batch: np.ndarray,
                   per_width: bool, form: Form = PLAIN):
-    """ln E(L) at fixed cells as a function of L alone: `log_tokens_model`'s first value, bit
-    for bit (the same operations in the same order), with each cell's parameters looked up
-    once. `JointFit.predict_loss` asks for it at 56 losses per cell; through
-    `log_tokens_model` the lookups were most of its time."""
-    t = law_terms(theta, n_widths, np.ones(np.shape(width)), width, batch, per_width, form)
-    log_batch, log_a, alpha = np.log(batch), t["log_a"], t["alpha"]
-    l_inf, gamma, power = t["l_inf"], t["gamma"], t["power"]
-    log_b_star = (theta[3 * n_widths:3 * n_widths + t["n_law"]][t["law"]] if per_width
-                  else theta[3 * n_widths])
-    small = np.log1p(t["b_small"] / batch) if form.small_batch else None
-
-    def log_e(loss: np.ndarray) -> np.ndarray:
-        gap = np.maximum(loss - l_inf, 1e-12)
-        v = log_batch + gamma * np.log(np.maximum(loss, 1e-9)) - log_b_star
-        out = math.log(E_REF) + (log_a - np.log(gap)) / alpha + np.logaddexp(0.0, power * v)
-        return out + small if small is not None else out
-
-    return log_e
+    """ln E(L) at fixed cells as a function of L alone (`log_tokens_model`'s first value),
+    each cell's parameters looked up once: `JointFit.predict_loss` asks for it at 56 losses
+    per cell, where the lookups were most of its time."""
+    cells = cell_terms(theta, n_widths, width, batch, per_width, form)
+    return lambda loss: log_e_of(law_terms(theta, n_widths, loss, width, batch, per_width, form,
+                                           cells))
 
 
 def log_tokens_gradient(theta: np.ndarray, n_widths: int, loss: np.ndarray, width: np.ndarray,
@@ -345,19 +349,20 @@ def log_tokens_gradient(theta: np.ndarray, n_widths: int, loss: np.ndarray, widt
     """d ln E(L) / d theta at fixed L, one row per cell (cells x parameters), in
     `log_tokens_model`'s parameter order: the analytic partial derivatives of its terms."""
     t = law_terms(theta, n_widths, loss, width, batch, per_width, form)
+    s = expit(t["pv"])
     w, n_law, rows = n_widths, t["n_law"], np.arange(len(loss))
     grad = np.zeros((len(loss), len(theta)))
     grad[rows, width] = 1 / (t["alpha"] * t["gap"])  # l_inf
     grad[rows, w + width] = 1 / t["alpha"]  # ln a
     grad[rows, 2 * w + width] = -(t["log_a"] - np.log(t["gap"])) / t["alpha"]  # ln alpha
-    grad[rows, 3 * w + t["law"]] = -t["power"] * t["s"]  # ln B_star
-    grad[rows, 3 * w + n_law + t["law"]] = t["power"] * t["s"] * t["log_loss"]  # gamma
+    grad[rows, 3 * w + t["law"]] = -t["power"] * s  # ln B_star
+    grad[rows, 3 * w + n_law + t["law"]] = t["power"] * s * t["log_loss"]  # gamma
     column = 3 * w + 2 * n_law
     if form.small_batch:
         grad[:, column] = 1 / (batch + t["b_small"])
         column += 1
     if form.power:
-        grad[:, column] = t["s"] * t["v"]
+        grad[:, column] = s * t["v"]
     return grad
 
 

@@ -35,6 +35,7 @@ from critbatch.science.joint import (
     Form,
     JointData,
     JointFit,
+    cell_terms,
     log_tokens_gradient,
     log_tokens_model,
 )
@@ -76,10 +77,11 @@ def newton_steps(theta: np.ndarray, data: JointData, n_widths: int, per_width: b
     target = np.log(data.tokens)
     loss = data.loss.copy()
     floor = np.maximum(theta[:n_widths][data.width], 0.0) + 1e-9
+    cells = cell_terms(theta, n_widths, data.width, data.batch, per_width, form)
     with np.errstate(all="ignore"):
         for _ in range(steps):
             log_e, slope = log_tokens_model(theta, n_widths, loss, data.width, data.batch,
-                                            per_width, form)
+                                            per_width, form, cells)
             slope = np.minimum(slope, -1e-6)  # a non-monotone model is pushed back
             step = finite((log_e - target) / slope, 0.0)
             loss = np.maximum(loss - step, floor)
