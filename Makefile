@@ -21,7 +21,7 @@ TORCH_PIP := $(if $(TORCH)$(TORCH_INDEX),$(TORCH_ASKED),$(or $(TORCH_HAVE),torch
 $(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (or give TORCH_INDEX=<wheel index url>)))
 
 .DEFAULT_GOAL := help
-.PHONY: help install slurm test test-fast lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
+.PHONY: help install slurm test test-fast test-studies test-all lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
         sweep-schedules sweep-local-cbs report recommend recommend-coverage coverage peers docs-results \
         wandb-sync clean data
 
@@ -67,9 +67,17 @@ TEST_JOBS ?= auto  # pytest workers (pytest-xdist): one per core; TEST_JOBS=0 ru
 # each (where PYTHONDONTWRITEBYTECODE is set, nothing else would write it)
 BYTECODE := $(PY) -m compileall -q src analysis
 
-test: install slurm ## run every test (slow end-to-end ones included), one worker per core
+test: install slurm ## every test but the Monte Carlo studies (end-to-end runs and a real SLURM included), one worker per core
 	@$(BYTECODE)
-	$(PY) -m pytest -q --durations=15 -n $(TEST_JOBS) --dist worksteal
+	$(PY) -m pytest -q --durations=15 -m "not study" -n $(TEST_JOBS) --dist worksteal
+
+# the Monte Carlo studies: each measures an interval's coverage or a verdict's error rate over
+# tens of planted worlds (docs/science.md states their rates); CI runs them after `make test`
+test-studies: install ## the Monte Carlo studies of coverage and error rates on planted worlds
+	@$(BYTECODE)
+	$(PY) -m pytest -q --durations=10 -m study -n $(TEST_JOBS) --dist worksteal
+
+test-all: test test-studies ## every test: `make test`, then the Monte Carlo studies
 
 SLURM_PKGS := slurm-wlm munge
 # the real-SLURM tests (tests/test_slurm_real.py) start their own munged, slurmctld and slurmd

@@ -31,6 +31,13 @@ def share_the_cores() -> None:
 share_the_cores()
 
 
+def pytest_itemcollected(item) -> None:
+    """A Monte Carlo study is slow too: `-m "not slow"` (`make test-fast`) leaves it out."""
+    if item.get_closest_marker("study"):
+        item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(trylast=True)  # on the tests left once `-m` has deselected
 def pytest_collection_modifyitems(config, items) -> None:
     """Under `make test`'s workers, each starts with its share of the slow tests. xdist's
     worksteal scheduler first hands worker i the next len(left) // (workers - i) tests in

@@ -225,7 +225,7 @@ def planted_optimum(n: float, d: float) -> tuple[float, float]:
     return b_opt, 2e-3 * (b_opt / 256) ** 0.35 * (n / 4e8) ** -0.7
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_an_answer_held_out_keeps_its_promise_and_its_interval_holds_the_planted_batch():
     """40 planted grids with 3e-3 nats/token of noise per run, one cell held out in each and
     answered from the rest: the 95% interval holds the planted window top in about 95%

@@ -99,7 +99,7 @@ def test_a_planted_budget_term_in_the_lr_is_kept():
     assert model.lr.exponent("D") == pytest.approx(0.3, abs=0.05)
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_cell_bootstrap_intervals_cover_the_planted_exponents():
     """Loss noise of 3e-3 nats/token on 60 planted grids. The held-out test picks the planted
     terms (B_opt in N and D, the lr at B_opt in N and D, lr*(B) in B and N) in most of them

@@ -224,7 +224,7 @@ def test_above_baseline_is_per_width_against_its_smallest_batch():
     assert not above_baseline(data.with_loss([5.2, 4.9, 5.2, 5.0, 4.7, 4.99])).any()
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_bootstrap_interval_covers_the_planted_exponent():
     """40 planted worlds (3 widths, branched, baseline at 2 seeds, seed noise 0.0125
     nats/token with half its variance shared by a run and its branches, as at cpu scale):
@@ -274,7 +274,7 @@ def seed_estimated_sigma(data: JointData, samples: dict, seeded: tuple = CPU_SEE
                    noise_dof=np.array([t.effective_dof(SHARED_FRACTION) for t in trends]))
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_bootstrap_interval_covers_the_planted_exponent_with_seed_estimated_noise():
     """40 cpu-like planted worlds (`noisy_cpu_world`: batch 32 five times noisier) fitted with
     the sigmas estimated from the seeds as the analysis does (`seed_estimated_sigma`), not
@@ -321,7 +321,7 @@ def test_the_simulated_term_test_drops_a_term_two_seeds_cannot_support():
     assert fit.form.power and tests["power"]["p_value_simulated"] < 0.05
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_bootstrap_interval_covers_the_planted_exponent_with_a_fitted_power():
     """40 cpu-like planted worlds (`noisy_cpu_world`, seed-estimated sigmas) whose transition
     has the power p = 0.7, fitted with the power as `select_form` fits it (`fit_richer`
@@ -337,7 +337,7 @@ def test_bootstrap_interval_covers_the_planted_exponent_with_a_fitted_power():
     assert covered >= 0.9 * 40, covered
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_the_predictive_sigma_covers_held_out_cells_with_seed_estimated_noise():
     """The held-out check as the analysis runs it on a cpu-like sweep: sigmas estimated from
     the seeds (`seed_estimated_sigma`), the refit's spread from draws that redraw them. In
@@ -380,7 +380,7 @@ def test_a_held_out_bound_agrees_unless_it_lies_below_the_prediction():
     assert not agrees({"residual_sigmas": None})
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_bootstrap_interval_covers_the_planted_exponent_with_upper_bounds():
     """Noisy planted worlds whose largest batch at the two largest budgets sits on the lr
     grid's edge (loss 0.1 nats/token above its best-lr loss, entered as an upper bound): the
@@ -416,7 +416,7 @@ def test_the_prediction_spreads_more_where_it_extrapolates():
     assert np.median(beyond) > np.median(inside)
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_the_predictive_sigma_covers_held_out_cells_of_a_correct_law():
     """15 planted worlds (one width, branched, seed noise 0.0125): the refit without the
     largest budget predicts those 75 cells within 2 predictive sigmas (seed sigma and the

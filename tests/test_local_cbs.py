@@ -465,7 +465,7 @@ def test_an_odd_checkpoint_is_left_out_of_the_pool_and_bound_on_its_own():
     assert two.scatters[2] is None
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_pooling_only_consistent_checkpoints_keeps_the_false_alarm_rate_near_nominal():
     """500 base runs, 6 checkpoints x 3 seeds, k = 1 and k = 2 trained identically; at the
     first checkpoint the branches scatter 30x more than at the others (sd 0.12 against 0.004

@@ -337,7 +337,7 @@ def test_too_few_cells_for_the_profile_s_laws_fall_back_to_the_joint_model(tmp_p
     assert doc["batch_size"] > doc["loss_optimal_batch"] > 4
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_the_answer_s_intervals_hold_the_planted_values_on_planted_sweeps():
     """`make recommend-coverage`'s worlds 3-10: at 4x the size and tokens the 95% intervals of
     the batch, the lr at it and at the loss-optimal batch, the loss and B_crit hold the

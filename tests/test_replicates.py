@@ -85,7 +85,7 @@ def test_a_shape_is_found_where_the_sigmas_are_also_too_small():
     assert "the sigmas are too small" in result.sentence
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_calibrated_in_null_worlds_and_finds_a_shape():
     """40 worlds with the model right: each test (5% level) fires in at most 5 (2 expected;
     the scratch run of 60 such worlds: 2 "model error", 4 "sigmas too small"); 20 worlds

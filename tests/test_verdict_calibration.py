@@ -48,7 +48,7 @@ def verdict_world(i: int, folder) -> dict:
             **result["fits"]["joint"]["adamw"]}
 
 
-@pytest.mark.slow
+@pytest.mark.study
 def test_the_verdict_errs_rarely_on_planted_worlds(tmp_path):
     """False "unresolved" at most 2 of the worlds whose interval covers the truth and is
     narrower than 1 (64 worlds: 3 of 40); no false "resolved" (64 worlds: 0 of 38)."""
