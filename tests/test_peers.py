@@ -71,9 +71,14 @@ def planted_sources(tmp_path, monkeypatch, http_folder):
 
 @pytest.mark.slow
 def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_path, capsys):
-    """(The joint model on the grid's table: `test_the_grid_as_a_table_...` below.)"""
-    doc = report.run(str(planted_sources), tmp_path / "out", tmp_path / "docs" / "peers.md",
-                     resamples=50, cache=tmp_path / "cache", joint=False)
+    """`make peers` with no folder of the files: they are downloaded into the cache (from the
+    planted sources' URLs) and read from there. (The joint model on the grid's table:
+    `test_the_grid_as_a_table_...` below.)"""
+    cache = tmp_path / "cache"
+    doc = report.run(None, tmp_path / "out", tmp_path / "docs" / "peers.md", resamples=50,
+                     cache=cache, joint=False)
+    assert {p.name for p in cache.iterdir()} == {s.filename for k, s in sources.SOURCES.items()
+                                                 if k.startswith("steplaw")}
     for name in (report.REPORT_FILE, report.JSON_FILE, "steplaw_loss_vs_lr.png",
                  "steplaw_laws.png", "zhang_cbs.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
@@ -113,14 +118,6 @@ def test_the_grid_as_a_table_goes_through_the_joint_model_and_gives_the_same_ans
     doors = out["doors"]
     assert doors["agree_within_5%"], doors
     assert doors["table"]["batch_size"] == pytest.approx(peers_doc["batch_size"], rel=0.05)
-
-
-@pytest.mark.slow
-def test_the_download_path_fills_the_cache_and_then_reads_it(planted_sources, tmp_path):
-    cache = tmp_path / "cache"
-    report.run(None, tmp_path / "out", None, resamples=20, cache=cache, joint=False)
-    assert {p.name for p in cache.iterdir()} == {s.filename for k, s in sources.SOURCES.items()
-                                                 if k.startswith("steplaw")}
 
 
 @pytest.mark.slow
