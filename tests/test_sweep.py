@@ -533,6 +533,29 @@ def test_the_plan_times_the_runs_own_precision_and_compile(tiny_cfg):
     assert counters["stats"]["unique_graphs"] >= 1
 
 
+@pytest.mark.parametrize("step_s, steps", [(0.001, 100), (0.02, 20), (0.1, 5)])
+def test_the_estimate_times_fast_steps_for_a_fifth_of_its_box(tiny_cfg, monkeypatch, step_s,
+                                                              steps):
+    """A 0.5 s box: steps of 1 ms are timed for 0.1 s (20 steps would take 0.02 s), steps of
+    20 ms for 20 steps, steps of 0.1 s for the whole box (5 steps); the rate is the steps'.
+    Fails on a box timed whole for any step, or cut short before 20 steps."""
+    from critbatch.bench import timing
+
+    calls = []
+
+    def fake_timer(*args, **kwargs):
+        def step():
+            calls.append(step_s)
+            return (step_s / 2, step_s / 2)
+        return step
+
+    monkeypatch.setattr(timing, "step_timer", fake_timer)
+    cfg = tiny_cfg("train.batch_size=8")
+    rate = estimate.measure_tokens_per_s(cfg, seconds=0.5)
+    assert len(calls) == 1 + steps  # the warm-up step, then the timed ones
+    assert rate == pytest.approx(8 * cfg.model.seq_len / step_s)
+
+
 def test_the_plan_states_checkpoint_disk_and_stops_when_it_is_short(tmp_path, monkeypatch):
     """With train.keep_checkpoint=all every run and branch keeps a checkpoint: the plan counts
     them (each policy's peak: tests/test_keep_checkpoint.py); a need above the free space of

@@ -28,11 +28,16 @@ REPORT_S = 20.0
 SLOWER, FASTER = 1.25, 0.9  # the range printed around the training time: the load's sway
 
 
+TIMED_STEPS = 20  # steps that time a model well enough once they take a fifth of the box
+
+
 def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None = None) -> float:
     """Training tokens/s of `cfg` (model, batch, optimizer) on random tokens, on the device,
     precision and compile setting the run itself resolves to (`resolve_device`: bf16 and
     torch.compile on CUDA), with `threads` torch threads (as each of several jobs at once
-    will have). The first step, the compilation when compiled, is left out.
+    will have). The first step, the compilation when compiled, is left out. Timed for
+    `seconds`, or a fifth of them once TIMED_STEPS steps are done (a small model's steps: a
+    smoke sweep times eight such models).
 
     Times the trainer's own step as the benchmark does, so the estimate and `make bench`
     measure the same thing.
@@ -52,7 +57,7 @@ def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None 
                           track_micro_norms=cfg.train.gns.enabled and micro_batches >= 2)
         step()  # warm-up (and compilation)
         steps, elapsed = 0, 0.0
-        while elapsed < seconds:
+        while elapsed < seconds and not (steps >= TIMED_STEPS and elapsed >= seconds / 5):
             elapsed += sum(step())
             steps += 1
     finally:
