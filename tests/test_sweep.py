@@ -580,7 +580,8 @@ def test_a_dry_run_prints_the_plan_and_creates_nothing(tmp_path, monkeypatch, ca
     written: no runs folder, no run, no report."""
     monkeypatch.chdir(tmp_path)
     # slow tokens/s: every part of the estimate shows in whole tenths of a minute
-    monkeypatch.setattr(estimate, "measure_tokens_per_s", lambda cfg, threads=None: 2e3)
+    monkeypatch.setattr(estimate, "measured_rates",
+                        lambda cfgs, threads=None: ([2e3] * len(cfgs), "the CPU"))
     for experiment in ("batch", "branches"):
         with pytest.raises(SystemExit) as stop:
             sweep.main([experiment, "--scale", "smoke", "--jobs", "1", "--opt", "adamw",
@@ -607,7 +608,8 @@ def test_the_plan_counts_the_data_preparation_when_the_cache_is_missing(tmp_path
     """A corpus whose token cache is not built yet: the plan names it with its size and an
     estimate, and the total includes it; once built, neither appears."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(estimate, "measure_tokens_per_s", lambda cfg, threads=None: 1e5)
+    monkeypatch.setattr(estimate, "measured_rates",
+                        lambda cfgs, threads=None: ([1e5] * len(cfgs), "the CPU"))
     with pytest.raises(SystemExit):
         sweep.main(["batch", "--scale", "smoke", "--jobs", "1", "--opt", "adamw", "--dry-run",
                     "grid.batch_sizes='4,8'", f"data.cache_dir={tmp_path / 'cache'}"])

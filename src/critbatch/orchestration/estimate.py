@@ -65,21 +65,50 @@ def measure_tokens_per_s(cfg: Config, seconds: float = 0.5, threads: int | None 
     return steps * cfg.train.batch_size * cfg.model.seq_len / elapsed
 
 
+def measured_rates(cfgs: list[Config], threads: int | None = None) -> tuple[list[float], str]:
+    """`measure_tokens_per_s` of each config and the device's name, measured in one process
+    forked from the workers' server (`workers.worker_context`, which has imported torch and
+    the training loop): the sweep's own process imports neither torch's compiler for it
+    (about 3 s of a core) nor, on a GPU, holds a CUDA context and the timed models' memory
+    while its workers train."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=workers.worker_context()) as pool:
+        return pool.submit(_time_models, cfgs, threads).result()
+
+
+def _time_models(cfgs: list[Config], threads: int | None) -> tuple[list[float], str]:
+    return [measure_tokens_per_s(cfg, threads=threads) for cfg in cfgs], _device_name()
+
+
 def job_seconds(jobs: list[Job], threads: int | None = None) -> dict[Path, float]:
     """Seconds each job takes on one worker: its tokens left (run and branch cooldowns) at
     the tokens/s measured now for its model, batch, micro-batch and optimizer, plus
     RUN_OVERHEAD_S per run and branch."""
-    rates: dict[tuple, float] = {}
+    return timed_jobs(jobs, threads)[0]
+
+
+def timed_jobs(jobs: list[Job], threads: int | None = None) -> tuple[dict[Path, float], str]:
+    """`job_seconds`, and the name of the device they were timed on."""
+    models: dict[tuple, Config] = {}
+    for job in jobs:
+        models.setdefault(_model_key(job.cfg), job.cfg)
+    rates, device = measured_rates(list(models.values()), threads) if models else ([], "")
+    rate = dict(zip(models, rates, strict=True))
     seconds = {}
     for job in jobs:
-        m, t = job.cfg.model, job.cfg.train
-        key = (m.width, m.depth, m.heads, m.seq_len, t.batch_size, micro_batch_size(job.cfg),
-               job.cfg.data.vocab_size, job.cfg.optim.name)
-        if key not in rates:
-            rates[key] = measure_tokens_per_s(job.cfg, threads=threads)
         runs_left = (not job.finished) + sum(not b.done for b in job.branches)
-        seconds[job.run_dir] = job.tokens_to_train / rates[key] + RUN_OVERHEAD_S * runs_left
-    return seconds
+        seconds[job.run_dir] = (job.tokens_to_train / rate[_model_key(job.cfg)]
+                                + RUN_OVERHEAD_S * runs_left)
+    return seconds, device
+
+
+def _model_key(cfg: Config) -> tuple:
+    """What a training step's speed depends on: the model, the batch and its micro-batches,
+    the vocabulary, the optimizer."""
+    m, t = cfg.model, cfg.train
+    return (m.width, m.depth, m.heads, m.seq_len, t.batch_size, micro_batch_size(cfg),
+            cfg.data.vocab_size, cfg.optim.name)
 
 
 def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
@@ -108,9 +137,8 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
               "estimate: a Hydra launcher trains them elsewhere", flush=True)
         return {}, 0.0
     threads = job_threads(jobs_at_once) if device == "cpu" else None
-    print(f"  timing a few training steps per model on {_device_name()} for the estimate ...",
-          flush=True)
-    seconds = job_seconds(todo, threads)
+    print("  timing a few training steps per model for the estimate ...", flush=True)
+    seconds, device_name = timed_jobs(todo, threads)
     training = makespan(list(seconds.values()), jobs_at_once)
     tokens = sum(j.tokens_to_train for j in todo)
     print_shape(jobs)
@@ -133,7 +161,7 @@ def print_plan(experiment: str, scale: str, jobs: list[Job], jobs_at_once: int,
     print(f"  {tokens / 1e6:,.2f}M tokens to train"
           + (f" (+~{search[0] / 1e6:,.1f}M expected from the lr search)" if search[0] else "")
           + f"; estimated {total / 60:.1f} min: {' + '.join(parts)}; likely {_minutes(low)}-"
-          f"{_minutes(high)} min (tokens/s measured now on {_device_name()}, {jobs_at_once} "
+          f"{_minutes(high)} min (tokens/s measured now on {device_name}, {jobs_at_once} "
           f"job(s) at once, sway with the load"
           + (f"; the lr search adds 0-{_minutes(most_search)} min" if search[1] else "") + ")",
           flush=True)

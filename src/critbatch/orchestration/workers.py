@@ -226,6 +226,8 @@ def worker_context() -> multiprocessing.context.BaseContext:
     of each importing torch (~2 s of a core apiece). The server is a fresh single-threaded
     process: never a fork of this one, which may hold threads (torch's, W&B's). Where there is
     no fork server (Windows), each worker is spawned and imports them itself."""
+    # in the server's environment: tokenizers' own threads stay off in forked workers
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
@@ -248,7 +250,6 @@ def run_jobs(jobs: list[tuple[Config, Path, list[str]]], workers: int, threads: 
                         workers)
     outcomes = []
     context = worker_context()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     slots = None
     if gpus:
         slots = context.Queue()
