@@ -3,7 +3,7 @@ known to +-0.5. Planted worlds where the truth is known (analysis.synthetic.synt
 from science.joint_planted.PlantedWorld) measure its two error rates: false "unresolved" where the
 joint interval covers the truth and is narrower than 1, false "resolved" where the estimate
 misses the truth by more than 0.5. docs/science.md states the rates of `VERDICT_WORLDS=64`
-(this file's worlds 0-63); `make test` runs every other of the first 32.
+(this file's worlds 0-63); `make test-studies` runs every other of the first 32.
 """
 
 from __future__ import annotations
