@@ -533,6 +533,25 @@ def test_the_plan_times_the_runs_own_precision_and_compile(tiny_cfg):
     assert counters["stats"]["unique_graphs"] >= 1
 
 
+@pytest.mark.slow
+def test_the_estimate_times_the_models_outside_the_sweep_s_own_process(tiny_overrides,
+                                                                       tmp_path):
+    """A plan's models are timed in a process forked from the workers' server: the sweep's
+    own process never imports torch's compiler for it (nor, on a GPU, holds the timed models'
+    memory). Fails when the timing runs in the calling process."""
+    code = (
+        "import sys\n"
+        "from critbatch.orchestration import estimate\n"
+        "from critbatch.training.cli import check_overrides\n"
+        f"cfg = check_overrides({tiny_overrides!r} + ['train.batch_size=8'])\n"
+        "rates, device = estimate.measured_rates([cfg], threads=1)\n"
+        "print(rates[0] > 0, device, 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "the", "CPU", "False"], done.stdout
+
+
 @pytest.mark.parametrize("step_s, steps", [(0.001, 100), (0.02, 20), (0.1, 5)])
 def test_the_estimate_times_fast_steps_for_a_fifth_of_its_box(tiny_cfg, monkeypatch, step_s,
                                                               steps):
