@@ -280,6 +280,31 @@ def test_the_smoke_scale_refits_its_bootstrap_fewer_times(sweep):
             assert f"refitted {joint['resamples']} times" in joint["interval"]
 
 
+def test_the_smoke_scale_refits_each_held_out_prediction_fewer_times(sweep, monkeypatch):
+    """The held-out sets' prediction spread (where the seed sigmas miss) refits
+    SMOKE_RESAMPLES times at the smoke scale, HELD_OUT_RESAMPLES at any other. The fault
+    guarded: a smoke sweep's report spending 40 refits per held-out set (11 of the 19 s
+    fit_bcrit took on the smoke batch sweep) on numbers it calls no measurement."""
+    from critbatch.analysis.joint import joint as joint_module
+    from critbatch.science.intervals import SMOKE_RESAMPLES
+
+    asked = []
+    held_out = joint_module.held_out
+
+    def recorded(*args, **kwargs):
+        asked.append(args[7] if len(args) > 7 else kwargs["resamples"])
+        return held_out(*args, **kwargs)
+
+    monkeypatch.setattr(joint_module, "held_out", recorded)
+    root, _ = sweep
+    runs = load_runs([root], progress=False)["runs"]
+    bcrit.analyse(runs)
+    bcrit.analyse([{**run, "scale": "smoke"} for run in runs])
+    half = len(asked) // 2
+    assert half >= 2 and set(asked[:half]) == {joint_module.HELD_OUT_RESAMPLES}
+    assert set(asked[half:]) == {SMOKE_RESAMPLES}
+
+
 def test_a_missed_held_out_set_gets_the_refit_s_spread():
     """Largest-budget losses pushed 0.06 nats/token up miss the seed-sigma test; then each
     prediction carries the refit's bootstrap spread, which can only make more cells agree."""

@@ -232,11 +232,12 @@ def upper_bound(cell) -> bool:
 
 def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
              form: Form, noise_unknown: bool = False,
-             start: np.ndarray | None = None) -> dict:
+             start: np.ndarray | None = None, resamples: int = HELD_OUT_RESAMPLES) -> dict:
     """Refit on `keep` and predict the other cells: measured, predicted and the residual in
     seed sigmas per cell, and how many lie within HELD_OUT_SIGMAS. With `noise_unknown` (no
     run repeated: every sigma is NOMINAL_SIGMA, a weight, not a noise) the sigma is the
-    refit's own scatter, NOMINAL_SIGMA x sqrt(chi2/dof) of the cells it kept."""
+    refit's own scatter, NOMINAL_SIGMA x sqrt(chi2/dof) of the cells it kept. Where the seed
+    sigmas miss, the prediction's own spread comes from `resamples` refits."""
     why = cannot_hold_out(data, keep)
     if why:
         return {"held_out": what, "cannot": why, "n_cells": int((~keep).sum()),
@@ -265,12 +266,11 @@ def held_out(data: JointData, used: list[tuple], keep: np.ndarray, what: str,
                      "residual_sigmas": (data.loss[i] - p) / sigma if ok else None,
                      "predicted_loss_sd": None, "residual_predictive_sigmas": None,
                      "upper_bound": bool(data.upper[i])})
-    # the refit's own spread says whether a miss is a wrong law or an uncertain refit: it is
-    # computed (40 refits) only where the seed-sigma test misses
+    # the refit's own spread (a wrong law or an uncertain refit?) only where the seed sigmas miss
     within = sum(1 for r in rows if agrees(r))
     passed = passes({"within_2_sigma": within, "n_cells": len(rows)})
     if not passed:
-        spread = prediction_spread(kept, fit, *where, resamples=HELD_OUT_RESAMPLES)
+        spread = prediction_spread(kept, fit, *where, resamples=resamples)
         for row, sd in zip(rows, spread, strict=True):
             if row["predicted_loss"] is not None and math.isfinite(sd):
                 row["predicted_loss_sd"] = float(sd)
@@ -333,7 +333,8 @@ ANCHORED_BUDGET_SET = "the largest budget above its smallest batch"
 
 
 def held_out_sets(data: JointData, used: list[tuple], form: Form,
-                  noise_unknown: bool = False, start: np.ndarray | None = None) -> list[dict]:
+                  noise_unknown: bool = False, start: np.ndarray | None = None,
+                  resamples: int = HELD_OUT_RESAMPLES) -> list[dict]:
     """The held-out refits: the largest budget (the example curve and the law extrapolate
     together); the largest budget above each width's smallest batch (the baseline's cell
     stays: the law alone extrapolates to the lowest losses, from a curve measured there);
@@ -341,14 +342,13 @@ def held_out_sets(data: JointData, used: list[tuple], form: Form,
     largest_budget = np.array([c.budget == max(x.budget for x in g["cells"])
                                for g, c, _ in used])
     baseline = smallest_batch(data)
-    sets = [held_out(data, used, ~largest_budget, BUDGET_SET, form, noise_unknown, start),
-            held_out(data, used, ~(largest_budget & ~baseline), ANCHORED_BUDGET_SET, form,
-                     noise_unknown, start)]
+    at = (form, noise_unknown, start, resamples)
+    sets = [held_out(data, used, ~largest_budget, BUDGET_SET, *at),
+            held_out(data, used, ~(largest_budget & ~baseline), ANCHORED_BUDGET_SET, *at)]
     if len(data.widths) >= 2:
         widest = data.width == len(data.widths) - 1
         sets.append(held_out(data, used, ~(widest & ~baseline),
-                             f"{data.widths[-1]} above its smallest batch", form, noise_unknown,
-                             start))
+                             f"{data.widths[-1]} above its smallest batch", *at))
     return sets
 
 
@@ -483,8 +483,10 @@ def joint_fits(groups: list[dict], warnings: list[str],
                pipeline_test: bool = False) -> tuple[dict, list[dict]]:
     """({optimizer: the joint model's document}, its Kaplan rows: method `joint`);
     `seeds_hint` says how to add seeds in the words of the input. A `pipeline_test` (the
-    smoke scale) refits its bootstrap SMOKE_RESAMPLES times, not RESAMPLES."""
+    smoke scale) refits its bootstrap SMOKE_RESAMPLES times, not RESAMPLES, and each
+    held-out prediction's spread as often, not HELD_OUT_RESAMPLES."""
     resamples = SMOKE_RESAMPLES if pipeline_test else RESAMPLES
+    held_out_resamples = SMOKE_RESAMPLES if pipeline_test else HELD_OUT_RESAMPLES
     documents, rows = {}, []
     for optimizer, mine in comparable_groups(groups).items():
         sharing, shared = sharing_of(mine)
@@ -522,7 +524,7 @@ def joint_fits(groups: list[dict], warnings: list[str],
             fit_range = None
         tested = held_out_sets(data, used, fit.form,
                                noise_unknown=all(s == NOMINAL_SIGMA for _, _, s in used),
-                               start=fit.as_vector())
+                               start=fit.as_vector(), resamples=held_out_resamples)
         in_range, above = range_check(data, fit)
         step(None)
         low, high = interval["exponent_low"], interval["exponent_high"]
