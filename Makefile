@@ -20,6 +20,13 @@ TORCH_ASKED := torch==2.13.0$(if $(TORCH_INDEX), --index-url $(TORCH_INDEX))
 TORCH_PIP := $(if $(TORCH)$(TORCH_INDEX),$(TORCH_ASKED),$(or $(TORCH_HAVE),torch==2.13.0))
 $(if $(filter-out cpu cuda,$(TORCH)),$(error TORCH=$(TORCH) is not cpu or cuda (or give TORCH_INDEX=<wheel index url>)))
 
+# Python's bytecode is compiled as each module is first imported, and kept (in .venv/ and in
+# the __pycache__ folders git ignores) even where the environment sets PYTHONDONTWRITEBYTECODE:
+# the install compiles nothing ahead (compiling every installed module took 22 s of its 43
+# here), and of the hundreds of processes a sweep or the tests start, the first to import a
+# module compiles it for the rest
+unexport PYTHONDONTWRITEBYTECODE
+
 .DEFAULT_GOAL := help
 .PHONY: help install slurm test test-fast test-studies test-all lint format train sweep-batch sweep-widths sweep-branches sweep-stability \
         sweep-schedules sweep-local-cbs report recommend recommend-coverage coverage peers docs-results \
@@ -43,15 +50,11 @@ ifneq ($(TORCH_PIP),$(TORCH_HAVE))
 endif
 endif
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile $(TORCH_PIP)
-	@# the bytecode of torch and its dependencies (sympy, networkx, ...) on every core: pip
-	@# compiles on one (29 s against 18 s in all here); the few files of newer Pythons' syntax
-	@# are skipped, as pip skips them
-	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 	@echo "critbatch: PyTorch installed; now critbatch, numpy, scipy, hydra, wandb, matplotlib, pytest ..."
 	@# by uv where it installs (the same packages in ~20 s where pip took ~70 s), else by pip
 	$(PY) -m pip install --quiet --disable-pip-version-check uv \
-	  && $(PY) -m uv pip install --quiet --python $(PY) --compile-bytecode -e '.[dev,hub]' \
-	  || $(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,hub]'
+	  && $(PY) -m uv pip install --quiet --python $(PY) -e '.[dev,hub]' \
+	  || $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev,hub]'
 	@echo '$(TORCH_PIP)' > $(TORCH_FILE)
 	@touch $(STAMP)
 	@echo "critbatch: installed; $(VENV)/ holds $$(du -sh $(VENV) 2>/dev/null | cut -f1)"
@@ -63,18 +66,12 @@ TEST_JOBS ?= auto  # pytest workers (pytest-xdist): one per core; TEST_JOBS=0 ru
 # worksteal: a worker that runs out of tests takes half of another's queue, so the suite does not
 # end on one worker running out a queue of minute-long sweeps
 
-# the tests start a few hundred Python processes: their bytecode is compiled once here, not in
-# each (where PYTHONDONTWRITEBYTECODE is set, nothing else would write it)
-BYTECODE := $(PY) -m compileall -q src analysis
-
 test: install slurm ## every test but the Monte Carlo studies (end-to-end runs and a real SLURM included), one worker per core
-	@$(BYTECODE)
 	$(PY) -m pytest -q --durations=15 -m "not study" -n $(TEST_JOBS) --dist worksteal
 
 # the Monte Carlo studies: each measures an interval's coverage or a verdict's error rate over
 # tens of planted worlds (docs/science.md states their rates); CI runs them after `make test`
 test-studies: install ## the Monte Carlo studies of coverage and error rates on planted worlds
-	@$(BYTECODE)
 	$(PY) -m pytest -q --durations=10 -m study -n $(TEST_JOBS) --dist worksteal
 
 test-all: test test-studies ## every test: `make test`, then the Monte Carlo studies
@@ -92,7 +89,6 @@ slurm: ## install Debian's SLURM for the real-SLURM tests where it is missing (r
 	else echo "critbatch: no SLURM here and no apt-get as root: the real-SLURM tests will skip"; fi
 
 test-fast: install ## the tests not marked slow (none over a few seconds), one worker per core
-	@$(BYTECODE)
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_JOBS) --dist worksteal
 
 lint: install ## ruff check
