@@ -125,7 +125,7 @@ def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
     from critbatch.analysis.recommend.cli import main
 
     main(["--peers", "steplaw", "--peers-dir", str(planted_sources), "--params", "4e8",
-          "--tokens", "2e10", "--out", str(tmp_path / "rec")])
+          "--tokens", "2e10", "--out", str(tmp_path / "rec"), "--resamples", "60"])
     doc = json.loads((tmp_path / "rec" / peers_recommend.JSON_FILE).read_text())
     assert doc["loss_optimal_batch"] == pytest.approx(300, rel=0.15)  # the planted B_opt
     assert doc["batch_low"] < doc["batch_size"] < doc["batch_high"]
@@ -134,11 +134,11 @@ def test_recommend_from_a_public_grid(planted_sources, tmp_path, capsys):
     assert not doc["headline"]  # inside the grid, the law resolved
     assert "sequences of 2,048 tokens" in capsys.readouterr().out
     main(["--peers", "steplaw", "--peers-dir", str(planted_sources), "--params", "7e10",
-          "--tokens", "1e12", "--out", str(tmp_path / "far")])
+          "--tokens", "1e12", "--out", str(tmp_path / "far"), "--resamples", "20"])
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("steplaw: FAR OUTSIDE THE DATA: 70x the largest model's params")
     main(["--peers", "steplaw", "--peers-dir", str(planted_sources), "--validate", "--out",
-          str(tmp_path / "val")])
+          str(tmp_path / "val"), "--resamples", "60"])
     rows = json.loads((tmp_path / "val" / peers_recommend.JSON_FILE).read_text())["validation"]
     assert len(rows) == 1 + len(SIZES) and all("formula" in r for r in rows)
     assert all(r["measured"]["checks"]["promise_kept"] for r in rows)

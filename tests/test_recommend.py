@@ -198,9 +198,10 @@ def test_cli_answers_with_the_recommend_json_fields_and_a_far_target_warns_first
                       tmp_path / "grid.csv")
     proc = recommend_cli("--table", str(table), "--params", "5e7", "--tokens", "3e8",
                          "--target-loss", "3.5", "--json", str(tmp_path / "answer.json"),
-                         "--out", str(tmp_path / "out"))
+                         "--out", str(tmp_path / "out"), "--resamples", "40")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((tmp_path / "answer.json").read_text())
+    assert doc["resamples"] + doc["failed_resamples"] == 40  # --resamples reaches the refits
     for key in ("optimizer", "width", "params", "tokens", "seq_len", "batch_size", "batch_low",
                 "batch_high", "lr", "lr_low", "lr_high", "loss_optimal_batch",
                 "loss_optimal_lr", "overhead", "loss_given_up", "predicted_loss", "verdict",
@@ -240,7 +241,9 @@ def test_validate_on_a_u_shaped_grid_reads_its_optimum_and_scores_on_the_held_ou
     rows = planted_rows(world, (*SWEEP_SIZES, LARGER), rng, batches=(4, 8, 16, 32, 64, 128),
                         sigma=0.003)
     table = write_csv(rows, tmp_path / "grid.csv")
-    proc = recommend_cli("--table", str(table), "--validate", "--out", str(tmp_path / "out"))
+    # the held-out answers' intervals are not checked here: 60 resamples, not 300
+    proc = recommend_cli("--table", str(table), "--validate", "--out", str(tmp_path / "out"),
+                         "--resamples", "60")
     assert proc.returncode == 0, proc.stderr
     cases = json.loads((tmp_path / "out" / "recommend.json").read_text())[
         "validation"]["adamw"]["cases"]
@@ -256,6 +259,7 @@ def test_validate_on_a_u_shaped_grid_reads_its_optimum_and_scores_on_the_held_ou
     (["--params", "1e6", "--tokens", "1e6", "--optimizer", "muon"], "the runs have adamw"),
     (["--params", "1e6", "--tokens", "1e6", "--overhead", "0.1", "--tolerance", "0.01"],
      "not allowed with"),
+    (["--params", "1e6", "--tokens", "1e6", "--resamples", "5"], "give 20 or more"),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, args, message):
     table = write_csv(planted_rows(truth(), SWEEP_SIZES[:1], None), tmp_path / "grid.csv")

@@ -68,18 +68,20 @@ def formula_of(published: dict):
 
 def run(source: str, params: float | None, tokens: float | None, promise: Promise,
         peers_dir: str | None, cache: str | None, out: str | None, json_file: str | None,
-        do_validate: bool) -> dict:
+        do_validate: bool, resamples: int | None = None) -> dict:
     folder = Path(out or f"runs/peers/recommend-{source}")
     folder.mkdir(parents=True, exist_ok=True)
     if do_validate:
         cells, published = load(source, peers_dir, cache)
-        rows = engine.validate(cells, promise, steplaw.SEQ_LEN, formula=formula_of(published))
+        rows = engine.validate(cells, promise, steplaw.SEQ_LEN, resamples=resamples,
+                               formula=formula_of(published))
         doc = {"grid": source, "validation": rows,
                "summary": engine.validation_summary(rows)}
         lines = validation_lines(source, rows)
         validation_plot({source: rows}, {source: cells}, folder / PLOT_FILE)
     else:
-        doc, fitted = answer_and_fit(source, params, tokens, promise, peers_dir, cache)
+        doc, fitted = answer_and_fit(source, params, tokens, promise, peers_dir, cache,
+                                     resamples)
         f = doc["steplaw_formula"]
         lines = answer_lines(doc) + [f"  Step Law's formula: batch {f['batch_size']:,.0f}, "
                                      f"lr {f['lr']:.3g}"]

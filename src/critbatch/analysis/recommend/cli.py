@@ -3,7 +3,7 @@
     critbatch-recommend RUNS_DIR [RUNS_DIR ...] (--width W | --params N) --tokens D
                         [--optimizer adamw|muon] [--overhead EPS | --tolerance T]
                         [--target-loss L] [--json FILE] [--out DIR] [--wandb MODE]
-    critbatch-recommend --table FILE ... --params N --tokens D
+    critbatch-recommend --table FILE ... --params N --tokens D [--resamples N]
     critbatch-recommend RUNS_DIR --validate
     critbatch-recommend --peers steplaw --params N --tokens D [--peers-dir DIR]
     critbatch-recommend --peers steplaw --validate
@@ -16,7 +16,8 @@ the same loss; --tolerance T asks for T nats/token instead). Where the runs have
 optimum inside their batches (a dense public grid) the batches come from the measured
 profiles and their laws in size and tokens; where loss keeps falling towards the smallest
 batch (critbatch's sweeps) from the joint model's B_crit(L); the answer says which, and
-whether the law it rests on is resolved. Intervals are 95%, from refits of the whole choice.
+whether the law it rests on is resolved. Intervals are 95%, from refits of the whole choice
+(--resamples N of them).
 --validate holds out each size's largest budget (and, with three sizes, the largest model)
 in turn and scores the answer on the held-out runs. Writes recommend.md, recommend.json and
 recommend.png to --out (default: <sweep dir>/report; beside a --table; for --peers
@@ -39,6 +40,9 @@ from critbatch.peers import recommend as peers
 from critbatch.peers.recommend import GRIDS
 from critbatch.results.errors import user_errors
 from critbatch.science.answer import DEFAULT_OVERHEAD, Promise
+from critbatch.science.intervals import SMOKE_RESAMPLES
+
+MIN_RESAMPLES = SMOKE_RESAMPLES
 
 
 def count(text: str) -> float:
@@ -112,6 +116,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peers-dir", default=os.environ.get("PEERS_DIR") or None,
                         help="with --peers: a folder holding the grid's files (default "
                              "$PEERS_DIR, else download them into the cache)")
+    parser.add_argument("--resamples", type=int, metavar="N",
+                        help="bootstrap resamples behind the answer's intervals (default: "
+                             "300 for a grid's optimum, 100 joint-model refits; 20 at the "
+                             "smoke scale); fewer answer sooner, with coarser intervals")
     add_wandb_arguments(parser)
     args = parser.parse_args(argv)
     with user_errors():
@@ -129,15 +137,18 @@ def main(argv: list[str] | None = None) -> None:
         if not args.validate and (args.tokens is None or not (args.width or args.params)):
             parser.error("say the target: --width W or --params N, and --tokens D "
                          "(or --validate)")
+        if args.resamples is not None and args.resamples < MIN_RESAMPLES:
+            parser.error(f"--resamples {args.resamples}: give {MIN_RESAMPLES} or more (the "
+                         "fewest the smoke scale's intervals rest on)")
         promise = (Promise(overhead=None, tolerance=args.tolerance) if args.tolerance
                    else Promise(overhead=args.overhead or DEFAULT_OVERHEAD))
         if args.peers:
             peers.run(args.peers, args.params, args.tokens, promise, args.peers_dir,
-                      None, args.out, args.json_file, args.validate)
+                      None, args.out, args.json_file, args.validate, args.resamples)
             return
         run(args.paths, args.table, args.from_wandb, args.group, width=args.width,
             params=args.params, tokens=args.tokens, optimizer=args.optimizer,
             promise=promise, target_loss=args.target_loss, json_file=args.json_file,
             out=args.out, do_validate=args.validate, wandb_mode=args.wandb_mode,
-            project=args.project)
+            project=args.project, resamples=args.resamples)
 

@@ -281,15 +281,16 @@ def validation_plot(cases: dict[str, list[dict]], cells: dict[str, list[GridCell
 
 
 def fit_all(sweeps: dict[str, SizedSweep], optimizer: str | None, promise: Promise,
-            pipeline_test: bool, report_verdicts: dict | None = None
-            ) -> dict[str, engine.Fitted]:
+            pipeline_test: bool, report_verdicts: dict | None = None,
+            resamples: int | None = None) -> dict[str, engine.Fitted]:
     out = {}
     for name, sweep in sweeps.items():
         if optimizer and name != optimizer:
             continue
         print(f"  {name}: fitting the answer's laws and their bootstrap ...", flush=True)
         out[name] = engine.fit(engine.grid_cells(sweep), promise, sweep.seq_len, sweep,
-                               resamples=SMOKE_RESAMPLES if pipeline_test else None,
+                               resamples=resamples or (SMOKE_RESAMPLES if pipeline_test
+                                                       else None),
                                report_verdict=(report_verdicts or {}).get(name),
                                pipeline_test=pipeline_test)
     return out
@@ -333,8 +334,9 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
         optimizer: str | None = None, promise: Promise | None = None,
         target_loss: float | None = None, json_file: str | None = None,
         out: str | None = None, do_validate: bool = False, wandb_mode: str = "offline",
-        project: str = "critbatch") -> dict:
-    """Load the runs, answer (or validate), print, and write the report folder."""
+        project: str = "critbatch", resamples: int | None = None) -> dict:
+    """Load the runs, answer (or validate), print, and write the report folder. `resamples`:
+    the bootstrap's (None: the engine's, SMOKE_RESAMPLES at the smoke scale)."""
     t0 = time.perf_counter()
     promise = promise or Promise()
     load, inputs, default = inputs_of(paths, from_wandb, group, tables, "runs")
@@ -353,6 +355,8 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
     out_dir = Path(out) if out else default
     out_dir.mkdir(parents=True, exist_ok=True)
     smoke = scale_of(loaded["runs"]) == "smoke"
+    if resamples is None and smoke:
+        resamples = SMOKE_RESAMPLES
     lines: list[str] = []
     if do_validate:
         document = {"validation": {}, "warnings": warnings}
@@ -362,7 +366,7 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
                 continue
             grids[name] = engine.grid_cells(sweep)
             cases[name] = engine.validate(grids[name], promise, sweep.seq_len, sweep,
-                                          SMOKE_RESAMPLES if smoke else None,
+                                          resamples,
                                           progress=lambda m, n=name: print(f"  {n}: {m}",
                                                                            flush=True))
             document["validation"][name] = {"cases": cases[name],
@@ -371,7 +375,7 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
         validation_plot(cases, grids, out_dir / PLOT_FILE)
     else:
         size = target_params(sweeps, width, params)
-        fitted = fit_all(sweeps, optimizer, promise, smoke)
+        fitted = fit_all(sweeps, optimizer, promise, smoke, resamples=resamples)
         docs = [answer_for(name, f, sweeps[name], size, tokens, width, target_loss)
                 for name, f in fitted.items()]
         docs.sort(key=lambda d: math.inf if d.get("predicted_loss") is None
