@@ -219,7 +219,8 @@ def test_recommend_answers_or_fails_in_one_line(table, validate, target, tmp_pat
     folder = tmp_path_factory.mktemp("recommend")
     args = ["--validate"] if validate else ["--params", str(target[0]), "--tokens",
                                             str(target[1])]
-    result = recommend(write_table(table, folder), folder / "out", *args)
+    # the smoke scale's 20 refits: every path of the answer runs, at a third of the time
+    result = recommend(write_table(table, folder), folder / "out", *args, "--resamples", "20")
     # a clean table is answered, or refused only for being too small (a model needs cells)
     assert result == "ok" or not table.clean or "needs" in result, result
 
