@@ -80,7 +80,7 @@ class ValueComposer:
         groups = [o for o in overrides if self.chooses_groups(o)]
         key = (stage, tuple(groups))
         if key not in self.bases:
-            self.bases[key] = self.full(stage, groups)
+            self.bases[key] = lean(self.full(stage, groups))
         cfg = copy.deepcopy(self.bases[key])
         parsed = self.parser.parse_overrides(self.search + overrides)
         try:
@@ -96,6 +96,22 @@ class ValueComposer:
         lines = sorted(p.input_line for p in task if p.key_or_group not in names.exclude_keys)
         cfg.hydra.job.override_dirname = names.item_sep.join(lines).replace("=", names.kv_sep)
         return cfg
+
+
+# Hydra's own settings a planned job never reads (its logging, help texts and the runtime it
+# records): copying them took half of each job's copy of its stage's config
+UNREAD_HYDRA_KEYS = ("help", "hydra_help", "hydra_logging", "job_logging", "runtime")
+
+
+def lean(cfg: DictConfig) -> DictConfig:
+    """`cfg` without UNREAD_HYDRA_KEYS (a job's value override of one of them finds no key,
+    and the job is composed in full, which sets it)."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg.hydra):
+        for key in UNREAD_HYDRA_KEYS:
+            cfg.hydra.pop(key, None)
+    return cfg
 
 
 def plan_stage(stage: str, scale: str, optimizer: str, extra: list[str]) -> list[Job]:
