@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import tempfile
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import torch
 
 from critbatch.bench.timing import Options, bench_device, compose, matmul_ladder, presets, run_steps
+from critbatch.orchestration.workers import worker_context
 from critbatch.training.cli import check_overrides
 from critbatch.training.loop import train
 from critbatch.training.token_cache import prepare_data
@@ -83,7 +83,9 @@ def bench_share(opts: Options) -> dict:
     else:
         cores = max(2, os.cpu_count() or 1)
         layouts = [(1, threads), (cores, max(1, threads // cores)), (cores, threads)]
-    ctx = multiprocessing.get_context("spawn")
+    # forked from the sweeps' fork server (torch imported once there), as the sweeps' own
+    # workers are: a spawned job imported torch anew, ~2.5 s of a core apiece
+    ctx = worker_context()
     out = {"preset": name, "steps": steps, "layouts": []}
     with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
         for i, (jobs, job_threads) in enumerate(layouts):
