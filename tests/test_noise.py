@@ -418,3 +418,18 @@ def test_cli_without_checkpoint_exits_2_with_one_line(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "has no checkpoint.pt" in proc.stderr
+
+
+def test_the_sweep_s_noise_program_runs_forked_with_its_output_and_exit_code(tmp_path):
+    """A sweep runs the noise program in a worker forked from the training workers' server
+    (`workers.main_logged`): what it prints lands in the log, its exit code is the program's
+    (the faults guarded: output lost to the sweep's terminal, a failure read as a success)."""
+    from critbatch.orchestration import workers
+
+    log = tmp_path / "noise.log"
+    proc = workers.worker_context().Process(target=workers.main_logged, args=(
+        "critbatch.noise", [str(tmp_path / "missing")], str(log), 1))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 2
+    assert "missing is not a directory; pass a run directory" in log.read_text()

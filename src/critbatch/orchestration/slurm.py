@@ -278,15 +278,20 @@ def last_line(err: BaseException) -> str:
     return lines[-1] if len(lines) > 1 and "trace" in lines[0] else lines[0]
 
 
-def noise_command(run_dir: str | Path) -> list[str]:
-    """`python -m critbatch.noise <run_dir>`, and in the same process at the run's peak-lr
-    checkpoint where it kept one (`--checkpoint final --checkpoint peak_lr`: torch, the data
-    and the model loaded once)."""
+def noise_args(run_dir: str | Path) -> list[str]:
+    """The noise program's arguments for `run_dir`: the run's final checkpoint, and in the
+    same process its peak-lr one where it kept one (`--checkpoint final --checkpoint
+    peak_lr`: torch, the data and the model loaded once)."""
     from critbatch.training.loop import PEAK_CHECKPOINT
 
     peak = (Path(run_dir) / PEAK_CHECKPOINT).exists()
-    return [sys.executable, "-m", "critbatch.noise", str(run_dir),
-            *(["--checkpoint", "final", "--checkpoint", "peak_lr"] if peak else [])]
+    return [str(run_dir), *(["--checkpoint", "final", "--checkpoint", "peak_lr"] if peak
+                            else [])]
+
+
+def noise_command(run_dir: str | Path) -> list[str]:
+    """`python -m critbatch.noise` with `noise_args(run_dir)`."""
+    return [sys.executable, "-m", "critbatch.noise", *noise_args(run_dir)]
 
 
 def noise_task(run_dir: str, cwd: str) -> int:

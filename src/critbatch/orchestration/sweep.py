@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -232,8 +231,9 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
 
 def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
                   jobs_at_once: int, array: slurm.Array | None = None) -> list[str]:
-    """`python -m critbatch.noise` on each optimizer's noise target, side by side (output in
-    the run's noise.log), here or as tasks of an `array`; returns the problems."""
+    """The noise program (`python -m critbatch.noise`) on each optimizer's noise target, side
+    by side (output in the run's noise.log): here in workers forked from the training
+    workers' server, or as tasks of an `array`; returns the problems."""
     if not exp.noise_stage:
         return []
     targets = []
@@ -248,16 +248,17 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
         targets.append(target)
     if array is not None:
         succeeded = slurm.measure_noise(array, [t.run_dir for t in targets])
-    else:
-        env = dict(os.environ, OMP_NUM_THREADS=str(job_threads(min(jobs_at_once,
-                                                                   len(optimizers)))))
-        started = []
+    else:  # forked from the workers' server, where torch is imported already
+        threads = job_threads(min(jobs_at_once, len(optimizers)))
+        context, started = workers.worker_context(), []
         for target in targets:
-            with open(target.run_dir / "noise.log", "w") as log_file:
-                started.append(subprocess.Popen(
-                    slurm.noise_command(target.run_dir),
-                    stdout=log_file, stderr=subprocess.STDOUT, env=env))
-        succeeded = [proc.wait() == 0 for proc in started]
+            started.append(context.Process(target=workers.main_logged, args=(
+                "critbatch.noise", slurm.noise_args(target.run_dir),
+                str(target.run_dir / "noise.log"), threads)))
+            started[-1].start()
+        for proc in started:
+            proc.join()
+        succeeded = [proc.exitcode == 0 for proc in started]
     problems = []
     for target, ok in zip(targets, succeeded, strict=True):
         # the final checkpoint's B_noise stands where the peak-lr one after it failed

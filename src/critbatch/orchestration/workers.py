@@ -22,6 +22,7 @@ pool on its share of the runs (`balance`, `slurm`); `python -m critbatch.train -
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 import os
@@ -94,6 +95,19 @@ def init_worker(threads: int | None, slots=None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def main_logged(module: str, argv: list[str], log_path: str, threads: int | None) -> None:
+    """`python -m <module> <argv>` in a worker forked from the fork server (torch imported
+    once there, where a fresh interpreter took ~2 s of a core to import it): everything the
+    program prints, by Python or by a library at the file-descriptor level, goes to
+    `log_path`; the worker's exit code is the program's."""
+    with open(log_path, "w") as log_file:
+        for fd in (1, 2):
+            os.dup2(log_file.fileno(), fd)
+    init_worker(threads)
+    sys.argv = [module, *argv]
+    importlib.import_module(module).main(argv)
 
 
 @contextmanager
