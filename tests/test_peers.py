@@ -76,7 +76,7 @@ def test_make_peers_writes_the_report_json_and_docs_page(planted_sources, tmp_pa
     `test_the_grid_as_a_table_...` below.)"""
     cache = tmp_path / "cache"
     doc = report.run(None, tmp_path / "out", tmp_path / "docs" / "peers.md", resamples=50,
-                     cache=cache, joint=False)
+                     cache=cache, joint=False, answer_resamples=50)
     assert {p.name for p in cache.iterdir()} == {s.filename for k, s in sources.SOURCES.items()
                                                  if k.startswith("steplaw")}
     for name in (report.REPORT_FILE, report.JSON_FILE, "steplaw_loss_vs_lr.png",

@@ -79,9 +79,11 @@ def doors(table_runs: list[dict], peers_doc: dict) -> dict:
 
 def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
         resamples: int = steplaw.BOOTSTRAP, cache: str | Path | None = None,
-        joint: bool = True) -> dict:
+        joint: bool = True, answer_resamples: int | None = None) -> dict:
     """Analyse every source and write the report (`joint` False: without the joint model on
-    Step Law's table, its slowest part); returns the JSON document."""
+    Step Law's table, its slowest part; `resamples`: each law's cell resamples,
+    `answer_resamples` each held-out answer's, None: the engine's); returns the JSON
+    document."""
     t0 = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +93,8 @@ def run(peers_dir: str | None, out: str | Path, docs: str | Path | None = None,
     boot = locate(SOURCES["steplaw_bootstrap"], peers_dir, cache_dir)
     progress(f"Step Law: cell optima, laws ({resamples} cell resamples) and the answer held "
              "out in turn")
-    step = steplaw.analyse(grid, boot, resamples, progress=progress)
+    step = steplaw.analyse(grid, boot, resamples, progress=progress,
+                           answer_resamples=answer_resamples)
     model = step.pop("model")
     step["table_path"] = {"joint": {}, "kaplan_joint": None, "doors": None}
     if joint:

@@ -248,11 +248,13 @@ def steplaw_forms(cells: list[CellOptimum], resamples: int = BOOTSTRAP) -> dict:
 
 def analyse(runs_path: str | Path, bootstrap_path: str | Path | None = None,
             resamples: int = BOOTSTRAP, tolerance: float = TOLERANCE,
-            promise: Promise | None = None, progress=None) -> dict:
+            promise: Promise | None = None, progress=None,
+            answer_resamples: int | None = None) -> dict:
     """Everything `make peers` reports on Step Law's grid, JSON-ready, and the fitted model
-    (key `model`, removed before writing): the cells' optima, the laws beside Step Law's, and
-    the answer held out in turn (`analysis.recommend.engine.validate`, the same engine as every
-    door of `recommend`) beside Step Law's formula."""
+    (key `model`, removed before writing): the cells' optima, the laws beside Step Law's
+    (`resamples` cell resamples each), and the answer held out in turn
+    (`analysis.recommend.engine.validate`, the same engine as every door of `recommend`; its
+    bootstrap `answer_resamples`, None: the engine's) beside Step Law's formula."""
     from critbatch.analysis.recommend import engine
 
     runs = read_runs(runs_path)
@@ -261,8 +263,8 @@ def analyse(runs_path: str | Path, bootstrap_path: str | Path | None = None,
     law = published(bootstrap_path) if bootstrap_path else None
     promise = promise or Promise()
     formula_of = None if law is None else (lambda n, d: formula(law, n, d))
-    validation = engine.validate(grid_cells(runs), promise, SEQ_LEN, formula=formula_of,
-                                 progress=progress)
+    validation = engine.validate(grid_cells(runs), promise, SEQ_LEN, resamples=answer_resamples,
+                                 formula=formula_of, progress=progress)
     return {"runs": len(runs), "cells": cell_rows(cells), "laws": model_summary(model),
             "steplaw_forms": steplaw_forms(cells, resamples),
             "steplaw_rule": steplaw_rule(runs, resamples),
