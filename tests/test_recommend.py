@@ -17,6 +17,7 @@ from critbatch.analysis.bcrit import tables
 from critbatch.analysis.recommend import engine
 from critbatch.analysis.recommend.recommend import fit_model, sized_sweeps
 from critbatch.science.answer import Promise
+from critbatch.science.intervals import SMOKE_RESAMPLES
 from critbatch.science.joint import Form
 from critbatch.science.recommend import (
     FIXED_SIZE_EXPONENT,
@@ -190,6 +191,8 @@ def test_the_smoke_scale_says_pipeline_test_on_every_answer(tmp_path):
                      "gpu for numbers")
     doc = json.loads((tmp_path / "out" / "recommend.json").read_text())
     assert doc["verdict"] == "pipeline test"
+    # a pipeline test refits SMOKE_RESAMPLES times, not the engine's 100
+    assert doc["resamples"] + doc["failed_resamples"] == SMOKE_RESAMPLES
 
 
 @pytest.mark.slow

@@ -283,14 +283,14 @@ def validation_plot(cases: dict[str, list[dict]], cells: dict[str, list[GridCell
 def fit_all(sweeps: dict[str, SizedSweep], optimizer: str | None, promise: Promise,
             pipeline_test: bool, report_verdicts: dict | None = None,
             resamples: int | None = None) -> dict[str, engine.Fitted]:
+    """Each optimizer's fit; `resamples` as `run` resolved it (None: the engine's)."""
     out = {}
     for name, sweep in sweeps.items():
         if optimizer and name != optimizer:
             continue
         print(f"  {name}: fitting the answer's laws and their bootstrap ...", flush=True)
         out[name] = engine.fit(engine.grid_cells(sweep), promise, sweep.seq_len, sweep,
-                               resamples=resamples or (SMOKE_RESAMPLES if pipeline_test
-                                                       else None),
+                               resamples=resamples,
                                report_verdict=(report_verdicts or {}).get(name),
                                pipeline_test=pipeline_test)
     return out
