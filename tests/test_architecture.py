@@ -205,3 +205,17 @@ def test_central_percentiles_take_the_level():
     assert np.allclose(band, [[25.0, 50.0], [75.0, 150.0]])
     with pytest.raises(ValueError, match="between 0 and 1"):
         central_percentiles(95)
+
+
+# scipy.stats's import takes about half a second of a process's start-up: the analysis takes
+# its distributions from science/distributions.py (scipy.special); Bartlett's test alone, in
+# the local-CBS seed comparison, still imports it
+SCIPY_STATS_USERS = {"critbatch.science.local_cbs_seeds"}
+
+
+def test_only_bartletts_test_imports_scipy_stats():
+    users = {m for m, path in MODULES.items()
+             if any(i == "scipy.stats" or i.startswith("scipy.stats.") for i in imports_of(path))}
+    assert users == SCIPY_STATS_USERS, (
+        f"{sorted(users - SCIPY_STATS_USERS)} import scipy.stats: take the distribution from "
+        "critbatch.science.distributions")

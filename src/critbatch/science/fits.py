@@ -207,7 +207,7 @@ def fit_log_linear(x, y, sigma=None) -> dict | None:
     None weighs every point equally. Intervals are None with exactly two points (exact fit)
     and where the weighted design is numerically singular (`least_squares`).
     """
-    from scipy.stats import t as student_t
+    from critbatch.science.distributions import t_quantile
 
     x, y = np.asarray(x, float), np.asarray(y, float)
     n = len(x)
@@ -220,7 +220,7 @@ def fit_log_linear(x, y, sigma=None) -> dict | None:
            "slope_sd": None, "t": None, "residual_sd": None}
     if n > 2 and np.isfinite(cov).all():
         out.update(intercept_sd=math.sqrt(cov[0, 0]), slope_sd=math.sqrt(cov[1, 1]),
-                   t=float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2)), residual_sd=sd)
+                   t=float(t_quantile(0.5 + CONFIDENCE / 2, n - 2)), residual_sd=sd)
     return out
 
 
@@ -322,7 +322,8 @@ def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> N
     a single pooled sd (slope 0, one degree of freedom) gives p < `p_keep`, else the pooled
     sd stands. ref_tokens is the dof-weighted geometric mean of the budgets."""
     from scipy.optimize import minimize
-    from scipy.stats import chi2
+
+    from critbatch.science.distributions import chi2_sf
 
     e, v, n = usable_samples(tokens, variances, dofs)
     if not len(e):
@@ -341,7 +342,7 @@ def fit_noise_trend(tokens, variances, dofs, p_keep: float = NOISE_TREND_P) -> N
 
     best = minimize(nll, [math.log(pooled), 0.0], method="Nelder-Mead",
                     options={"xatol": 1e-8, "fatol": 1e-10, "maxiter": 4000})
-    p = float(chi2.sf(max(nll([math.log(pooled), 0.0]) - best.fun, 0.0), 1))
+    p = float(chi2_sf(max(nll([math.log(pooled), 0.0]) - best.fun, 0.0), 1))
     if p >= p_keep:
         return NoiseTrend(**{**flat.__dict__, "p_value": p})
     return NoiseTrend(float(math.exp(best.x[0] / 2)), float(best.x[1]), ref, float(e.min()),
@@ -378,7 +379,7 @@ def fit_noise_split(samples: dict, p_keep: float = NOISE_TREND_P) -> NoiseSplit:
     """`fit_noise_trend` pooled over `samples` ({key: (tokens, variances, dofs)}) and per key,
     and the likelihood-ratio test between them (degrees of freedom: the per-key trends'
     parameters, a slope counting where kept, minus the pooled trend's)."""
-    from scipy.stats import chi2
+    from critbatch.science.distributions import chi2_sf
 
     samples = {k: s for k, s in samples.items() if len(usable_samples(*s)[0])}
     if not samples:
@@ -397,7 +398,7 @@ def fit_noise_split(samples: dict, p_keep: float = NOISE_TREND_P) -> NoiseSplit:
     gain = noise_log_likelihood(pooled, *columns) - sum(
         noise_log_likelihood(own[k], *s) for k, s in samples.items())
     df = sum(n_params(t) for t in own.values()) - n_params(pooled)
-    p = float(chi2.sf(max(gain, 0.0), df)) if df > 0 else 1.0
+    p = float(chi2_sf(max(gain, 0.0), df)) if df > 0 else 1.0
     return NoiseSplit(pooled, own if p < p_keep else {}, p)
 
 
@@ -473,11 +474,11 @@ def trunk_sharing(blocks: list[tuple[tuple, np.ndarray]]) -> Sharing | None:
 def binomial_interval(hits: int, n: int, confidence: float = CONFIDENCE) -> list[float] | None:
     """The Clopper-Pearson interval of a rate of `hits` in `n` trials (None without trials):
     the coverage studies' error bar on an empirical coverage."""
-    from scipy.stats import beta
+    from critbatch.science.distributions import beta_quantile
 
     if n == 0:
         return None
     tail = (1 - confidence) / 2
-    low = 0.0 if hits == 0 else float(beta.ppf(tail, hits, n - hits + 1))
-    high = 1.0 if hits == n else float(beta.ppf(1 - tail, hits + 1, n - hits))
+    low = 0.0 if hits == 0 else float(beta_quantile(tail, hits, n - hits + 1))
+    high = 1.0 if hits == n else float(beta_quantile(1 - tail, hits + 1, n - hits))
     return [low, high]

@@ -150,7 +150,7 @@ class Law:
 
     def interval(self, column: str, confidence: float = CONFIDENCE) -> dict | None:
         """An exponent's intervals: the cell bootstrap's percentiles and the OLS t interval."""
-        from scipy.stats import t as t_dist
+        from critbatch.science.distributions import t_quantile
 
         if column not in self.columns:
             return None
@@ -160,7 +160,7 @@ class Law:
             lo, hi = percentile_band(self.boot[:, k], confidence)
             out["bootstrap"] = [float(lo), float(hi)]
         if self.dof > 0:
-            half = float(t_dist.ppf(0.5 + confidence / 2, self.dof)) * math.sqrt(self.cov[k, k])
+            half = float(t_quantile(0.5 + confidence / 2, self.dof)) * math.sqrt(self.cov[k, k])
             out["t"] = [float(self.coef[k] - half), float(self.coef[k] + half)]
         return out
 

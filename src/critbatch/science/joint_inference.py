@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from critbatch.science.intervals import CONFIDENCE, percentile_band
+from critbatch.science.intervals import CONFIDENCE, central_percentiles, percentile_band
 from critbatch.science.joint import (
     REFIT_FTOL,
     TERM_TEST_DRAWS,
@@ -104,12 +104,13 @@ def plausible_sigma(rng: np.random.Generator, data: JointData) -> np.ndarray:
 
 @functools.lru_cache(maxsize=64)
 def central_chi2(dofs: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """The central 95% of chi-square at each of `dofs` (remembered: every bootstrap draw
-    of one fit asks for the same)."""
-    from scipy.stats import chi2
+    """The central CONFIDENCE (95%) of chi-square at each of `dofs` (remembered: every
+    bootstrap draw of one fit asks for the same)."""
+    from critbatch.science.distributions import chi2_quantile
 
     nu = np.array(dofs, dtype=float)
-    return chi2.ppf(0.025, nu), chi2.ppf(0.975, nu)
+    low, high = (p / 100 for p in central_percentiles(CONFIDENCE))
+    return chi2_quantile(low, nu), chi2_quantile(high, nu)
 
 
 def model_center(data: JointData, fit: JointFit) -> np.ndarray:
@@ -228,9 +229,9 @@ def term_critical(data: JointData, fit: JointFit, draws: int = LINEAR_DRAWS,
     far more often than the measured fit's simulated test, and widened the interval of
     1/alpha_B by 30% on the model's own worlds (30 planted: sd of the error over the
     interval's half-width 0.72 against 0.93 with the form held)."""
-    from scipy.stats import chi2 as chi2_dist
+    from critbatch.science.distributions import chi2_quantile
 
-    base = float(chi2_dist.ppf(1 - TERM_TEST_LEVEL, 1))
+    base = float(chi2_quantile(1 - TERM_TEST_LEVEL, 1))
     out = {}
     z = noise_draws(data, draws, seed)
     z = np.where(data.upper[None, :], np.maximum(z, 0.0), z)
@@ -433,10 +434,10 @@ def extra_term_test(plain: JointFit, richer: JointFit) -> dict:
     exceeds 1; `kept` where p < TERM_TEST_LEVEL (the chi-square half of `select_form`'s
     test, which also asks `simulated_term_p`). With the richer fit's term values
     (`b_small`, `power`; None for a term it lacks)."""
-    from scipy.stats import chi2 as chi2_dist
+    from critbatch.science.distributions import chi2_sf
 
     delta = term_statistic(plain, richer)
-    p = float(chi2_dist.sf(delta, 1))
+    p = float(chi2_sf(delta, 1))
     return {"delta_chi2": delta, "p_value": p, "noise_scale": noise_scale(richer),
             "kept": bool(p < TERM_TEST_LEVEL), "chi2_per_dof_without": plain.chi2_per_dof,
             "chi2_per_dof_with": richer.chi2_per_dof, "chi2_without": plain.chi2,
@@ -546,12 +547,12 @@ def loss_alone_test(shared: JointFit, per_width: JointFit, data: JointData | Non
     independent sigmas, and rejected true loss-alone worlds far above its 5%. Without `data`
     (or where the simulation cannot be made) p is chi-square's. No test (p NaN, `holds`
     None) where the per-width fit could not be made."""
-    from scipy.stats import chi2 as chi2_dist
+    from critbatch.science.distributions import chi2_sf
 
     extra = 2 * (len(shared.widths) - 1)
     scale2 = noise_scale(per_width) ** 2
     delta = max(0.0, shared.chi2 - per_width.chi2) / scale2
-    p_chi2 = float(chi2_dist.sf(delta, extra)) if extra > 0 and per_width.usable else math.nan
+    p_chi2 = float(chi2_sf(delta, extra)) if extra > 0 and per_width.usable else math.nan
     p, calibration = p_chi2, "chi-square"
     if data is not None and math.isfinite(p_chi2) and per_width.dof > 0:
         jac = fit_jacobian(data, per_width)

@@ -63,7 +63,8 @@ def fit_pareto(batch_sizes, steps) -> dict:
     open interval). Assumes the model holds at this loss.
     """
     from scipy.optimize import OptimizeWarning, curve_fit
-    from scipy.stats import t as student_t
+
+    from critbatch.science.distributions import t_quantile
 
     x = 1.0 / np.asarray(batch_sizes, dtype=float)
     s = np.asarray(steps, dtype=float)
@@ -85,7 +86,7 @@ def fit_pareto(batch_sizes, steps) -> dict:
         return out
     out["b_crit"] = float(e_min / s_min)
     if n > 2 and np.all(np.isfinite(cov)):
-        tq = float(student_t.ppf(0.5 + CONFIDENCE / 2, n - 2))
+        tq = float(t_quantile(0.5 + CONFIDENCE / 2, n - 2))
         sd_s, sd_e = math.sqrt(max(cov[0, 0], 0)), math.sqrt(max(cov[1, 1], 0))
         var_log = cov[1, 1] / e_min**2 + cov[0, 0] / s_min**2 - 2 * cov[0, 1] / (e_min * s_min)
         sd_log = math.sqrt(max(var_log, 0.0))

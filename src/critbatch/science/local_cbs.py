@@ -186,14 +186,14 @@ def paired_excess(candidate: ArrayLike, reference: ArrayLike, branch: BranchNois
     nu, and upper/lower = excess +/- t_{confidence, nu} se. `BranchNoise(0.0, math.inf)` gives
     the sequence-only paired t-test, which is overconfident whenever branches scatter.
     """
-    from scipy.stats import t as student_t
+    from critbatch.science.distributions import t_quantile
 
     check_confidence(confidence)
     excess, se_paired, n = paired_difference(candidate, reference)
     terms = [(se_paired**2, n - 1), (2 * branch.sd**2, branch.dof)]
     se = math.sqrt(sum(v for v, _ in terms))
     dof = satterthwaite(terms)
-    t = float(student_t.ppf(confidence, dof)) if se > 0 else 0.0
+    t = float(t_quantile(confidence, dof)) if se > 0 else 0.0
     return PairedExcess(excess=excess, se_paired=se_paired, se=se, dof=dof,
                         upper=excess + t * se, lower=excess - t * se, confidence=confidence,
                         sequences=n)

@@ -98,13 +98,13 @@ def seed_paired_excess(candidate: ArrayLike, reference: ArrayLike, scatter: Seed
     degrees of freedom. The scatter of a seed's excess holds both the branches' training
     noise and their sequence scatter, so nothing else is added; se_paired reports the
     sequence part alone."""
-    from scipy.stats import t as student_t
+    from critbatch.science.distributions import t_quantile
 
     check_confidence(confidence)
     d, se_seq = seed_excesses(candidate, reference)
     m = len(d)
     excess, se = float(d.mean()), math.sqrt(scatter.var / m)
-    t = float(student_t.ppf(confidence, scatter.dof)) if se > 0 else 0.0
+    t = float(t_quantile(confidence, scatter.dof)) if se > 0 else 0.0
     return PairedExcess(excess=excess, se_paired=math.sqrt(float((se_seq**2).mean()) / m),
                         se=se, dof=scatter.dof, upper=excess + t * se, lower=excess - t * se,
                         confidence=confidence, sequences=int(np.asarray(candidate).shape[1]))
