@@ -15,7 +15,7 @@ from critbatch.results.errors import ConfigError
 from critbatch.science.rules import log_interp, measured_batch_size
 from critbatch.training.batching import BatchPlan
 from critbatch.training.loop import train
-from critbatch.training.optim import lr_factor_by_tokens
+from critbatch.training.schedule import lr_factor_by_tokens
 
 SEQ = 32  # tokens per sequence of tiny_cfg
 

@@ -18,7 +18,8 @@ from critbatch.science.rules import (
 )
 from critbatch.training.batching import BatchPlan
 from critbatch.training.loop import train
-from critbatch.training.optim import batch_lr_ratio, lr_factor, lr_factor_by_tokens
+from critbatch.training.optim import batch_lr_ratio
+from critbatch.training.schedule import lr_factor, lr_factor_by_tokens
 
 
 def test_lr_scaling_rule_values():

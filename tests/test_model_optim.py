@@ -8,7 +8,8 @@ import torch
 from critbatch.science.model_size import param_count
 from critbatch.training.config import ModelConfig, OptimConfig, TrainConfig
 from critbatch.training.model import GPT
-from critbatch.training.optim import build_optimizers, lr_factor, used_lr, wsd_decay_start
+from critbatch.training.optim import build_optimizers, used_lr
+from critbatch.training.schedule import lr_factor, wsd_decay_start
 
 WIDTHS = (128, 192, 256, 320, 384)
 

@@ -28,7 +28,7 @@ from critbatch.training.gns import MicroGradNorms, group_sums, micro_batch_gradi
 from critbatch.training.loop import train
 from critbatch.training.model import GPT
 from critbatch.training.noise_program import TABLE_HEADER, main, measure_run, table_row
-from critbatch.training.optim import constant_lr_reading_steps, wsd_decay_start
+from critbatch.training.schedule import constant_lr_reading_steps, wsd_decay_start
 from critbatch.training.token_cache import prepare_data
 
 CPU = torch.device("cpu")

@@ -295,6 +295,19 @@ def test_the_workers_fork_from_a_server_that_imported_the_training_loop():
     assert parent != os.getpid()  # a fork of the server, not a child of this process
 
 
+def test_the_sweep_s_own_process_imports_no_torch():
+    """The sweep's process plans, waits and reports; its workers (and the estimate's timing)
+    train in forks of the server, which imports torch. The fault guarded: a top-level torch
+    import on the way from critbatch.sweep (the checkpoint module through the branch
+    planner, the training loop through the workers) costing every sweep ~1.3 s of a core."""
+    code = ("import sys, critbatch.sweep, critbatch.orchestration.launch; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
+
+
 def test_jobs_auto_is_one_per_core_on_cpu_and_one_on_gpu():
     from critbatch.orchestration.sweep import parse_jobs
     from critbatch.results.errors import ConfigError

@@ -35,7 +35,8 @@ from critbatch.training.data import sample_batch
 from critbatch.training.loop import train
 from critbatch.training.metrics import WARMUP_STEPS_EXCLUDED, StepRecord, metrics_rows
 from critbatch.training.model import GPT
-from critbatch.training.optim import adamw_options, lr_factor
+from critbatch.training.optim import adamw_options
+from critbatch.training.schedule import lr_factor
 from critbatch.training.step import autocast_for, build_stepper, resolve_device
 from critbatch.training.token_cache import prepare_data
 

@@ -282,7 +282,7 @@ def noise_args(run_dir: str | Path) -> list[str]:
     """The noise program's arguments for `run_dir`: the run's final checkpoint, and in the
     same process its peak-lr one where it kept one (`--checkpoint final --checkpoint
     peak_lr`: torch, the data and the model loaded once)."""
-    from critbatch.training.loop import PEAK_CHECKPOINT
+    from critbatch.training.branches import PEAK_CHECKPOINT
 
     peak = (Path(run_dir) / PEAK_CHECKPOINT).exists()
     return [str(run_dir), *(["--checkpoint", "final", "--checkpoint", "peak_lr"] if peak

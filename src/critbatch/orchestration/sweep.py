@@ -55,7 +55,6 @@ from critbatch.results import runs
 from critbatch.results.errors import ConfigError, user_errors
 from critbatch.training import branches as branching
 from critbatch.training.config import KeepCheckpoint
-from critbatch.training.loop import PEAK_CHECKPOINT
 
 
 def resolve_scale(scale: str) -> str:
@@ -271,7 +270,7 @@ def measure_noise(exp: Experiment, plan: list[Job], optimizers: list[str],
         print(f"== noise (optim={target.optimizer}): B_noise "
               + (f"{b:,.0f} tokens" if b else "not resolved")
               + f" at val_loss {noise.get('val_loss', float('nan')):.4f} nats/token")
-        if (target.run_dir / PEAK_CHECKPOINT).exists():  # measured there too
+        if (target.run_dir / branching.PEAK_CHECKPOINT).exists():  # measured there too
             problems += noise_at_peak_lr(target)
     return problems
 

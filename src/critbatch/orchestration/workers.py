@@ -38,7 +38,6 @@ from critbatch.results.errors import CritbatchError
 from critbatch.training import failures
 from critbatch.training.cli import disk_errors, finished_run
 from critbatch.training.config import Config
-from critbatch.training.loop import train, train_with_branches
 
 log = logging.getLogger("critbatch")
 LOG_FORMAT = "[%(asctime)s][%(levelname)s] - %(message)s"
@@ -134,6 +133,8 @@ def train_job(cfg: Config, run_dir: str, overrides: list[str],
               with_branches: bool = True) -> Outcome:
     """Train a planned run and its branches (unless not `with_branches`) in this worker (a
     finished run is skipped, its missing branches trained); never raises."""
+    from critbatch.training.loop import train, train_with_branches  # preloaded by the server
+
     start, folder = time.perf_counter(), Path(run_dir)
     failures.clear(folder)
     with job_output(folder / "train.log"):
@@ -234,9 +235,14 @@ def prepare_data_first(cfgs: list[Config]) -> None:
               flush=True)
 
 
+# the module a worker trains with: imported by the fork server, not by the sweep's own process,
+# which plans, waits and reports without torch
+TRAINING_LOOP = "critbatch.training.loop"
+
+
 def worker_context() -> multiprocessing.context.BaseContext:
-    """How the workers start: forked from a fork server that has imported this module (torch,
-    the training loop) once, so a stage's workers are ready in a fraction of a second instead
+    """How the workers start: forked from a fork server that has imported this module and the
+    training loop (torch) once, so a stage's workers are ready in a fraction of a second instead
     of each importing torch (~2 s of a core apiece). The server is a fresh single-threaded
     process: never a fork of this one, which may hold threads (torch's, W&B's). Where there is
     no fork server (Windows), each worker is spawned and imports them itself."""
@@ -247,7 +253,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     # torch._dynamo too: torch's optimizers import it when the first one is built (1.4-1.9 s
     # of a core in each worker of each stage)
-    context.set_forkserver_preload([__name__, "torch._dynamo"])
+    context.set_forkserver_preload([__name__, TRAINING_LOOP, "torch._dynamo"])
     return context
 
 

@@ -1,6 +1,6 @@
 """Cooldown branches: one warmup-stable-decay run also yields the loss at smaller budgets.
 
-A wsd run holds the peak lr until its cooldown (`optim.wsd_decay_start`), and that start
+A wsd run holds the peak lr until its cooldown (`schedule.wsd_decay_start`), and that start
 never moves earlier as the budget grows, so a run of budget f x D is, step for step, the
 prefix of the run of budget D up to its own cooldown. With `train.branch_budgets=[f, ...]`
 the run of budget D saves its state at each such step into a branch folder,
@@ -31,18 +31,23 @@ import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from critbatch.results import files, runs
 from critbatch.results.errors import ResultsError
 from critbatch.results.runs import BRANCHES_DIR
-from critbatch.training import checkpoint, local_cbs
+from critbatch.training import local_cbs
 from critbatch.training.config import Config, plain, token_budget, total_steps
-from critbatch.training.optim import wsd_decay_start
+from critbatch.training.schedule import wsd_decay_start
+
+if TYPE_CHECKING:
+    from critbatch.training.checkpoint import TrainState
 
 log = logging.getLogger("critbatch")
 
 BRANCH_OVERRIDES = ("train.tokens=", "train.branch_budgets=")  # what a branch sets itself
 CHECKPOINT = "checkpoint.pt"
+PEAK_CHECKPOINT = "checkpoint_peak_lr.pt"  # train.gns.peak_checkpoint: the last peak-lr reading
 
 
 @dataclass(frozen=True)
@@ -97,12 +102,15 @@ def cooldown_branches(cfg: Config, run_dir: Path, overrides: list[str]) -> list[
     return branches
 
 
-def fork(forked: list[Branch], model, optimizers: list, gns, state: checkpoint.TrainState,
+def fork(forked: list[Branch], model, optimizers: list, gns, state: TrainState,
          parent_dir: Path) -> None:
     """Save the parent's state now (after the branches' `fork_step` steps, metrics flushed)
     as each branch's checkpoint, with the branch's config and summary fields, and the
     parent's metrics rows so far as the start of its metrics.jsonl (read once for all of
     them). A finished branch is left alone."""
+    from critbatch.training import checkpoint  # torch: the planner, which imports this
+    # module, trains nothing
+
     todo = [b for b in forked if not b.done]
     if not todo:
         return

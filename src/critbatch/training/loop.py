@@ -36,8 +36,8 @@ from critbatch.training.metrics import (
     metrics_rows,
     start_wandb,
 )
-from critbatch.training.optim import (
-    batch_lr_ratio,
+from critbatch.training.optim import batch_lr_ratio
+from critbatch.training.schedule import (
     constant_lr_reading_steps,
     lr_factor,
     lr_factor_by_tokens,
@@ -52,7 +52,6 @@ from critbatch.training.trainer import (
 )
 
 log = logging.getLogger("critbatch")
-PEAK_CHECKPOINT = "checkpoint_peak_lr.pt"  # train.gns.peak_checkpoint: the last peak-lr reading
 
 
 def train(cfg: Config, run_dir: Path, overrides: list[str] | None = None) -> dict:
@@ -293,7 +292,7 @@ def noise_reading(tr: Trainer, wandb_run, lr: float) -> None:
     state.noise_readings.append(reading)
     if (tr.cfg.train.gns.peak_checkpoint and tr.ranks.main and tr.steps
             and state.step == max(constant_lr_reading_steps(tr.steps, tr.cfg.train))):
-        checkpoint.save(tr.checkpoint_path.with_name(PEAK_CHECKPOINT), tr.stepper.model,
+        checkpoint.save(tr.checkpoint_path.with_name(branches.PEAK_CHECKPOINT), tr.stepper.model,
                         tr.stepper.optimizers, tr.resolved, tr.gns, state)
     b_noise = reading["b_noise"]
     wandb_run.log({"noise_reading/val_loss": val_loss}

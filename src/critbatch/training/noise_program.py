@@ -41,6 +41,7 @@ import torch
 from critbatch.results import files, runs, shortcut
 from critbatch.results.errors import ConfigError, DataError, ResultsError, fail, user_errors
 from critbatch.science.noise import JACKKNIFE_GROUPS, ema_interval, estimate
+from critbatch.training.branches import PEAK_CHECKPOINT
 from critbatch.training.config import total_steps, wandb_group
 from critbatch.training.data import sample_batch, val_windows
 from critbatch.training.evaluation import evaluate
@@ -50,10 +51,9 @@ from critbatch.training.gns import (
     hessian_vector_product,
     micro_batch_gradients,
 )
-from critbatch.training.loop import PEAK_CHECKPOINT
 from critbatch.training.model import GPT
-from critbatch.training.optim import lr_factor
 from critbatch.training.saved_config import config_from_saved
+from critbatch.training.schedule import lr_factor
 from critbatch.training.step import autocast_for, resolve_device
 from critbatch.training.token_cache import prepare_data
 
