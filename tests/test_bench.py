@@ -26,7 +26,7 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
     slow = ("gns", "share")  # 80 fixed steps; fresh processes: in the slow test below
     sections = [s for s in suite.SECTIONS if s not in slow]
     suite.main(["--json", str(out), "--repeats", "1", "--steps", "4", "--no-compile",
-                "--analysis-runs", "60", "--analysis-rows", "400",
+                "--analysis-runs", "60", "--analysis-rows", "400", "--analysis-resamples", "20",
                 *(f"--only={s}" for s in sections), *tiny_overrides,
                 "train.batch_size=8", "train.micro_batch_size=4"])
     results = json.loads(out.read_text())
@@ -56,7 +56,7 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
         assert positive(row["batches_per_s"]) and positive(row["ratio"])
     assert results["analysis"]["n_runs"] >= 60 and positive(results["analysis"]["total_s"])
     table = results["analysis"]["table"]
-    assert table["rows"] == 400
+    assert table["rows"] == 400 and table["resamples"] == 20
     assert positive(table["fit_bcrit"]["rows_per_s"]) and positive(table["recommend"]["seconds"])
 
     targets = {t["target"]: t for t in results["targets"]}

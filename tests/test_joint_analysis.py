@@ -305,6 +305,33 @@ def test_the_smoke_scale_refits_each_held_out_prediction_fewer_times(sweep, monk
     assert set(asked[half:]) == {SMOKE_RESAMPLES}
 
 
+@pytest.mark.slow
+def test_fit_bcrit_resamples_reach_the_summary_s_refits(sweep, tmp_path, monkeypatch, capsys):
+    """`fit_bcrit --resamples 25` refits the summary's answer 25 times (the engine's 100
+    otherwise); below 20 it stops in one line. The fault guarded: the flag dropped on its
+    way to the engine (the summary then refits 100 times, 5 s of the bench's 400-row table)."""
+    from critbatch.analysis.bcrit import cli as fit_bcrit_cli
+    from critbatch.analysis.recommend import engine
+
+    asked = []
+    fit = engine.fit
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs.get("resamples"))
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "fit", recorded)
+    root, _ = sweep
+    fit_bcrit_cli.main([str(root), "--out", str(tmp_path / "rep"), "--wandb", "disabled",
+                        "--resamples", "25"])
+    assert asked and set(asked) == {25}
+    with pytest.raises(SystemExit) as stop:
+        fit_bcrit_cli.main([str(root), "--wandb", "disabled", "--resamples", "5"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--resamples 5: give 20 or more" in err[-1]
+
+
 def test_a_missed_held_out_set_gets_the_refit_s_spread():
     """Largest-budget losses pushed 0.06 nats/token up miss the seed-sigma test; then each
     prediction carries the refit's bootstrap spread, which can only make more cells agree."""

@@ -56,7 +56,8 @@ def bench_analysis(opts: Options) -> dict:
     """Loading and analysing ~`opts.analysis_runs` synthetic runs (bcrit.benchmark), then the
     two table commands, fit_bcrit (report, plots and every bootstrap) and recommend, each on
     a generated results table of `opts.analysis_rows` rows (`synthetic.synthetic_table`:
-    4 sizes, 5 budgets, 10 batches, 5 lrs, seeds), timed end to end without W&B."""
+    4 sizes, 5 budgets, 10 batches, 5 lrs, seeds), timed end to end without W&B, with
+    `opts.analysis_resamples` bootstrap refits (None: the commands' defaults)."""
     with tempfile.TemporaryDirectory(prefix="critbatch-bench-") as tmp:
         result = benchmark(tmp, opts.analysis_runs)
         result["total_s"] = result["load_s"] + result["analyse_s"]
@@ -64,13 +65,14 @@ def bench_analysis(opts: Options) -> dict:
               f"and analysed in {result['analyse_s']:.2f} s", flush=True)
         table = synthetic_table(Path(tmp) / "table.csv", opts.analysis_rows)
         rows = sum(1 for _ in table.open()) - 1
+        refits = opts.analysis_resamples
         commands = {
             "fit_bcrit": lambda: run_analysis(tables=[str(table)], out=f"{tmp}/fit",
-                                              wandb_mode="disabled"),
+                                              wandb_mode="disabled", resamples=refits),
             "recommend": lambda: recommend_run([], [str(table)], None, None, params=3.2e7,
                                                tokens=2e7, out=f"{tmp}/recommend",
-                                               wandb_mode="disabled")}
-        result["table"] = {"rows": rows}
+                                               wandb_mode="disabled", resamples=refits)}
+        result["table"] = {"rows": rows, "resamples": refits}
         for name, command in commands.items():
             t0 = time.perf_counter()
             with contextlib.redirect_stdout(io.StringIO()):

@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="synthetic runs for the analysis section")
     parser.add_argument("--analysis-rows", type=int, default=2000,
                         help="rows of the generated table fit_bcrit and recommend are timed on")
+    parser.add_argument("--analysis-resamples", type=int, default=None, metavar="N",
+                        help="the bootstrap refits of those two commands (their --resamples; "
+                             "default: their own, as a user runs them)")
     parser.add_argument("--json", type=Path, default=Path("bench.json"),
                         help="where to write the results (default: ./bench.json)")
     parser.add_argument("overrides", nargs="*", help="hydra overrides, e.g. data.cache_dir=...")
@@ -93,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{torch.get_num_threads()} threads), torch {torch.__version__}", flush=True)
     opts = Options(overrides=args.overrides, repeats=args.repeats, steps=args.steps,
                    compile=args.compile, analysis_runs=args.analysis_runs,
-                   analysis_rows=args.analysis_rows, results=results)
+                   analysis_rows=args.analysis_rows,
+                   analysis_resamples=args.analysis_resamples, results=results)
     t0, seconds = time.perf_counter(), {}
     with user_errors():
         for name in [s for s in SECTIONS if s in (args.only or SECTIONS)]:

@@ -40,6 +40,7 @@ class Options:
     compile: bool = True  # include the torch.compile variant (the slow one to set up)
     analysis_runs: int = 1000  # synthetic runs for the analysis section
     analysis_rows: int = 2000  # rows of the generated results table for the analysis section
+    analysis_resamples: int | None = None  # the two commands' --resamples; None: their own
     results: dict = field(default_factory=dict)  # sections already measured (peak, train)
     probe: dict = field(default_factory=dict)  # matmul GFLOP/s per dtype when peak did not run
 

@@ -2,7 +2,7 @@
 
     critbatch-fit [PATHS...] [--out DIR] [--baseline-batch B|auto]
                   [--from-wandb ENTITY/PROJECT [--group G]]
-                  [--table FILE ...] [--export-table FILE]
+                  [--table FILE ...] [--export-table FILE] [--resamples N]
 
 (`python analysis/fit_bcrit.py` is the same command.) PATHS are run directories or folders
 searched recursively for summary.json (default: the most recently written runs/batch/<scale>
@@ -14,7 +14,9 @@ plots, fits.json and bcrit.csv to --out (default: <sweep dir>/report/; with --ta
 the first table: grid.csv's report is grid-report/) and logs them to W&B (offline by
 default). --export-table FILE writes the input runs as such a table instead of a report;
 read back with --table, it gives the same fits.json, intervals included (what the table
-carries: `critbatch.analysis.bcrit.tables`). The work is done by `critbatch.analysis.bcrit.report`;
+carries: `critbatch.analysis.bcrit.tables`). --resamples N sets the refits behind the
+summary's intervals (the answer per optimizer that report.md opens with), as recommend's flag
+does. The work is done by `critbatch.analysis.bcrit.report`;
 this module only parses arguments.
 """
 
@@ -25,6 +27,7 @@ import argparse
 from critbatch.analysis.bcrit.report import export_table, run_analysis
 from critbatch.analysis.render import add_wandb_arguments
 from critbatch.results.errors import user_errors
+from critbatch.science.intervals import SMOKE_RESAMPLES
 
 # Where the report goes without --out (`bcrit_report.inputs_of`): a table has no sweep folder,
 # and tables of one folder must not share a report, so it goes beside the (first) table.
@@ -60,9 +63,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--export-table", metavar="FILE",
                         help="write the input runs as a .csv or .jsonl table of run rows "
                              "(no report)")
+    parser.add_argument("--resamples", type=int, metavar="N",
+                        help="bootstrap refits behind the summary's intervals (default: 100 "
+                             "joint-model refits; 20 at the smoke scale); fewer report sooner, "
+                             "with coarser intervals")
     add_wandb_arguments(parser)
     args = parser.parse_args(argv)
     with user_errors():
+        if args.resamples is not None and args.resamples < SMOKE_RESAMPLES:
+            parser.error(f"--resamples {args.resamples}: give {SMOKE_RESAMPLES} or more (the "
+                         "fewest the smoke scale's intervals rest on)")
         if args.group and not args.from_wandb:
             parser.error("--group needs --from-wandb")
         if sum(map(bool, (args.paths, args.from_wandb, args.table))) > 1:
@@ -71,4 +81,5 @@ def main(argv: list[str] | None = None) -> None:
             export_table(args.export_table, args.paths, args.from_wandb, args.group, args.table)
             return
         run_analysis(args.paths, args.out, args.baseline_batch, args.from_wandb, args.group,
-                     args.wandb_mode, args.project, tables=args.table)
+                     args.wandb_mode, args.project, tables=args.table,
+                     resamples=args.resamples)

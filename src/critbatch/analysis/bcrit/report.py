@@ -171,14 +171,16 @@ def summary_lines(result: dict) -> list[str]:
     return lines
 
 
-def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs) -> dict:
+def analyse(runs: list[dict], baseline_batch: int | str | None = None,
+            resamples: int | None = None, **kwargs) -> dict:
     """`bcrit.analyse`, each group also given `sweeps`: a Counter of its analysed runs (the
-    ones not left out) per sweep stage, for `sweep_label`."""
+    ones not left out) per sweep stage, for `sweep_label`; `resamples`: the summary's
+    bootstrap refits (`summary.sweep_summary`)."""
     result = bcrit.analyse(runs, baseline_batch=baseline_batch, **kwargs)
     draws.add_draw_checks(runs, result)
     result["fits"]["summary"] = summary.sweep_summary(
         runs, result["fits"]["joint"], warnings=result["warnings"],
-        noise_ratio=result["fits"]["noise_ratio"])
+        noise_ratio=result["fits"]["noise_ratio"], resamples=resamples)
     result["fits"]["lr_search"] = lr_search_records(runs)
     left_out = {d["run_dir"] for d in result["left_out"]}
     sweeps: dict[tuple, Counter] = defaultdict(Counter)
@@ -194,11 +196,13 @@ def analyse(runs: list[dict], baseline_batch: int | str | None = None, **kwargs)
     return result
 
 
-def study(baseline_batch: int | None = None) -> render.Study:
-    """The B_crit study for `render.run_study` (`baseline_batch`: see `bcrit.analyse`)."""
+def study(baseline_batch: int | None = None, resamples: int | None = None) -> render.Study:
+    """The B_crit study for `render.run_study` (`baseline_batch`: see `bcrit.analyse`;
+    `resamples`: the summary's refits, see `analyse`)."""
     return render.Study(name="fit_bcrit", document_file="fits.json",
                         no_runs_fix="a sweep folder, or run make sweep-batch",
-                        analyse=partial(analyse, baseline_batch=baseline_batch),
+                        analyse=partial(analyse, baseline_batch=baseline_batch,
+                                        resamples=resamples),
                         write_plots=write_plots, document=fits_document,
                         markdown=report_markdown, wandb=wandb_fields,
                         summary_lines=summary_lines, extra_files=write_csv)
@@ -233,16 +237,17 @@ def run_analysis(paths: list[str] | None = None, out: str | None = None,
                  baseline_batch: int | None = None, from_wandb: str | None = None,
                  group: str | None = None, wandb_mode: str = "offline",
                  project: str = "critbatch", runs_root: str = "runs",
-                 tables: list[str] | None = None) -> dict:
+                 tables: list[str] | None = None, resamples: int | None = None) -> dict:
     """Load, analyse and write the report folder; returns {"out", "result", "document"}.
 
     The input is one of `tables` (`critbatch.analysis.bcrit.tables`), the W&B project
     `from_wandb` (only `group`), `paths`, or else the latest sweep under `runs_root`
     (`inputs_of`). Raises ResultsError (one line for the user) only when
-    nothing can be computed: no runs, a bad table, or every run left out.
+    nothing can be computed: no runs, a bad table, or every run left out. `resamples`: the
+    summary's bootstrap refits (None: the engine's; SMOKE_RESAMPLES at the smoke scale).
     """
     load, inputs, default = inputs_of(paths, from_wandb, group, tables, runs_root)
-    return render.run_study(study(baseline_batch), load, inputs,
+    return render.run_study(study(baseline_batch, resamples), load, inputs,
                             Path(out) if out else default, wandb_mode=wandb_mode,
                             project=project)
 

@@ -63,13 +63,16 @@ def reliability(row: dict, doc: dict | None, scale: str | None) -> list[str]:
 
 def sweep_summary(runs: list[dict], joint: dict, promise: Promise | None = None,
                   warnings: list[str] | None = None,
-                  noise_ratio: dict | None = None) -> list[dict]:
+                  noise_ratio: dict | None = None, resamples: int | None = None) -> list[dict]:
     """One row per optimizer (see the module docstring); an optimizer whose cells cannot
     carry the answer gets a row with `reason` instead. `noise_ratio`: fits.json's, whose
     ratio joins each row (`noise_ratio`: ratio, low, high, losses, or the reason it has
-    none)."""
+    none). `resamples`: the bootstrap's refits (None: the engine's; SMOKE_RESAMPLES at the
+    smoke scale)."""
     scale = scale_of(runs)
     promise = promise or Promise()
+    # a smoke sweep measures nothing (its row says so): a rough interval is enough
+    refits = SMOKE_RESAMPLES if resamples is None and scale == "smoke" else resamples
     rows = []
     for optimizer, sweep in sized_sweeps(runs, []).items():
         doc = joint.get(optimizer)
@@ -84,10 +87,9 @@ def sweep_summary(runs: list[dict], joint: dict, promise: Promise | None = None,
                "measured_lr": measured.lr,
                "noise_ratio": ratio_row((noise_ratio or {}).get(optimizer))}
         try:
-            # a smoke sweep measures nothing (its row says so): a rough interval is enough
             fitted = engine.fit(engine.grid_cells(sweep), promise, sweep.seq_len, sweep,
-                                resamples=SMOKE_RESAMPLES if scale == "smoke" else None,
-                                report_verdict=doc, pipeline_test=scale == "smoke")
+                                resamples=refits, report_verdict=doc,
+                                pipeline_test=scale == "smoke")
             ans = engine.answer(fitted, size, tokens)
         except ResultsError as err:
             rows.append({**row, "reason": str(err), "reliable": False,
