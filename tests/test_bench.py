@@ -143,3 +143,7 @@ def test_bad_arguments_are_one_line_errors(capsys):
         suite.main(["--steps", "2"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith("critbatch: error: --steps")
+    with pytest.raises(SystemExit) as exit_info:
+        suite.main(["--analysis-resamples", "5"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("critbatch: error: --analysis-resamples")
