@@ -273,6 +273,16 @@ def all_left_out(where: str, left_out: list[dict]) -> ResultsError:
 # W&B
 
 
+def check_resamples(parser, flag: str, count: int | None) -> None:
+    """Stop in one line (argparse's error, exit 2) when `count` refits, given as `flag`, are
+    fewer than SMOKE_RESAMPLES, the fewest any interval of the analysis rests on."""
+    from critbatch.science.intervals import SMOKE_RESAMPLES
+
+    if count is not None and count < SMOKE_RESAMPLES:
+        parser.error(f"{flag} {count}: give {SMOKE_RESAMPLES} or more (the fewest the smoke "
+                     "scale's intervals rest on)")
+
+
 def add_wandb_arguments(parser) -> None:
     """--wandb and --project, as every analysis script takes them."""
     parser.add_argument("--wandb", dest="wandb_mode", default="offline",

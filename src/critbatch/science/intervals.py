@@ -14,6 +14,12 @@ MIN_DRAWS = 20  # fewer finite draws than this give no interval
 SMOKE_RESAMPLES = 20
 
 
+def refits_at(resamples: int | None, scale: str | None) -> int | None:
+    """The bootstrap refits to make: `resamples` when given, else SMOKE_RESAMPLES at the
+    smoke scale, else None (the fitting code's own default)."""
+    return SMOKE_RESAMPLES if resamples is None and scale == "smoke" else resamples
+
+
 def central_percentiles(confidence: float = CONFIDENCE) -> tuple[float, float]:
     """The percentiles (in %) that bound the central `confidence` interval: (2.5, 97.5) at
     95%."""

@@ -25,9 +25,8 @@ from __future__ import annotations
 import argparse
 
 from critbatch.analysis.bcrit.report import export_table, run_analysis
-from critbatch.analysis.render import add_wandb_arguments
+from critbatch.analysis.render import add_wandb_arguments, check_resamples
 from critbatch.results.errors import user_errors
-from critbatch.science.intervals import SMOKE_RESAMPLES
 
 # Where the report goes without --out (`bcrit_report.inputs_of`): a table has no sweep folder,
 # and tables of one folder must not share a report, so it goes beside the (first) table.
@@ -70,9 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     add_wandb_arguments(parser)
     args = parser.parse_args(argv)
     with user_errors():
-        if args.resamples is not None and args.resamples < SMOKE_RESAMPLES:
-            parser.error(f"--resamples {args.resamples}: give {SMOKE_RESAMPLES} or more (the "
-                         "fewest the smoke scale's intervals rest on)")
+        check_resamples(parser, "--resamples", args.resamples)
         if args.group and not args.from_wandb:
             parser.error("--group needs --from-wandb")
         if sum(map(bool, (args.paths, args.from_wandb, args.table))) > 1:

@@ -35,14 +35,11 @@ import argparse
 import os
 
 from critbatch.analysis.recommend.report import run
-from critbatch.analysis.render import add_wandb_arguments
+from critbatch.analysis.render import add_wandb_arguments, check_resamples
 from critbatch.peers import recommend as peers
 from critbatch.peers.recommend import GRIDS
 from critbatch.results.errors import user_errors
 from critbatch.science.answer import DEFAULT_OVERHEAD, Promise
-from critbatch.science.intervals import SMOKE_RESAMPLES
-
-MIN_RESAMPLES = SMOKE_RESAMPLES
 
 
 def count(text: str) -> float:
@@ -137,9 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.validate and (args.tokens is None or not (args.width or args.params)):
             parser.error("say the target: --width W or --params N, and --tokens D "
                          "(or --validate)")
-        if args.resamples is not None and args.resamples < MIN_RESAMPLES:
-            parser.error(f"--resamples {args.resamples}: give {MIN_RESAMPLES} or more (the "
-                         "fewest the smoke scale's intervals rest on)")
+        check_resamples(parser, "--resamples", args.resamples)
         promise = (Promise(overhead=None, tolerance=args.tolerance) if args.tolerance
                    else Promise(overhead=args.overhead or DEFAULT_OVERHEAD))
         if args.peers:

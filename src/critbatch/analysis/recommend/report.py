@@ -35,7 +35,7 @@ from critbatch.results.errors import ResultsError
 from critbatch.results.files import write_json_atomic
 from critbatch.results.runs import scale_of
 from critbatch.science.answer import GridCell, Promise
-from critbatch.science.intervals import SMOKE_RESAMPLES, percentile_interval
+from critbatch.science.intervals import percentile_interval, refits_at
 from critbatch.science.recommend import to_target_loss
 
 PLOT_FILE = "recommend.png"
@@ -354,9 +354,9 @@ def run(paths: list[str], tables: list[str] | None, from_wandb: str | None, grou
                            "without a model size)")
     out_dir = Path(out) if out else default
     out_dir.mkdir(parents=True, exist_ok=True)
-    smoke = scale_of(loaded["runs"]) == "smoke"
-    if resamples is None and smoke:
-        resamples = SMOKE_RESAMPLES
+    scale = scale_of(loaded["runs"])
+    smoke = scale == "smoke"
+    resamples = refits_at(resamples, scale)
     lines: list[str] = []
     if do_validate:
         document = {"validation": {}, "warnings": warnings}

@@ -22,7 +22,7 @@ from critbatch.analysis.render import fmt, fmt_interval, md_table
 from critbatch.results.errors import ResultsError
 from critbatch.results.runs import scale_of
 from critbatch.science.answer import Promise
-from critbatch.science.intervals import SMOKE_RESAMPLES
+from critbatch.science.intervals import refits_at
 
 MISFIT = 2.0  # chi2/dof above which the model does not describe the losses
 
@@ -72,7 +72,7 @@ def sweep_summary(runs: list[dict], joint: dict, promise: Promise | None = None,
     scale = scale_of(runs)
     promise = promise or Promise()
     # a smoke sweep measures nothing (its row says so): a rough interval is enough
-    refits = SMOKE_RESAMPLES if resamples is None and scale == "smoke" else resamples
+    refits = refits_at(resamples, scale)
     rows = []
     for optimizer, sweep in sized_sweeps(runs, []).items():
         doc = joint.get(optimizer)
