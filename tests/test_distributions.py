@@ -57,5 +57,7 @@ def test_known_values_and_where_scipy_stats_gives_nan():
     assert dist.beta_quantile(0.975, 1, 10) == pytest.approx(1 - 0.025 ** 0.1, rel=1e-9)
     for dof in (0.0, -1.0, math.nan):  # scipy.stats: NaN
         assert math.isnan(dist.chi2_sf(2.0, dof)) and math.isnan(dist.t_quantile(0.9, dof))
+        assert math.isnan(dist.chi2_quantile(0.5, dof))
+        assert math.isnan(dist.beta_quantile(0.5, dof, 1))
     arrays = dist.chi2_quantile(0.025, np.array([1.0, 4.0, 30.0]))
     assert np.allclose(arrays, stats.chi2.ppf(0.025, [1.0, 4.0, 30.0]), rtol=1e-12, atol=0)
