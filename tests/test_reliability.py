@@ -420,3 +420,27 @@ def test_a_field_added_to_the_schema_later_is_not_a_difference():
     new = {"train": {"batch_size": 8, "new_setting": 3}, "model": {"width": 32}}
     assert config_differences(old, new) == []
     assert config_differences(old, {**new, "model": {"width": 64}}) == ["model.width"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_revision_is_read_without_writing_the_repository(tmp_path):
+    """A run reads its git revision (`runs.git_revision`) without writing the repository. The
+    fault guarded: a plain `git status`, which refreshes a stale index under .git/index.lock;
+    a run killed at that moment (a cancelled SLURM task, a killed sweep) left the lock, and
+    the user's next commit failed."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("a\n")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "a")
+    stat = (tmp_path / "a.txt").stat()  # the same content, a later mtime: the index is stale
+    os.utime(tmp_path / "a.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns + 5 * 10**9))
+    index = tmp_path / ".git" / "index"
+    before = index.read_bytes()
+    assert runs.git_revision(tmp_path) == git("rev-parse", "HEAD").strip()
+    assert index.read_bytes() == before
+    (tmp_path / "a.txt").write_text("b\n")
+    assert runs.git_revision(tmp_path).endswith("-dirty")

@@ -204,9 +204,14 @@ def is_finite(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
-def git_revision() -> str:
-    """The source tree's commit, with `-dirty` when it has uncommitted changes; else 'unknown'."""
-    root = Path(__file__).resolve().parents[3]
+SOURCE_ROOT = Path(__file__).resolve().parents[3]
+
+
+def git_revision(root: Path = SOURCE_ROOT) -> str:
+    """The commit of the source tree at `root`, with `-dirty` when it has uncommitted changes;
+    else 'unknown'. It only reads the repository: `git status` would otherwise refresh the
+    index under .git/index.lock, and a run killed at that moment (a cancelled SLURM task, a
+    killed sweep) left the lock behind, so the user's next git command failed."""
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
@@ -214,7 +219,7 @@ def git_revision() -> str:
         if rev.returncode != 0:
             return "unknown"
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
             cwd=root, capture_output=True, text=True, timeout=10,
         )
         return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
