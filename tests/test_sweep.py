@@ -703,18 +703,20 @@ def test_make_sweep_widths_trains_every_width_and_writes_the_kaplan_report(tmp_p
 
 @pytest.mark.slow
 def test_make_sweep_branches_compares_branches_with_separate_runs(tmp_path, cache_dir):
-    """`make sweep-branches SCALE=smoke OPT=adamw`, end to end: the batch stage tunes the lr,
-    then separate wsd and cosine runs at the baseline batch, and the branch check's report
+    """`make sweep-branches SCALE=smoke OPT=adamw`, end to end: the batch stage trains the
+    baseline batch (at one lr, not adamw's default 3e-3: the best lr found), then separate wsd
+    and cosine runs at that batch and lr, and the branch check's report
     (critbatch-branch-check) compares each budget's branch with them."""
     cmd = make_command("sweep-branches", "SCALE=smoke", "OPT=adamw", "JOBS=2")
     assert cmd[1:6] == ["-m", "critbatch.sweep", "branches", "--scale", "smoke"], cmd
     proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
-                           "grid.batch_sizes=4", "grid.lrs.adamw='4e-3,1e-2'",
+                           "grid.batch_sizes=4", "grid.lrs.adamw=4e-3",
                            "grid.branch_check_tokens='16384,32768'", "grid.lr_search=false"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     checks = list((tmp_path / "runs/branch_check/smoke").glob("*/summary.json"))
-    schedules = {runs.read_config(p.parent)["train"]["schedule"] for p in checks}
-    assert schedules == {"wsd", "cosine"} and len(checks) == 4
+    configs = [runs.read_config(p.parent) for p in checks]
+    assert {c["train"]["schedule"] for c in configs} == {"wsd", "cosine"} and len(checks) == 4
+    assert {(c["train"]["batch_size"], c["optim"]["lr"]) for c in configs} == {(4, 4e-3)}
     report = next((tmp_path / "runs").glob("branch_check/smoke/report/*.md"))
     assert report.stat().st_size > 0
