@@ -273,14 +273,21 @@ def all_left_out(where: str, left_out: list[dict]) -> ResultsError:
 # W&B
 
 
-def check_resamples(parser, flag: str, count: int | None) -> None:
-    """Stop in one line (argparse's error, exit 2) when `count` refits, given as `flag`, are
-    fewer than SMOKE_RESAMPLES, the fewest any interval of the analysis rests on."""
+def resamples_error(flag: str, count: int | None) -> str | None:
+    """What is wrong with `count` refits given as `flag`: fewer than SMOKE_RESAMPLES, the
+    fewest any interval of the analysis rests on; None when they will do (or none given)."""
     from critbatch.science.intervals import SMOKE_RESAMPLES
 
     if count is not None and count < SMOKE_RESAMPLES:
-        parser.error(f"{flag} {count}: give {SMOKE_RESAMPLES} or more (the fewest the smoke "
-                     "scale's intervals rest on)")
+        return (f"{flag} {count}: give {SMOKE_RESAMPLES} or more (the fewest the smoke "
+                "scale's intervals rest on)")
+    return None
+
+
+def check_resamples(parser, flag: str, count: int | None) -> None:
+    """Stop in one line (argparse's error, exit 2) on `resamples_error`."""
+    if message := resamples_error(flag, count):
+        parser.error(message)
 
 
 def add_wandb_arguments(parser) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from critbatch.analysis.render import resamples_error
 from critbatch.bench.capacity import bench_peak, bench_share
 from critbatch.bench.data_and_analysis import bench_analysis, bench_data
 from critbatch.bench.table import table, targets
@@ -45,7 +46,6 @@ from critbatch.bench.timing import WARMUP_STEPS, Options, bench_device, device_n
 from critbatch.bench.training_speed import bench_gns, bench_train, bench_variants
 from critbatch.results import files
 from critbatch.results.errors import fail, user_errors
-from critbatch.science.intervals import SMOKE_RESAMPLES
 from critbatch.training.memory import reuse_freed_memory
 
 SECTIONS: dict[str, Callable[[Options], dict]] = {
@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> None:
     if (args.steps is not None and args.steps <= WARMUP_STEPS) or (
             args.repeats is not None and args.repeats < 1):
         fail(f"--steps must exceed {WARMUP_STEPS} and --repeats be >= 1")
-    if args.analysis_resamples is not None and args.analysis_resamples < SMOKE_RESAMPLES:
-        fail(f"--analysis-resamples must be {SMOKE_RESAMPLES} or more (the commands' fewest)")
+    if message := resamples_error("--analysis-resamples", args.analysis_resamples):
+        fail(message)
     device = bench_device()
     results: dict = {"meta": {
         "device": device_name(device), "device_type": device.type,
