@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from critbatch.orchestration import launch, scheduler, slurm, stages, sweep, workers
@@ -260,6 +260,7 @@ def test_submitit_s_repeated_warnings_are_folded_into_one_line():
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="0123456789_-[],%|=: \nJobIdArayTskStaeExCCANCELD", max_size=80))
+@example("0| |")  # a state of blanks only: indexed its first word, an IndexError
 def test_the_scheduler_s_output_of_any_shape_parses_without_a_traceback(text):
     """sacct and scontrol lines cut short or garbled (a range "1-", "2-x", a field with no
     value) are skipped, never a traceback that would stop the sweep's wait."""

@@ -77,7 +77,8 @@ def parse_sacct(text: str) -> dict[str, TaskState]:
     for line in text.splitlines():
         fields = line.split("|")
         if len(fields) >= 3 and fields[0]:
-            state = TaskState(fields[1].split()[0] if fields[1] else "UNKNOWN", fields[2])
+            words = fields[1].split()  # "CANCELLED by 0": the state is the first word
+            state = TaskState(words[0] if words else "UNKNOWN", fields[2])
             states.update(dict.fromkeys(job_keys(fields[0]), state))
     return states
 
