@@ -21,6 +21,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from conftest import PEERS_DIR
@@ -29,6 +30,8 @@ from hypothesis import strategies as st
 from test_recommend import write_csv
 
 from critbatch.analysis.bcrit import cli as fit_bcrit_cli
+from critbatch.analysis.bcrit import report as fit_bcrit_report
+from critbatch.analysis.bcrit.plots import PLOTS
 from critbatch.analysis.recommend import cli as recommend_cli
 
 STEPLAW = PEERS_DIR / "steplaw_dense_lr_bs_loss.csv"
@@ -173,10 +176,10 @@ def assert_report(out: Path, names: tuple[str, ...]) -> None:
         assert (out / name).is_file(), f"{name} not written to {out}"
 
 
-def fit(table: Path, out: Path) -> str:
-    """fit_bcrit on one table; on success its report is written."""
-    result = outcome(fit_bcrit_cli.main,
-                     ["--table", str(table), "--out", str(out), "--wandb", "disabled"])
+def fit(table: Path, out: Path, *options: str) -> str:
+    """fit_bcrit on one table (with its `options`); on success its report is written."""
+    result = outcome(fit_bcrit_cli.main, ["--table", str(table), "--out", str(out),
+                                          "--wandb", "disabled", *options])
     if result == "ok":
         assert_report(out, FIT_FILES)
     return result
@@ -197,14 +200,21 @@ def recommend(table: Path, out: Path, *target: str) -> str:
 
 @pytest.mark.slow
 @settings(FUZZ, max_examples=40)
-@given(table=results_tables())
-def test_fit_bcrit_reports_or_fails_in_one_line(table, tmp_path_factory):
+@given(table=results_tables(), drawn=st.sampled_from((True, False, False, False)))
+def test_fit_bcrit_reports_or_fails_in_one_line(table, drawn, tmp_path_factory):
     """Any generated table gives fit_bcrit's report (report.md, fits.json, bcrit.csv) or one
     line on stderr with a non-zero exit: no traceback; and a clean table (no corruption)
-    always its report (the fault guarded: a fit_bcrit that refuses good tables)."""
+    always its report (the fault guarded: a fit_bcrit that refuses good tables). The figures
+    are drawn for about one table in four (test_plots draws each at any range)."""
     note(table.csv_text())
     folder = tmp_path_factory.mktemp("fit")
-    result = fit(write_table(table, folder), folder / "out")
+    with contextlib.ExitStack() as stack:
+        if not drawn:
+            stack.enter_context(mock.patch.object(
+                fit_bcrit_report, "write_plots",
+                lambda result, out: {name: f"{name}.png" for name in PLOTS}))
+        # the smoke scale's 20 refits of the answer's summary, as recommend's fuzzer below
+        result = fit(write_table(table, folder), folder / "out", "--resamples", "20")
     assert result == "ok" or not table.clean, result
 
 
@@ -246,7 +256,8 @@ def test_fit_bcrit_on_ten_thousand_rows(tmp_path):
                                      "seed": seed, "params": int(n), "batch_size": b,
                                      "seq_len": 512, "tokens": d, "loss": loss})
     assert len(rows) == 10_000
-    assert fit(write_csv(rows, tmp_path / "big.csv"), tmp_path / "out") == "ok"
+    assert fit(write_csv(rows, tmp_path / "big.csv"), tmp_path / "out", "--resamples",
+               "20") == "ok"
 
 
 def steplaw_rows(one_group: bool) -> list[dict]:
