@@ -144,7 +144,7 @@ def _documented(*extra: str) -> list[str]:
 
 TINY = ["logger.mode=disabled", "--opt", "adamw", "train.tokens=8192", "train.warmup_steps=2",
         "grid.batch_sizes='4,8'", "grid.lrs.adamw='4e-3,1e-2'", "grid.lr_search_rounds=1",
-        "grid.lr_search_budget=0.5"]
+        "grid.lr_search_budget=0.5", "train.eval_tokens=1024"]
 
 
 def _final_losses(folder: Path) -> dict[str, float]:

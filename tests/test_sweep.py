@@ -196,6 +196,7 @@ def _sweep(cwd: Path, cache_dir: Path, **kw) -> subprocess.Popen:
            # how well. A grid far below the optimum (1e-4, 2e-4): every cell's best lr is the
            # highest tried, so the lr search's one round adds 4e-4 to both batches
            "train.tokens=16384", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
+           "train.eval_tokens=1024",
            "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_batch_sizes=4",
            "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0"]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -395,7 +396,8 @@ def test_a_missing_local_cbs_report_is_measured_first_or_one_line(tmp_path, monk
 def _study(name: str, cwd: Path, cache_dir: Path, *extra: str,
            optimizers: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "critbatch.sweep", name, "--scale", "smoke", "--opt",
-           optimizers, f"data.cache_dir={cache_dir}", "logger.mode=disabled", *extra]
+           optimizers, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
+           "train.eval_tokens=1024", *extra]
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
@@ -510,7 +512,8 @@ def test_a_hydra_launcher_takes_the_stages_as_multiruns(tmp_path, cache_dir):
            "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_lrs.adamw=2e-4",
            "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0", "hydra/launcher=joblib",
            # one joblib worker a multirun: each is a fresh process that imports torch
-           "hydra.launcher.n_jobs=1", "train.gns.peak_checkpoint=false"]
+           "hydra.launcher.n_jobs=1", "train.gns.peak_checkpoint=false",
+           "train.eval_tokens=1024"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "--config-name batch" in proc.stdout and "[1/" not in proc.stdout
@@ -686,7 +689,7 @@ def test_make_sweep_widths_trains_every_width_and_writes_the_kaplan_report(tmp_p
     proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
                            "grid.widths='16,32'", "grid.batch_sizes='4,8'",
                            "grid.lrs.adamw='4e-3,1e-2'", "grid.widths_tokens=16384",
-                           "train.gns.peak_checkpoint=false",
+                           "train.gns.peak_checkpoint=false", "train.eval_tokens=1024",
                            "grid.lr_search=false"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -711,7 +714,8 @@ def test_make_sweep_branches_compares_branches_with_separate_runs(tmp_path, cach
     assert cmd[1:6] == ["-m", "critbatch.sweep", "branches", "--scale", "smoke"], cmd
     proc = subprocess.run([*cmd, f"data.cache_dir={cache_dir}", "logger.mode=disabled",
                            "grid.batch_sizes=4", "grid.lrs.adamw=4e-3",
-                           "grid.branch_check_tokens='16384,32768'", "grid.lr_search=false"],
+                           "grid.branch_check_tokens='16384,32768'", "grid.lr_search=false",
+                           "train.eval_tokens=1024"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     checks = list((tmp_path / "runs/branch_check/smoke").glob("*/summary.json"))

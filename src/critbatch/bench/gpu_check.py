@@ -104,9 +104,10 @@ def smoke_sweep(quick: bool, extra: list[str]) -> dict:
     """`python -m critbatch.sweep batch --scale smoke --opt adamw` in a temporary folder."""
     cmd = [sys.executable, "-m", "critbatch.sweep", "batch", "--scale", "smoke", "--opt",
            "adamw", "logger.mode=disabled", "data=stdlib", *extra]
-    if quick:  # a CPU check of the mechanism: two batch sizes at a short budget
-        cmd += ["train.tokens=16384", "grid.batch_sizes='4,8'", "grid.lrs.adamw=4e-3",
-                "train.device=cpu"]
+    if quick:  # a CPU check of the mechanism: two batch sizes at a short budget, evaluated
+        # on a quarter of the smoke scale's validation tokens
+        cmd += ["train.tokens=16384", "train.eval_tokens=1024", "grid.batch_sizes='4,8'",
+                "grid.lrs.adamw=4e-3", "train.device=cpu"]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="critbatch-gpu-check-") as tmp:
         proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
