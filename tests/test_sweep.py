@@ -196,7 +196,6 @@ def _sweep(cwd: Path, cache_dir: Path, **kw) -> subprocess.Popen:
            # how well. A grid far below the optimum (1e-4, 2e-4): every cell's best lr is the
            # highest tried, so the lr search's one round adds 4e-4 to both batches
            "train.tokens=16384", "train.warmup_steps=2", "grid.batch_sizes='4,8'",
-           "train.eval_tokens=1024",
            "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_batch_sizes=4",
            "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0"]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -512,8 +511,7 @@ def test_a_hydra_launcher_takes_the_stages_as_multiruns(tmp_path, cache_dir):
            "grid.lrs.adamw='1e-4,2e-4'", "grid.seeded_lrs.adamw=2e-4",
            "grid.lr_search_rounds=1", "grid.lr_search_budget=2.0", "hydra/launcher=joblib",
            # one joblib worker a multirun: each is a fresh process that imports torch
-           "hydra.launcher.n_jobs=1", "train.gns.peak_checkpoint=false",
-           "train.eval_tokens=1024"]
+           "hydra.launcher.n_jobs=1", "train.gns.peak_checkpoint=false"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "--config-name batch" in proc.stdout and "[1/" not in proc.stdout
