@@ -87,14 +87,16 @@ def _cli(run_dir: Path, overrides: list[str]) -> subprocess.Popen:
 def test_two_processes_on_one_run_folder_write_it_once_and_a_killed_holder_frees_it(
         tiny_overrides, tmp_path):
     run_dir = tmp_path / "run"
-    # 1,280 steps: long enough that the first run still holds the folder when the second has
-    # started (160 steps were sometimes over before the second process had imported torch)
-    overrides = [*tiny_overrides, "train.batch_size=8", "train.tokens=327680",
+    # 160 steps; the first run is stopped (SIGSTOP) once it has logged a step, so it still
+    # holds the folder however long the second takes to import torch
+    overrides = [*tiny_overrides, "train.batch_size=8", "train.tokens=40960",
                  "train.log_every=1", "train.checkpoint_every_steps=20"]
     first = _cli(run_dir, overrides)
     while not (run_dir / "metrics.jsonl").exists() or not runs.read_metrics(run_dir):
         assert first.poll() is None, first.communicate()[1][-2000:]
         time.sleep(0.05)
+    first.send_signal(signal.SIGSTOP)
+    assert not (run_dir / "summary.json").exists()
     second = _cli(run_dir, overrides)
     _, err = second.communicate(timeout=300)
     assert second.returncode == 2 and len(err.strip().splitlines()) == 1, err
@@ -104,7 +106,7 @@ def test_two_processes_on_one_run_folder_write_it_once_and_a_killed_holder_frees
     third = _cli(run_dir, overrides)  # the killed holder's lock does not block the rerun
     assert third.wait(timeout=600) == 0, third.communicate()[1][-2000:]
     summary = runs.read_summary(run_dir)
-    assert len(runs.read_metrics(run_dir)) == summary["steps"] == 1280  # no step twice
+    assert len(runs.read_metrics(run_dir)) == summary["steps"] == 160  # no step twice
 
 
 def test_without_a_terminal_a_run_logs_progress_lines_and_train_log_has_times(
