@@ -236,7 +236,8 @@ def test_pareto_falls_back_to_two_batch_sizes_with_a_warning():
 @pytest.mark.slow
 def test_the_report_has_every_table_with_units(branched, tmp_path):
     root, _, _, _ = branched
-    out = run_analysis([str(root)], out=str(tmp_path / "report"), wandb_mode="disabled")["out"]
+    out = run_analysis([str(root)], out=str(tmp_path / "report"), wandb_mode="disabled",
+                       resamples=20)["out"]
     fits = json.loads((Path(out) / "fits.json").read_text())
     for key, fields in (
             ("consistency", {"optimizer", "group", "target_loss", "pareto_b_crit",

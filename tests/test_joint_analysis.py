@@ -128,7 +128,7 @@ def test_verdict_says_unresolved_when_the_law_leans_on_cells_above_the_baseline(
 def test_report_opens_with_the_verdict_and_fits_json_has_joint(sweep, tmp_path):
     root, _ = sweep
     out = tmp_path / "report"
-    run_analysis([str(root)], out=str(out), wandb_mode="disabled")
+    run_analysis([str(root)], out=str(out), wandb_mode="disabled", resamples=20)
     fits = json.loads((out / "fits.json").read_text())
     assert set(fits["joint"]) == set(OPTIMIZERS)
     report = (out / "report.md").read_text().splitlines()

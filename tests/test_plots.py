@@ -157,7 +157,7 @@ def bcrit_report_of(root: Path, design: str) -> dict:
         synthetic_sweep(root / "runs", batch_sizes=(32, 64), sweep="batch",
                         budgets_tokens=(2**22, 2**23, 2**24))
     return bcrit_report.run_analysis([str(root / "runs")], str(root / "report"),
-                                     wandb_mode="disabled")
+                                     wandb_mode="disabled", resamples=20)
 
 
 @pytest.mark.slow

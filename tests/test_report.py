@@ -162,7 +162,8 @@ def test_a_group_from_several_sweeps_is_labelled_with_all_of_them(tmp_path):
                     sweep="baseline")  # 4 budgets x 3 lrs
     synthetic_sweep(tmp_path, batch_sizes=(64, 256), budgets_tokens=(2**24,),
                     sweep="batch")  # 3 batch sizes x 3 lrs
-    out = report.run_analysis([str(tmp_path)], str(tmp_path / "rep"), wandb_mode="disabled")
+    out = report.run_analysis([str(tmp_path)], str(tmp_path / "rep"), wandb_mode="disabled",
+                              resamples=20)
     groups = out["result"]["groups"]
     assert len(groups) == 1 and markdown.sweep_label(groups[0]) == (
         "mixed: baseline (12 runs), batch (9 runs)")
@@ -171,7 +172,7 @@ def test_a_group_from_several_sweeps_is_labelled_with_all_of_them(tmp_path):
     assert "| baseline |" not in text
     synthetic_sweep(tmp_path / "one", batch_sizes=(64,), sweep="batch")
     one = report.run_analysis([str(tmp_path / "one")], str(tmp_path / "rep1"),
-                              wandb_mode="disabled")
+                              wandb_mode="disabled", resamples=20)
     assert markdown.sweep_label(one["result"]["groups"][0]) == "batch"
 
 
