@@ -48,10 +48,17 @@ def pytest_collection_modifyitems(config, items) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
     slow = [item for item in items if item.get_closest_marker("slow")]
     fast = [item for item in items if not item.get_closest_marker("slow")]
+    # a slow test's parametrizations stay together: the golden curves' three runs on one
+    # worker, where the first builds the smoke token cache and the others read it (dealt to
+    # both workers, one waited about 16 s on the other's build)
+    groups: dict[str, list] = {}
+    for item in slow:
+        groups.setdefault(item.nodeid.split("[")[0], []).append(item)
+    dealt = list(groups.values())
     ordered, left = [], len(items)
     for i in range(workers):
         chunk = left // (workers - i)
-        mine = slow[i::workers][:chunk]
+        mine = [item for group in dealt[i::workers] for item in group][:chunk]
         take = chunk - len(mine)
         ordered += mine + fast[:take]
         fast, left = fast[take:], left - chunk
