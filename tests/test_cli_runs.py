@@ -96,13 +96,15 @@ def test_two_processes_on_one_run_folder_write_it_once_and_a_killed_holder_frees
         assert first.poll() is None, first.communicate()[1][-2000:]
         time.sleep(0.05)
     first.send_signal(signal.SIGSTOP)
-    assert not (run_dir / "summary.json").exists()
-    second = _cli(run_dir, overrides)
-    _, err = second.communicate(timeout=300)
-    assert second.returncode == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"is in use by process {first.pid}" in err
-    first.send_signal(signal.SIGKILL)
-    first.wait(timeout=60)
+    try:
+        assert not (run_dir / "summary.json").exists()
+        second = _cli(run_dir, overrides)
+        _, err = second.communicate(timeout=300)
+        assert second.returncode == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"is in use by process {first.pid}" in err
+    finally:  # a stopped holder left behind by a failed assertion would never end
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
     third = _cli(run_dir, overrides)  # the killed holder's lock does not block the rerun
     assert third.wait(timeout=600) == 0, third.communicate()[1][-2000:]
     summary = runs.read_summary(run_dir)
