@@ -260,11 +260,16 @@ def test_smoke_sweep_survives_a_kill_searches_the_lr_and_a_rerun_trains_nothing(
     assert all(len(runs.read_summary(d)["noise_readings"]) == 4 for d in run_dirs
                if runs.read_summary(d)["gns_ema"] is not None)
 
+    # every process the rerun starts lists its imports: a rerun with nothing to train (the
+    # lr search's round found trained) imports no torch, neither in the sweep nor in a worker
+    # timing the round's runs (the fault guarded: ~3 s of a core per rerun for nothing)
     start = time.perf_counter()
-    third = _sweep(tmp_path, cache_dir)
+    third = _sweep(tmp_path, cache_dir, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
     out, _ = third.communicate(timeout=300)
     assert third.returncode == 0, out[-3000:]
     assert time.perf_counter() - start < 30
+    assert "| critbatch.orchestration.sweep\n" in out  # the imports are listed
+    assert not re.search(r"^import time:.*\|\s*torch$", out, re.MULTILINE)
     assert "6 already complete, 0 to train" in out
     assert "2 lr(s) added (2 trained already)" in out
     assert "step:" not in out  # nothing was trained

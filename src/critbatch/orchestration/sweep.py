@@ -181,9 +181,11 @@ def run_experiment(experiment: str, scale: str, jobs_at_once: int | None,
               "sweep to train them", flush=True)
     elif searches:
         def train_round(new: list[Job]) -> None:
-            timed = {} if hydra_launcher(new) else job_seconds(
-                new, job_threads(jobs_at_once) if device == "cpu" else None)
-            outcomes.extend(train_jobs(new, jobs_at_once, device, timed, array))
+            # a round whose runs a rerun finds trained times nothing (no worker, no torch)
+            todo = [j for j in new if not j.done]
+            timed = {} if not todo or hydra_launcher(todo) else job_seconds(
+                todo, job_threads(jobs_at_once) if device == "cpu" else None)
+            outcomes.extend(train_jobs(todo, jobs_at_once, device, timed, array))
 
         plan = lr_search.search(plan, exp.lr_search_stage, train_round,
                                 after_round=lambda p: held.extend(hold_for_noise(exp, p)))
