@@ -20,8 +20,15 @@ def positive(value) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
+@pytest.fixture
+def short_peak_box(monkeypatch):
+    """The peak section's matmul ladder boxed to 1 s a dtype on a CPU (the bench's 4 s buys
+    larger sizes, not another path): the ladder still probes, measures and skips."""
+    monkeypatch.setitem(capacity.PEAK_BOX_S, "cpu", 1.0)
+
+
 @pytest.mark.slow
-def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
+def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys, short_peak_box):
     out = tmp_path / "bench.json"
     slow = ("gns", "share")  # 80 fixed steps; fresh processes: in the slow test below
     sections = [s for s in suite.SECTIONS if s not in slow]
@@ -72,7 +79,7 @@ def test_bench_writes_every_figure(tiny_overrides, tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:TF32 acceleration on top of oneDNN")
-def test_peak_is_time_boxed_where_bf16_is_slow():
+def test_peak_is_time_boxed_where_bf16_is_slow(short_peak_box):
     """With oneDNN off, torch multiplies bf16 on its reference gemm (~1.5 GFLOP/s), as on a CPU
     without bf16 matrix instructions: the ladder measures its probe and skips the large sizes
     (each n = 4096 product would take ~90 s) instead of hanging there."""
