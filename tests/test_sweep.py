@@ -430,11 +430,11 @@ def test_stability_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
 def test_schedule_study_at_smoke_size_writes_its_report(tmp_path, cache_dir):
     """The local-CBS report the measured arm follows is made first; every arm's final loss is
     compared with the annealed small batch (its cooldown branches)."""
-    # half the smoke budgets: the local-CBS base run (its two forks at both seeds kept, the
+    # a quarter of the smoke budgets: the local-CBS base run (its two forks at both seeds kept, the
     # ladders cut to three rungs, each window 4 steps of the largest branch; one lr rule) and
     # the arms; one optimizer (two go through the stability study above and the batch sweeps)
-    tokens = 32768
-    proc = _study("schedules", tmp_path, cache_dir, "grid.local_cbs.tokens=65536",
+    tokens = 16384
+    proc = _study("schedules", tmp_path, cache_dir, "grid.local_cbs.tokens=32768",
                   "grid.local_cbs.window_tokens=8192", "grid.local_cbs.multipliers=[1,2,4]",
                   "grid.local_cbs.lr_scalings.muon=sqrt",
                   f"grid.schedules.tokens={tokens}", optimizers="muon")
