@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import logging
 import os
@@ -101,6 +102,16 @@ def restore_logging():
         lg.handlers[:] = handlers
         lg.setLevel(level)
         lg.propagate, lg.disabled = propagate, disabled
+
+
+@pytest.fixture(autouse=True)
+def collectable_after():
+    """A test that spread refits over processes (`parallel.process_map` freezes the objects
+    alive before it forks, for a command that then exits) leaves the session's objects to the
+    collector again, as the next test expects."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture

@@ -298,6 +298,19 @@ def test_any_profile_gives_a_window_around_its_best_and_a_reading(profile, nats,
     assert min(profile) - 1e-12 <= cell.loss_at(batch, lr) <= max(profile) + 0.01 + 1e-12
 
 
+def test_the_pool_inherits_its_function_and_freezes_the_parent_before_it_forks():
+    """On Linux the mapped function reaches the workers by the fork, never pickled: a lambda
+    maps (the fault guarded: the function, with the cells it holds, pickled again for every
+    chunk); the parent's objects are frozen before the fork, as gc's documentation advises."""
+    import gc
+
+    from critbatch.analysis.parallel import process_map
+
+    offset = 3
+    assert process_map(2)(lambda x: x + offset, range(40)) == [x + 3 for x in range(40)]
+    assert gc.get_freeze_count() > 0
+
+
 def test_the_bootstrap_is_the_same_spread_over_processes():
     """Each replicate draws from its own seed, so a process pool's map (`process_map`) gives
     the very replicates of the builtin map: planted fault, one generator shared in order."""
