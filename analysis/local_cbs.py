@@ -8,10 +8,7 @@
 import os
 import sys
 
-# the analysis runs BLAS on one thread (critbatch.analysis.render.one_blas_thread); told
-# before they load, numpy's and scipy's OpenBLAS start one thread instead of one per core
-# that would only wait (on 2 cores 0.06 s of the command's start; more cores, more threads)
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # why: analysis.render.one_blas_thread
 
 try:
     from critbatch.analysis.local_cbs.cli import main

@@ -393,7 +393,9 @@ def one_blas_thread():
     matrices are small (a few hundred cells by tens of parameters), and a threaded BLAS
     sharing two busy cores spent 80-300 ms on a 223 x 53 SVD that takes 0.5 ms on one thread;
     the trust-region fits take one per step. threadpoolctl limits the libraries loaded so far,
-    so scipy.linalg (scipy's own OpenBLAS, beside numpy's) is loaded first."""
+    so scipy.linalg (scipy's own OpenBLAS, beside numpy's) is loaded first. The analysis/
+    scripts also set OPENBLAS_NUM_THREADS=1 (unless set) before numpy loads: OpenBLAS otherwise
+    starts a thread per core at load, only to wait (0.06 s of a command's start on 2 cores)."""
     import scipy.linalg  # noqa: F401  (loads scipy's BLAS, so that the limit reaches it)
     from threadpoolctl import threadpool_limits
 
