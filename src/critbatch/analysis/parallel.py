@@ -36,7 +36,8 @@ def process_map(jobs: int | None = None, meanwhile: Callable[[], object] | None 
     """A `map(fn, items)` over `jobs` worker processes (None: every core this process may
     use, so `taskset -c 0` makes it one), returning a list in the items' order; the builtin
     `map` for one job and inside a worker process (a coverage study's world: no pool within a
-    pool). `fn` and the items must pickle (a module-level function, or a partial of one).
+    pool). The items must pickle; so must `fn` where the workers are spawned rather than
+    forked (a module-level function, or a partial of one).
     `meanwhile` is called in this process once the workers are busy (work that would
     otherwise wait for them, such as importing the plotting library)."""
     jobs = cores() if jobs is None else jobs
